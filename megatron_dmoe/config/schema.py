@@ -1,0 +1,129 @@
+"""The run configuration: one dataclass per YAML section, field names as in Megatron-LM.
+
+Inside a section Megatron-LM's argument names are used without the section's prefix
+(`moe.num_experts` is Megatron-LM's `--num-experts`, `moe.aux_loss_coeff` its `--moe-aux-loss-coeff`).
+Defaults describe a small model that trains on a laptop CPU. Validation lives in `validate.py`;
+loading, `extends:` and `key.sub=value` overrides in `load.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 2
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None  # grouped-query attention; None = multi-head
+    ffn_hidden_size: Optional[int] = None  # dense MLP width; None = 4 * hidden_size
+    seq_length: int = 128
+    max_position_embeddings: Optional[int] = None  # None = seq_length
+    vocab_size: Optional[int] = None  # None = the tokenizer's vocabulary size
+    make_vocab_size_divisible_by: int = 128
+    position_embedding_type: str = "learned_absolute"  # learned_absolute | rope
+    rotary_base: int = 10000
+    normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
+    activation: str = "gelu"  # gelu | swiglu, for dense MLPs and experts alike
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_method_std: float = 0.02
+    untie_embeddings_and_output_weights: bool = False
+    transformer_impl: str = "auto"  # auto | local | transformer_engine
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int = 0  # 0 = dense model (no MoE layers)
+    top_k: int = 1
+    layer_freq: int = 1  # MoE MLP in every layer_freq-th layer (1 = every layer)
+    ffn_hidden_size: Optional[int] = None  # expert width; None = model.ffn_hidden_size
+    router_score_function: str = "softmax"  # softmax | sigmoid
+    router_pre_softmax: bool = True  # softmax over all experts before top-k (needed for top_k=1)
+    router_renormalize: Optional[bool] = None  # top-k weights to sum 1; None = per score function
+    router_topk_scaling_factor: float = 1.0
+    input_jitter_eps: Optional[float] = None  # multiplicative input noise in training
+    aux_loss_coeff: float = 0.01  # load-balancing loss; 0 disables it
+    z_loss_coeff: float = 0.0  # router z-loss; 0 disables it
+    router_enable_expert_bias: bool = False  # aux-loss-free balancing through a selection bias
+    router_bias_update_rate: float = 1e-3
+    expert_capacity_factor: Optional[float] = None  # None = dropless; a number = token dropping
+    token_drop_policy: str = "probs"  # probs | position, with expert_capacity_factor
+    backend: str = "auto"  # auto | sparse | grouped | reference
+    block_size: int = 128  # block size of the sparse backend: 128 or 64
+    memory_optimized: bool = False  # recompute the activation in backward
+
+
+@dataclass
+class ParallelConfig:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+
+@dataclass
+class TrainingConfig:
+    train_iters: int = 200
+    micro_batch_size: int = 8
+    global_batch_size: int = 8
+    seed: int = 1234
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    lr_warmup_iters: int = 10
+    lr_decay_style: str = "cosine"  # cosine | linear | constant
+    lr_decay_iters: Optional[int] = None  # None = train_iters
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0  # 0 disables clipping
+    bf16: bool = False
+    fp16: bool = False
+    loss_scale: Optional[float] = None  # fp16 only; None = dynamic loss scaling
+    initial_loss_scale: float = 2.0**16
+    eval_interval: int = 50  # 0 disables evaluation during training
+    eval_iters: int = 5
+    recompute_granularity: Optional[str] = None  # None | full | selective
+    use_distributed_optimizer: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class DataConfig:
+    # Megatron-LM style: [prefix] or [weight, prefix, weight, prefix, ...]; empty = built-in corpus
+    data_path: List[str] = field(default_factory=list)
+    split: str = "969,30,1"
+    tokenizer_model: Optional[str] = None  # sentencepiece .model; None = built-in tokenizer
+    builtin_vocab_size: int = 4096  # vocabulary of the built-in corpus's tokenizer
+    cache_dir: Optional[str] = None  # built-in corpus cache; None = ~/.cache/megatron_dmoe
+    num_workers: int = 1
+
+
+@dataclass
+class CheckpointConfig:
+    save_interval: Optional[int] = None  # None = save only at the end
+    keep_last: int = 2  # how many checkpoints to keep; 0 keeps all
+    load: Optional[str] = None  # initialise weights from this checkpoint directory
+
+
+@dataclass
+class LoggingConfig:
+    log_interval: int = 10
+    tensorboard: bool = True
+    progress_bar: str = "auto"  # auto | on | off
+    plot: bool = True  # draw loss and expert-load plots into the run directory at the end
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+SECTIONS = ("model", "moe", "parallel", "training", "data", "checkpoint", "logging")
