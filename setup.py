@@ -44,8 +44,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "dmoe-train=megatron_dmoe.cli:train_main",
-            "dmoe-sweep=megatron_dmoe.cli:sweep_main",
+            "dmoe-train=megatron_dmoe.cli:main",
         ],
     },
 )

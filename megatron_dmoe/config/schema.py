@@ -114,6 +114,7 @@ class LoggingConfig:
     tensorboard: bool = True
     progress_bar: str = "auto"  # auto | on | off
     plot: bool = True  # draw loss and expert-load plots into the run directory at the end
+    peak_tflops: Optional[float] = None  # per-GPU peak for MFU (e.g. a measured bf16 matmul rate)
 
 
 @dataclass

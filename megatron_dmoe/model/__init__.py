@@ -1,0 +1,1 @@
+"""megatron-core integration: layer specs, GPT building, fast attention, CPU compatibility."""

@@ -1,0 +1,82 @@
+"""Core attention on torch's fused scaled-dot-product attention (flash / memory-efficient kernels).
+
+A drop-in for megatron-core's `DotProductAttention` inside the local layer spec: same constructor,
+same [s, b, heads, head_dim] inputs and [s, b, hidden] output. megatron's own version materialises
+the [b, heads, s, s] score matrix; this one lets torch pick a fused kernel. Causal masking comes from
+the mask type, so no mask tensor is built; an explicit attention mask is honoured for other types.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+class SDPAttention(MegatronModule):
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection=None,
+    ):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("SDPAttention does not support context parallelism; use Transformer Engine")
+        tp = config.tensor_model_parallel_size
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.heads_per_partition = config.num_attention_heads // tp
+        self.groups_per_partition = config.num_query_groups // tp
+        self.head_dim = config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        # apply_query_key_layer_scaling changes nothing here: megatron divides the scale by the
+        # layer number and multiplies the scores back by it before its fp32 softmax.
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[torch.Tensor] = None,
+        packed_seq_params=None,
+    ) -> torch.Tensor:
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("SDPAttention supports neither packed sequences nor attention bias")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        sq, b = query.shape[0], query.shape[1]
+        # [s, b, n, d] -> [b, n, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if self.groups_per_partition != self.heads_per_partition:
+            repeat = self.heads_per_partition // self.groups_per_partition
+            k = k.repeat_interleave(repeat, dim=1)
+            v = v.repeat_interleave(repeat, dim=1)
+        causal = mask_type == AttnMaskType.causal
+        # megatron's masks mark positions to DROP with True; SDPA's boolean masks mark positions to KEEP.
+        mask = None if causal or attention_mask is None else ~attention_mask
+        dropout_p = self.dropout_p if self.training else 0.0
+        rng = (
+            tensor_parallel.get_cuda_rng_tracker().fork()
+            if dropout_p > 0 and not self.config.sequence_parallel
+            else contextlib.nullcontext()
+        )
+        with rng:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=self.softmax_scale
+            )
+        # [b, n, s, d] -> [s, b, n*d]
+        return out.permute(2, 0, 1, 3).reshape(sq, b, self.heads_per_partition * self.head_dim)

@@ -1,0 +1,105 @@
+"""Run megatron-core's CUDA-minded code paths on CPU.
+
+megatron-core 0.16 assumes CUDA in four places our CPU runs reach: the global memory buffer
+(unfused attention), the RNG tracker (dropout regions, expert initialisation), the default causal
+mask, and RoPE's frequency table. `apply_cpu_compat()` redirects exactly those to the CPU. It is
+applied only when a run has no CUDA, and is idempotent; nothing else in the project patches
+megatron-core.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+_applied = False
+
+
+@contextlib.contextmanager
+def _current_device_is_cpu():
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original
+
+
+def _run_on_cpu(method):
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with _current_device_is_cpu():
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
+def _cpu_causal_mask(sq: int) -> torch.Tensor:
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+def _make_cpu_rng_tracker_class():
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    class CpuRNGStatesTracker(CudaRNGStatesTracker):
+        """Named RNG streams kept as CPU generator states (same contract as the CUDA tracker)."""
+
+        def add(self, name, seed):
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self._is_initialized = True
+            self.seeds_.add(seed)
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name="model-parallel-rng"):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            outer = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outer)
+
+    return CpuRNGStatesTracker
+
+
+def apply_cpu_compat() -> None:
+    """Make megatron-core's CUDA assumptions hold on CPU (idempotent)."""
+    global _applied
+    if _applied:
+        return
+    from megatron.core import utils as mcore_utils
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+    from megatron.core.tensor_parallel import random as mcore_random
+    from megatron.core.transformer import utils as transformer_utils
+
+    mcore_utils.GlobalMemoryBuffer.get_tensor = _run_on_cpu(mcore_utils.GlobalMemoryBuffer.get_tensor)
+    rope = rotary_pos_embedding.RotaryEmbedding
+    rope.get_emb = _run_on_cpu(rope.get_emb)
+    transformer_utils.get_default_causal_mask = _cpu_causal_mask
+    fused_softmax.get_default_causal_mask = _cpu_causal_mask
+
+    mcore_random._CUDA_RNG_STATE_TRACKER = _make_cpu_rng_tracker_class()()
+    mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _applied = True
+
+
+def seed_rng_trackers(seed: int) -> None:
+    """CPU twin of megatron's `model_parallel_cuda_manual_seed`: the same named streams and seeds."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    tracker = mcore_random._CUDA_RNG_STATE_TRACKER
+    tracker.reset()
+    offset = seed + 2718
+    tracker.add(mcore_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
+    tracker.add(mcore_random._MODEL_PARALLEL_RNG_TRACKER_NAME, offset + ps.get_tensor_model_parallel_rank())
+    expert_seed = seed + 1024 + 100 * ps.get_expert_model_parallel_rank() + ps.get_expert_tensor_parallel_rank()
+    tracker.add(mcore_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, expert_seed)

@@ -1,0 +1,68 @@
+"""Build a megatron-core GPTModel whose MLPs are our MoE layer, from a resolved run configuration."""
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt import GPTModel
+
+from megatron_dmoe.config import RunConfig
+from megatron_dmoe.model.spec import block_spec, transformer_engine_available
+from megatron_dmoe.model.transformer_config import to_transformer_config
+
+
+def padded_vocab_size(vocab_size: int, cfg: RunConfig) -> int:
+    """Megatron-LM's rule: round up so every tensor-parallel shard has a multiple of the divisor."""
+    multiple = cfg.model.make_vocab_size_divisible_by * cfg.parallel.tensor_model_parallel_size
+    return -(-vocab_size // multiple) * multiple
+
+
+def moe_layer_params(cfg: RunConfig) -> dict:
+    """Settings of our MoE layer that megatron's TransformerConfig has no field for."""
+    moe = cfg.moe
+    return dict(
+        backend=moe.backend,
+        block_size=moe.block_size,
+        memory_optimized=moe.memory_optimized,
+        renormalize=moe.router_renormalize,
+    )
+
+
+def use_transformer_engine(cfg: RunConfig, on_cuda: bool) -> bool:
+    impl = cfg.model.transformer_impl
+    if impl == "auto":
+        return on_cuda and transformer_engine_available()
+    return impl == "transformer_engine"
+
+
+def build_gpt_model(
+    cfg: RunConfig,
+    vocab_size: int,
+    on_cuda: bool,
+    core_attention: str = "sdpa",
+) -> GPTModel:
+    """One model chunk for this pipeline stage (process groups must be initialised).
+
+    `vocab_size` is the tokenizer's; the embedding is padded as Megatron-LM pads it.
+    """
+    config = to_transformer_config(cfg, on_cuda=on_cuda)
+    spec = block_spec(
+        config,
+        normalization=cfg.model.normalization,
+        use_transformer_engine=use_transformer_engine(cfg, on_cuda),
+        core_attention=core_attention,
+        moe_params=moe_layer_params(cfg),
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=padded_vocab_size(vocab_size, cfg),
+        max_sequence_length=cfg.model.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
+        position_embedding_type=cfg.model.position_embedding_type,
+        rotary_base=cfg.model.rotary_base,
+    )
+    if on_cuda:
+        model.cuda(torch.cuda.current_device())
+    return model

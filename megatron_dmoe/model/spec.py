@@ -1,0 +1,124 @@
+"""megatron-core layer specs whose MLP is our MoE layer.
+
+We start from megatron-core's own GPT layer specs (local modules, or Transformer Engine's where it is
+importable and asked for) and change two slots: the MLP of MoE layers becomes
+`megatron_dmoe.moe.MoELayer`, and, without Transformer Engine, core attention becomes
+`SDPAttention` (torch's fused kernels) unless megatron's unfused attention is asked for.
+
+`dmoe_layer_spec` is a ready object for Megatron-LM's `pretrain_gpt.py --spec
+megatron_dmoe.model.spec dmoe_layer_spec` (it imports the name and does not call it): a
+TransformerLayer with our MoE MLP in every layer, sized at build time from the TransformerConfig that
+Megatron-LM's flags produce (--num-experts, --moe-router-topk, ...).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+from megatron_dmoe.model.attention import SDPAttention
+from megatron_dmoe.moe.layer import MoELayer
+
+CORE_ATTENTIONS = ("sdpa", "unfused")
+
+
+def transformer_engine_available() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _with_submodule(spec: ModuleSpec, **changes) -> ModuleSpec:
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **changes))
+
+
+def moe_mlp_spec(moe_params: Optional[dict] = None) -> ModuleSpec:
+    """Our MoE layer as an `mlp` slot; `moe_params` carries settings megatron has no field for."""
+    return ModuleSpec(module=MoELayer, params=dict(moe_params or {}))
+
+
+def layer_spec(
+    *,
+    moe: bool,
+    normalization: str = "LayerNorm",
+    use_transformer_engine: bool = False,
+    core_attention: str = "sdpa",
+    moe_params: Optional[dict] = None,
+) -> ModuleSpec:
+    """One TransformerLayer spec: dense (megatron's MLP) or MoE (ours)."""
+    if core_attention not in CORE_ATTENTIONS:
+        raise ValueError(f"core_attention must be one of {CORE_ATTENTIONS}, got {core_attention!r}")
+    # Asking megatron for an MoE layer gives the right pre-MLP norm (TE fuses it into fc1 otherwise);
+    # 2 is a placeholder: we replace the MLP it would build.
+    num_experts = 2 if moe else None
+    if use_transformer_engine:
+        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts)
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization)
+        if core_attention == "sdpa":
+            attention = spec.submodules.self_attention
+            spec = _with_submodule(spec, self_attention=_with_submodule(attention, core_attention=SDPAttention))
+    if moe:
+        spec = _with_submodule(spec, mlp=moe_mlp_spec(moe_params))
+    return spec
+
+
+def moe_layer_pattern(config: TransformerConfig) -> List[bool]:
+    """Which layers (0-based, whole model) carry an MoE MLP."""
+    if not config.num_moe_experts:
+        return [False] * config.num_layers
+    freq = config.moe_layer_freq
+    if isinstance(freq, int):
+        return [i % freq == 0 for i in range(config.num_layers)]
+    if len(freq) != config.num_layers:
+        raise ValueError(f"moe_layer_freq lists {len(freq)} layers but the model has {config.num_layers}")
+    return [bool(x) for x in freq]
+
+
+def block_spec(
+    config: TransformerConfig,
+    *,
+    normalization: str = "LayerNorm",
+    use_transformer_engine: bool = False,
+    core_attention: str = "sdpa",
+    moe_params: Optional[dict] = None,
+    vp_stage: Optional[int] = None,
+) -> TransformerBlockSubmodules:
+    """Layer-by-layer specs for this pipeline stage, MoE where `moe_layer_pattern` says."""
+    kinds = {
+        moe: layer_spec(
+            moe=moe,
+            normalization=normalization,
+            use_transformer_engine=use_transformer_engine,
+            core_attention=core_attention,
+            moe_params=moe_params,
+        )
+        for moe in (False, True)
+    }
+    pattern = moe_layer_pattern(config)
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    count = get_num_layers_to_build(config, vp_stage=vp_stage)
+    local = [kinds[is_moe] for is_moe in pattern[offset : offset + count]]
+    final_norm = kinds[False].submodules.input_layernorm
+    if use_transformer_engine:
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        final_norm = TENorm
+    return TransformerBlockSubmodules(layer_specs=local, layer_norm=final_norm)
+
+
+# Ready object for Megatron-LM's `pretrain_gpt.py --spec megatron_dmoe.model.spec dmoe_layer_spec`.
+dmoe_layer_spec = layer_spec(moe=True, use_transformer_engine=transformer_engine_available())

@@ -1,0 +1,82 @@
+"""Translate our run configuration into megatron-core's TransformerConfig.
+
+MoE settings go into megatron's own `moe_*` fields, so the same layer reads the same values whether
+it is built by our GPT builder or by Megatron-LM's `pretrain_gpt.py` from its command-line flags.
+Settings megatron has no field for (expert backend, block size, memory-optimised experts, weight
+renormalisation) travel as the MoE layer spec's params: see `spec.moe_layer_params`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer import TransformerConfig
+
+from megatron_dmoe.config import RunConfig
+
+
+def params_dtype(cfg: RunConfig) -> torch.dtype:
+    if cfg.training.bf16:
+        return torch.bfloat16
+    if cfg.training.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
+    """`cfg` must be resolved (see megatron_dmoe.config.resolve) and validated."""
+    m, moe, par, tr = cfg.model, cfg.moe, cfg.parallel, cfg.training
+    swiglu = m.activation == "swiglu"
+    dtype = params_dtype(cfg)
+    moe_kwargs = {}
+    if moe.num_experts > 0:
+        moe_kwargs = dict(
+            num_moe_experts=moe.num_experts,
+            moe_router_topk=moe.top_k,
+            moe_ffn_hidden_size=moe.ffn_hidden_size,
+            moe_layer_freq=moe.layer_freq,
+            moe_router_score_function=moe.router_score_function,
+            moe_router_pre_softmax=moe.router_pre_softmax,
+            moe_router_topk_scaling_factor=moe.router_topk_scaling_factor,
+            moe_aux_loss_coeff=moe.aux_loss_coeff,
+            moe_z_loss_coeff=moe.z_loss_coeff or None,
+            moe_input_jitter_eps=moe.input_jitter_eps,
+            moe_router_enable_expert_bias=moe.router_enable_expert_bias,
+            moe_router_bias_update_rate=moe.router_bias_update_rate,
+            moe_expert_capacity_factor=moe.expert_capacity_factor,
+            moe_token_drop_policy=moe.token_drop_policy,
+            moe_router_load_balancing_type="aux_loss" if moe.aux_loss_coeff > 0 else "none",
+        )
+    recompute = {}
+    if tr.recompute_granularity == "full":
+        recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif tr.recompute_granularity == "selective":
+        recompute = dict(recompute_granularity="selective")
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups,
+        ffn_hidden_size=m.ffn_hidden_size,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
+        normalization=m.normalization,
+        gated_linear_unit=swiglu,
+        activation_func=F.silu if swiglu else F.gelu,
+        # The fused kernels these flags select exist only on CUDA builds with apex / TE.
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        bf16=tr.bf16,
+        fp16=tr.fp16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        tensor_model_parallel_size=par.tensor_model_parallel_size,
+        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        expert_model_parallel_size=par.expert_model_parallel_size,
+        sequence_parallel=par.sequence_parallel,
+        use_cpu_initialization=not on_cuda,
+        **recompute,
+        **moe_kwargs,
+    )

@@ -1,0 +1,1 @@
+"""Process groups and expert-parallel token exchange."""

@@ -1,0 +1,112 @@
+"""Start torch.distributed and megatron-core's process groups for one run.
+
+Works the same under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment) and
+as a plain single process (a private rendezvous on a free local port). CPU runs use gloo and get
+megatron-core's CUDA assumptions redirected (model.cpu_compat); CUDA runs use NCCL.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def resolve_device(preference: str) -> str:
+    """'auto' picks CUDA when torch sees a GPU."""
+    if preference == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return preference
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(
+    device: str = "auto",
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    expert_model_parallel_size: int = 1,
+    timeout_minutes: int = 30,
+) -> DistEnv:
+    """Initialise (or re-use) the default process group, then megatron's model-parallel groups."""
+    import datetime
+
+    device = resolve_device(device)
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        torch_device = torch.device("cuda", local_rank)
+    else:
+        from megatron_dmoe.model.cpu_compat import apply_cpu_compat
+
+        apply_cpu_compat()
+        torch_device = torch.device("cpu")
+
+    if not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(_free_port())
+        dist.init_process_group(
+            backend="nccl" if device == "cuda" else "gloo",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(minutes=timeout_minutes),
+        )
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_model_parallel_size,
+        pipeline_model_parallel_size=pipeline_model_parallel_size,
+        expert_model_parallel_size=expert_model_parallel_size,
+    )
+    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=torch_device)
+
+
+def seed_everything(seed: int, env: DistEnv) -> None:
+    """Megatron-LM's seeding: one seed per pipeline stage, named streams for TP/EP regions."""
+    seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if env.on_cuda:
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    else:
+        from megatron_dmoe.model.cpu_compat import seed_rng_trackers
+
+        seed_rng_trackers(seed)
+
+
+def destroy_distributed() -> None:
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
