@@ -1,0 +1,49 @@
+"""What the machine offers, as far as the config checks need to know.
+
+Kept apart so that validation can be asked about another machine (a config written for GPUs,
+checked on a laptop) by passing an Environment instead of probing this one.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Environment:
+    cuda: bool
+    transformer_engine: bool
+    apex: bool
+
+    @classmethod
+    def detect(cls) -> "Environment":
+        return cls(cuda=cuda_available(), transformer_engine=transformer_engine_available(),
+                   apex=apex_available())
+
+    @classmethod
+    def everything(cls) -> "Environment":
+        """A machine with CUDA, Transformer Engine and apex: checks the config, not the host."""
+        return cls(cuda=True, transformer_engine=True, apex=True)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that fails to import
+        return False
+
+
+def transformer_engine_available() -> bool:
+    return _has_module("transformer_engine")
+
+
+def apex_available() -> bool:
+    # The registry's package named `apex` is unrelated; NVIDIA's has apex.normalization, which
+    # megatron-core's fused LayerNorm needs.
+    return _has_module("apex") and _has_module("apex.normalization")

@@ -1,0 +1,50 @@
+"""Fill the keys whose default depends on other keys (the `None = ...` comments of the schema)."""
+from __future__ import annotations
+
+import copy
+
+from .schema import RunConfig
+
+# Each derived key and the keys its default is computed from (validate.py skips checks on a derived
+# value when one of its sources is itself invalid, so one mistake is reported once).
+DERIVED_FROM = {
+    "model.ffn_hidden_size": ("model.hidden_size",),
+    "model.max_position_embeddings": ("model.seq_length",),
+    "model.num_query_groups": ("model.num_attention_heads",),
+    "moe.ffn_hidden_size": ("model.ffn_hidden_size", "model.hidden_size"),
+    "moe.router_renormalize": ("moe.router_score_function", "moe.top_k", "moe.router_pre_softmax"),
+    "training.lr_decay_iters": ("training.train_iters",),
+}
+
+
+def default_router_renormalize(score_function: str, top_k: int, pre_softmax: bool) -> bool:
+    """Sigmoid scores are independent per expert: rescale several picks to sum 1, never one (it
+    would become the constant 1). Softmax after top-k already sums to 1 (renormalising is
+    harmless); softmax over all experts first keeps the raw probabilities, as Megatron does."""
+    if score_function == "sigmoid":
+        return top_k > 1
+    return not pre_softmax
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """A copy of ``cfg`` with every derived default filled in; explicit values are kept.
+
+    model.vocab_size stays None when unset: the tokenizer decides it when the data is built.
+    Resolving a resolved config changes nothing.
+    """
+    out = copy.deepcopy(cfg)
+    model, moe, training = out.model, out.moe, out.training
+    if model.ffn_hidden_size is None:
+        model.ffn_hidden_size = 4 * model.hidden_size  # for swiglu too, as Megatron's default
+    if model.max_position_embeddings is None:
+        model.max_position_embeddings = model.seq_length
+    if model.num_query_groups is None:
+        model.num_query_groups = model.num_attention_heads
+    if moe.ffn_hidden_size is None:
+        moe.ffn_hidden_size = model.ffn_hidden_size
+    if moe.router_renormalize is None:
+        moe.router_renormalize = default_router_renormalize(
+            moe.router_score_function, moe.top_k, moe.router_pre_softmax)
+    if training.lr_decay_iters is None:
+        training.lr_decay_iters = training.train_iters
+    return out

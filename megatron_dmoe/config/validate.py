@@ -1,0 +1,478 @@
+"""Check a RunConfig before anything is built, reporting every problem at once.
+
+Each problem names its dotted key, the value found and what is allowed. Checks read the config
+only: no model is built, no data file is opened (data files are checked where data is built).
+Derived defaults are checked as `resolve()` would fill them, so raw and resolved configs validate
+alike. Checks that depend on the machine (CUDA, Transformer Engine, apex) use an Environment,
+detected here unless one is passed.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional
+
+from .environment import Environment
+from .errors import ConfigError, Problem
+from .fields import check_type, default_of, did_you_mean, section_class, section_types
+from .resolve import DERIVED_FROM, resolve
+from .schema import RunConfig
+
+TP_KEY = "parallel.tensor_model_parallel_size"
+PP_KEY = "parallel.pipeline_model_parallel_size"
+EP_KEY = "parallel.expert_model_parallel_size"
+
+# Allowed values of the enumerated keys (the `a | b` comments in schema.py).
+CHOICES = {
+    "model.position_embedding_type": ("learned_absolute", "rope"),
+    "model.normalization": ("LayerNorm", "RMSNorm"),
+    "model.activation": ("gelu", "swiglu"),
+    "model.transformer_impl": ("auto", "local", "transformer_engine"),
+    "moe.router_score_function": ("softmax", "sigmoid"),
+    "moe.token_drop_policy": ("probs", "position"),
+    "moe.backend": ("auto", "sparse", "grouped", "reference"),
+    "moe.block_size": (64, 128),
+    "training.lr_decay_style": ("cosine", "linear", "constant"),
+    "training.recompute_granularity": (None, "full", "selective"),
+    "training.device": ("auto", "cpu", "cuda"),
+    "logging.progress_bar": ("auto", "on", "off"),
+}
+
+# Single-key ranges: (lowest, highest, lowest allowed?, highest allowed?); None = unbounded.
+RANGES = {
+    "model.num_layers": (1, None, True, None),
+    "model.hidden_size": (1, None, True, None),
+    "model.num_attention_heads": (1, None, True, None),
+    "model.num_query_groups": (1, None, True, None),
+    "model.ffn_hidden_size": (1, None, True, None),
+    "model.seq_length": (1, None, True, None),
+    "model.max_position_embeddings": (1, None, True, None),
+    "model.vocab_size": (1, None, True, None),
+    "model.make_vocab_size_divisible_by": (1, None, True, None),
+    "model.rotary_base": (0, None, False, None),
+    "model.hidden_dropout": (0, 1, True, False),
+    "model.attention_dropout": (0, 1, True, False),
+    "model.init_method_std": (0, None, False, None),
+    "moe.num_experts": (0, None, True, None),
+    "moe.top_k": (1, None, True, None),
+    "moe.layer_freq": (1, None, True, None),
+    "moe.ffn_hidden_size": (1, None, True, None),
+    "moe.router_topk_scaling_factor": (0, None, False, None),
+    "moe.input_jitter_eps": (0, 1, False, False),
+    "moe.aux_loss_coeff": (0, None, True, None),
+    "moe.z_loss_coeff": (0, None, True, None),
+    "moe.router_bias_update_rate": (0, None, True, None),
+    "moe.expert_capacity_factor": (0, None, False, None),
+    "parallel.tensor_model_parallel_size": (1, None, True, None),
+    "parallel.pipeline_model_parallel_size": (1, None, True, None),
+    "parallel.expert_model_parallel_size": (1, None, True, None),
+    "training.train_iters": (1, None, True, None),
+    "training.micro_batch_size": (1, None, True, None),
+    "training.global_batch_size": (1, None, True, None),
+    "training.seed": (0, 2**32 - 1, True, True),
+    "training.lr": (0, None, False, None),
+    "training.min_lr": (0, None, True, None),
+    "training.lr_warmup_iters": (0, None, True, None),
+    "training.lr_decay_iters": (1, None, True, None),
+    "training.weight_decay": (0, None, True, None),
+    "training.adam_beta1": (0, 1, True, False),
+    "training.adam_beta2": (0, 1, True, False),
+    "training.adam_eps": (0, None, False, None),
+    "training.clip_grad": (0, None, True, None),
+    "training.loss_scale": (0, None, False, None),
+    "training.initial_loss_scale": (0, None, False, None),
+    "training.eval_interval": (0, None, True, None),
+    "training.eval_iters": (0, None, True, None),
+    "data.builtin_vocab_size": (1, None, True, None),
+    "data.num_workers": (0, None, True, None),
+    "checkpoint.save_interval": (1, None, True, None),
+    "checkpoint.keep_last": (0, None, True, None),
+    "logging.log_interval": (1, None, True, None),
+    "logging.peak_tflops": (0, None, False, None),
+}
+
+
+def validate(cfg: RunConfig, world_size: Optional[int] = None, *,
+             env: Optional[Environment] = None) -> None:
+    """Raise one ConfigError listing every problem of ``cfg``; return None when there is none.
+
+    ``world_size`` (number of processes), when known, enables the batch-size and parallel-size
+    checks that depend on it. ``env`` describes the machine; None probes this one.
+    """
+    problems = find_problems(cfg, world_size, env=env)
+    if problems:
+        raise ConfigError(problems)
+
+
+def find_problems(cfg: RunConfig, world_size: Optional[int] = None, *,
+                  env: Optional[Environment] = None) -> List[Problem]:
+    """The (key, message) problems of ``cfg``; an empty list when it is valid."""
+    return _Checker(cfg, world_size, env).run()
+
+
+def _fmt(value: Any) -> str:
+    """A value as the user wrote it in YAML."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+class _Checker:
+    def __init__(self, cfg: RunConfig, world_size: Optional[int], env: Optional[Environment]):
+        self.cfg = cfg
+        self.world_size = world_size
+        self._env = env
+        self.problems: List[Problem] = []
+        self.bad: set = set()  # keys whose own value is wrong; checks that read them are skipped
+
+    @property
+    def env(self) -> Environment:
+        if self._env is None:
+            self._env = Environment.detect()
+        return self._env
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def problem(self, key: str, message: str, *, bad: bool = False) -> None:
+        self.problems.append((key, message))
+        if bad:
+            self.bad.add(key)
+
+    def raw(self, key: str) -> Any:
+        """The value as given (a schema default where the given one has the wrong type)."""
+        section, name = key.split(".")
+        return getattr(getattr(self.sane, section), name)
+
+    def v(self, key: str) -> Any:
+        """The value after resolve() (derived defaults filled)."""
+        section, name = key.split(".")
+        return getattr(getattr(self.resolved, section), name)
+
+    def ok(self, *keys: str) -> bool:
+        """True when none of ``keys`` (nor what their derived default comes from) is invalid."""
+        for key in keys:
+            if key in self.bad:
+                return False
+            if self.raw(key) is None and not self.ok(*DERIVED_FROM.get(key, ())):
+                return False
+        return True
+
+    # --- passes --------------------------------------------------------------------------------
+    def run(self) -> List[Problem]:
+        self.check_types()
+        self.sane = self._sanitized()
+        self.resolved = resolve(self.sane)
+        self.check_choices()
+        self.check_ranges()
+        self.check_model()
+        self.check_moe()
+        self.check_parallel()
+        self.check_world_size()
+        self.check_training()
+        self.check_data()
+        return self.problems
+
+    def check_types(self) -> None:
+        if not isinstance(self.cfg, RunConfig):
+            raise TypeError(f"validate() needs a RunConfig, got {type(self.cfg).__name__}")
+        for section, types in section_types().items():
+            body = getattr(self.cfg, section)
+            if not isinstance(body, section_class(section)):
+                self.problem(section, f"expected a {section_class(section).__name__}, got "
+                                      f"{type(body).__name__}")
+                self.bad.update(f"{section}.{k}" for k in types)
+                continue
+            for name, annotation in types.items():
+                key, value = f"{section}.{name}", getattr(body, name)
+                message = check_type(value, annotation)
+                if message is None and isinstance(value, float) and not math.isfinite(value):
+                    message = f"expected a finite number, got {value}"
+                if message:
+                    self.problem(key, message, bad=True)
+
+    def _sanitized(self) -> RunConfig:
+        """A copy whose invalid values are schema defaults, so that resolve() cannot fail."""
+        sections = {}
+        for section, types in section_types().items():
+            body = getattr(self.cfg, section)
+            if not isinstance(body, section_class(section)):
+                sections[section] = section_class(section)()
+                continue
+            values = {n: default_of(section, n) if f"{section}.{n}" in self.bad
+                      else getattr(body, n) for n in types}
+            sections[section] = section_class(section)(**values)
+        return RunConfig(**sections)
+
+    def check_choices(self) -> None:
+        for key, allowed in CHOICES.items():
+            if not self.ok(key) or self.raw(key) in allowed:
+                continue
+            value = self.raw(key)
+            listed = ", ".join(a if isinstance(a, str) else _fmt(a) for a in allowed)
+            message = f"{_fmt(value)} is not allowed; use one of: {listed}"
+            close = isinstance(value, str) and did_you_mean(value, [a for a in allowed if a])
+            if close:
+                message += f" (did you mean {close}?)"
+            self.problem(key, message, bad=True)
+
+    def check_ranges(self) -> None:
+        for key, (low, high, low_in, high_in) in RANGES.items():
+            value = self.raw(key)
+            if value is None or not self.ok(key):
+                continue
+            too_low = low is not None and (value < low if low_in else value <= low)
+            too_high = high is not None and (value > high if high_in else value >= high)
+            if too_low or too_high:
+                self.problem(key, f"{_fmt(value)} is out of range; use "
+                                  f"{_range_text(low, high, low_in, high_in, value)}", bad=True)
+
+    # --- cross-key checks ----------------------------------------------------------------------
+    def check_model(self) -> None:
+        v = self.v
+        if self.ok("model.hidden_size", "model.num_attention_heads"):
+            hidden, heads = v("model.hidden_size"), v("model.num_attention_heads")
+            if hidden % heads:
+                self.problem("model.hidden_size", f"{hidden} is not divisible by "
+                             f"model.num_attention_heads ({heads}); use a multiple of {heads}")
+        if self.raw("model.num_query_groups") is not None and self.ok(
+                "model.num_query_groups", "model.num_attention_heads"):
+            groups, heads = v("model.num_query_groups"), v("model.num_attention_heads")
+            if heads % groups:
+                self.problem("model.num_query_groups", f"{groups} does not divide "
+                             f"model.num_attention_heads ({heads}); use one of: {_divisors(heads)}")
+        if self.raw("model.max_position_embeddings") is not None and self.ok(
+                "model.seq_length", "model.max_position_embeddings"):
+            seq, max_pos = v("model.seq_length"), v("model.max_position_embeddings")
+            if seq > max_pos:
+                self.problem("model.seq_length", f"{seq} is larger than "
+                             f"model.max_position_embeddings ({max_pos}); use a sequence length "
+                             f"up to {max_pos} or raise max_position_embeddings")
+        if self.ok("model.transformer_impl") and not self.env.transformer_engine \
+                and v("model.transformer_impl") == "transformer_engine":
+            self.problem("model.transformer_impl", "'transformer_engine' needs Transformer Engine, "
+                         "which cannot be imported here; use auto or local")
+
+    def check_moe(self) -> None:
+        v, ok = self.v, self.ok
+        if not ok("moe.num_experts") or v("moe.num_experts") == 0:
+            return  # a dense model: the router keys are unused
+        experts = v("moe.num_experts")
+        if ok("moe.top_k") and v("moe.top_k") > experts:
+            self.problem("moe.top_k", f"{v('moe.top_k')} is larger than moe.num_experts "
+                         f"({experts}); use a value from 1 to {experts}")
+        single_weight_reported = False
+        if ok("moe.top_k", "moe.router_score_function", "moe.router_pre_softmax") \
+                and v("moe.top_k") == 1 and v("moe.router_score_function") == "softmax" \
+                and not v("moe.router_pre_softmax"):
+            self.problem("moe.router_pre_softmax", "false with moe.top_k 1 and softmax scores "
+                         "makes every routing weight 1, so the router gets no gradient; set it "
+                         "to true or use moe.top_k >= 2")
+            single_weight_reported = True
+        if not single_weight_reported and ok("moe.top_k", "moe.router_renormalize") \
+                and v("moe.top_k") == 1 and self.raw("moe.router_renormalize") is True:
+            self.problem("moe.router_renormalize", "true with moe.top_k 1 makes every routing "
+                         "weight 1, so the router gets no gradient; use false or null")
+        if ok("moe.ffn_hidden_size", "moe.block_size", "moe.backend") and self._sparse_backend():
+            width, block = v("moe.ffn_hidden_size"), v("moe.block_size")
+            if width % block:
+                lower, upper = width // block * block, (width // block + 1) * block
+                example = f"{lower} or {upper}" if lower else str(upper)
+                self.problem("moe.ffn_hidden_size", f"{width} is not a multiple of moe.block_size "
+                             f"({block}), which the sparse backend needs; use a multiple of "
+                             f"{block} (e.g. {example}) or moe.backend: grouped")
+
+    def _sparse_backend(self) -> bool:
+        backend = self.v("moe.backend")
+        if backend == "sparse":
+            return True
+        if backend != "auto" or not self.ok("training.device"):
+            return False
+        # auto picks the sparse kernels on CUDA
+        device = self.v("training.device")
+        return device == "cuda" or (device == "auto" and self.env.cuda)
+
+    def check_parallel(self) -> None:
+        v, ok = self.v, self.ok
+        tp_key, pp_key, ep_key = TP_KEY, PP_KEY, EP_KEY
+        if ok(tp_key, "model.num_attention_heads"):
+            tp, heads = v(tp_key), v("model.num_attention_heads")
+            if heads % tp:
+                self.problem("model.num_attention_heads", f"{heads} is not divisible by {tp_key} "
+                             f"({tp}); use a tensor-parallel size among: {_divisors(heads)}")
+            if ok("model.num_query_groups") and v("model.num_query_groups") != heads \
+                    and v("model.num_query_groups") % tp:
+                groups = v("model.num_query_groups")
+                self.problem("model.num_query_groups", f"{groups} is not divisible by {tp_key} "
+                             f"({tp}); use a tensor-parallel size among: {_divisors(groups)}")
+        if ok(pp_key, "model.num_layers") and v("model.num_layers") % v(pp_key):
+            layers, pp = v("model.num_layers"), v(pp_key)
+            self.problem("model.num_layers", f"{layers} is not divisible by {pp_key} ({pp}); use "
+                         f"a multiple of {pp}")
+        if ok(ep_key, "moe.num_experts") and v(ep_key) > 1:
+            ep, experts = v(ep_key), v("moe.num_experts")
+            if experts == 0:
+                self.problem(ep_key, f"{ep} needs MoE layers, but moe.num_experts is 0; set "
+                             f"moe.num_experts or use 1")
+            elif experts % ep:
+                self.problem("moe.num_experts", f"{experts} is not divisible by {ep_key} ({ep}); "
+                             f"use a multiple of {ep}")
+        sp_key = "parallel.sequence_parallel"
+        if ok(tp_key, sp_key):
+            tp, sp = v(tp_key), v(sp_key)
+            if sp and tp == 1:
+                self.problem(sp_key, f"true needs {tp_key} > 1; set it to false")
+            if tp > 1 and not (self.env.transformer_engine or self.env.apex):
+                self.problem(tp_key, f"{tp} needs Transformer Engine or apex, neither of which "
+                             f"can be imported here (MoE with tensor parallelism needs sequence "
+                             f"parallelism, which torch's LayerNorm does not support); use 1")
+            if tp > 1 and not sp and ok("moe.num_experts") and v("moe.num_experts") > 0:
+                self.problem(sp_key, f"false with MoE layers and {tp_key} {tp}; set it to true "
+                             f"(MoE with tensor parallelism needs sequence parallelism)")
+            if tp > 1 and sp and ok("model.seq_length") and v("model.seq_length") % tp:
+                self.problem("model.seq_length", f"{v('model.seq_length')} is not divisible by "
+                             f"{tp_key} ({tp}), which sequence parallelism needs; use a multiple "
+                             f"of {tp}")
+
+    def check_world_size(self) -> None:
+        v, ok = self.v, self.ok
+        micro_key, global_key = "training.micro_batch_size", "training.global_batch_size"
+        tp_key, pp_key, ep_key = TP_KEY, PP_KEY, EP_KEY
+        world = self.world_size
+        if world is not None and (type(world) is not int or world < 1):
+            self.problem("world_size", f"{world!r} is not a number of processes; use an "
+                                       f"integer >= 1")
+            world = None
+        data_parallel = None
+        if world is not None and ok(tp_key, pp_key):
+            model_parallel = v(tp_key) * v(pp_key)
+            if world % model_parallel:
+                self.problem(tp_key, f"tensor ({v(tp_key)}) x pipeline ({v(pp_key)}) parallel size "
+                             f"{model_parallel} does not divide the world size {world}; use sizes "
+                             f"whose product divides {world}")
+            else:
+                data_parallel = world // model_parallel
+                if ok(ep_key) and data_parallel % v(ep_key):
+                    self.problem(ep_key, f"{v(ep_key)} does not divide the data-parallel size "
+                                 f"{data_parallel} (world size {world} / (tensor {v(tp_key)} x "
+                                 f"pipeline {v(pp_key)})); use one of: {_divisors(data_parallel)}")
+        if not ok(micro_key, global_key):
+            return
+        micro, total = v(micro_key), v(global_key)
+        if data_parallel is not None:
+            step = micro * data_parallel
+            if total % step:
+                self.problem(global_key, f"{total} is not divisible by {micro_key} ({micro}) x "
+                             f"data-parallel size ({data_parallel}) = {step}; use a multiple of "
+                             f"{step}")
+        elif total % micro:
+            self.problem(global_key, f"{total} is not divisible by {micro_key} ({micro}); use a "
+                         f"multiple of {micro}")
+
+    def check_training(self) -> None:
+        v, ok = self.v, self.ok
+        if ok("training.lr", "training.min_lr") and v("training.min_lr") > v("training.lr"):
+            self.problem("training.min_lr", f"{_fmt(v('training.min_lr'))} is larger than "
+                         f"training.lr ({_fmt(v('training.lr'))}); use a value from 0 to "
+                         f"{_fmt(v('training.lr'))}")
+        warmup_key, decay_key = "training.lr_warmup_iters", "training.lr_decay_iters"
+        if ok(warmup_key, "training.train_iters") and \
+                v(warmup_key) > v("training.train_iters"):
+            self.problem(warmup_key, f"{v(warmup_key)} is larger than training.train_iters "
+                         f"({v('training.train_iters')}); use a value from 0 to "
+                         f"{v('training.train_iters')}", bad=True)
+        # The lr schedule (megatron-core's OptimizerParamScheduler) needs warmup < decay iters.
+        if ok(warmup_key, decay_key) and v(decay_key) <= v(warmup_key):
+            warmup, decay = v(warmup_key), v(decay_key)
+            if self.raw(decay_key) is not None:
+                self.problem(decay_key, f"{decay} is not larger than {warmup_key} ({warmup}); use "
+                             f"more than {warmup}, or null (= train_iters)")
+            else:
+                self.problem(warmup_key, f"{warmup} leaves no iterations to decay over: "
+                             f"{decay_key} is null, so it equals training.train_iters ({decay}); "
+                             f"use less than {decay} or set {decay_key}")
+        if ok("training.bf16", "training.fp16") and v("training.bf16") and v("training.fp16"):
+            self.problem("training.fp16", "true together with training.bf16: true; choose one")
+        if ok("training.loss_scale", "training.fp16") and not v("training.fp16") \
+                and self.raw("training.loss_scale") is not None:
+            self.problem("training.loss_scale", "is used only with training.fp16: true; set it to "
+                         "null or enable fp16")
+        if ok("training.eval_interval", "training.eval_iters") and v("training.eval_interval") > 0 \
+                and v("training.eval_iters") == 0:
+            self.problem("training.eval_iters", f"0 with training.eval_interval "
+                         f"{v('training.eval_interval')} would evaluate nothing; use at least 1, "
+                         f"or training.eval_interval: 0 to disable evaluation")
+        if ok("training.device") and v("training.device") == "cuda" and not self.env.cuda:
+            self.problem("training.device", "'cuda' but CUDA is not available here; use auto or "
+                         "cpu")
+        if ok("training.use_distributed_optimizer", "training.device") \
+                and v("training.use_distributed_optimizer"):
+            if v("training.device") == "cpu":
+                self.problem("training.use_distributed_optimizer", "true needs CUDA, but "
+                             "training.device is cpu; set it to false")
+            elif not self.env.cuda:
+                self.problem("training.use_distributed_optimizer", "true needs CUDA "
+                             "(megatron-core's distributed optimizer allocates on the GPU), which "
+                             "is not available here; set it to false")
+
+    def check_data(self) -> None:
+        if self.ok("data.data_path"):
+            message = _data_path_problem(self.v("data.data_path"))
+            if message:
+                self.problem("data.data_path", message)
+        if self.ok("data.split"):
+            message = _split_problem(self.v("data.split"))
+            if message:
+                self.problem("data.split", message)
+
+
+def _range_text(low, high, low_in, high_in, value) -> str:
+    kind = "an integer" if isinstance(value, int) else "a number"
+    if high is None:
+        return f"{kind} {'>=' if low_in else '>'} {_fmt(low)}"
+    return (f"{kind} with {_fmt(low)} {'<=' if low_in else '<'} value "
+            f"{'<=' if high_in else '<'} {_fmt(high)}")
+
+
+def _as_number(text: str) -> Optional[float]:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _data_path_problem(items: List[str]) -> Optional[str]:
+    shape = "use [prefix] or [weight, prefix, weight, prefix, ...]"
+    if len(items) <= 1:
+        if items and not items[0].strip():
+            return f"the prefix is empty; {shape}"
+        return None
+    if len(items) % 2:
+        return f"{len(items)} items, but weights and prefixes come in pairs; {shape}"
+    for i in range(0, len(items), 2):
+        weight, prefix = items[i], items[i + 1]
+        number = _as_number(weight)
+        if number is None:
+            return f"item {i + 1} ({weight!r}) should be a weight (a number); {shape}"
+        if number <= 0:
+            return f"weight {weight} (item {i + 1}) must be positive; {shape}"
+        if not prefix.strip() or _as_number(prefix) is not None:
+            return f"item {i + 2} ({prefix!r}) should be a path prefix; {shape}"
+    return None
+
+
+def _split_problem(text: str) -> Optional[str]:
+    shape = "use three non-negative numbers 'train,valid,test' such as '969,30,1'"
+    parts = text.split(",")
+    numbers = [_as_number(p.strip()) for p in parts]
+    if len(parts) != 3 or any(n is None for n in numbers):
+        return f"{text!r} is not three numbers; {shape}"
+    if any(n < 0 for n in numbers):
+        return f"{text!r} has a negative part; {shape}"
+    if sum(numbers) <= 0:
+        return f"{text!r} sums to 0; {shape}"
+    return None
