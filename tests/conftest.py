@@ -10,3 +10,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def cpu_dist():
+    """A one-process gloo group with megatron's model-parallel groups (sizes 1), seeded."""
+    from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
+
+    env = init_distributed("cpu")
+    seed_everything(1234, env)
+    return env
+
+
+@pytest.fixture(scope="session")
+def corpus_cache(tmp_path_factory):
+    """One built-in corpus cache for every end-to-end run of the session."""
+    return str(tmp_path_factory.mktemp("corpus"))

@@ -1,8 +1,9 @@
 """Run megatron-core's CUDA-minded code paths on CPU.
 
-megatron-core 0.16 assumes CUDA in four places our CPU runs reach: the global memory buffer
-(unfused attention), the RNG tracker (dropout regions, expert initialisation), the default causal
-mask, and RoPE's frequency table. `apply_cpu_compat()` redirects exactly those to the CPU. It is
+megatron-core 0.16 assumes CUDA in the places our CPU runs reach: the global memory buffer
+(unfused attention), DDP's gradient buffers, the RNG tracker (dropout regions, expert
+initialisation), the default causal mask, RoPE's frequency table, and dist_checkpointing's saver
+(a device synchronisation and a status tensor). `apply_cpu_compat()` redirects exactly those to the CPU. It is
 applied only when a run has no CUDA, and is idempotent; nothing else in the project patches
 megatron-core.
 """
@@ -75,12 +76,22 @@ def apply_cpu_compat() -> None:
     if _applied:
         return
     from megatron.core import utils as mcore_utils
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron.core.dist_checkpointing.strategies import torch as checkpoint_torch
+    from megatron.core.distributed import param_and_grad_buffer
     from megatron.core.fusions import fused_softmax
     from megatron.core.models.common.embeddings import rotary_pos_embedding
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer import utils as transformer_utils
 
     mcore_utils.GlobalMemoryBuffer.get_tensor = _run_on_cpu(mcore_utils.GlobalMemoryBuffer.get_tensor)
+    grad_buffer = param_and_grad_buffer._ParamAndGradBuffer
+    grad_buffer.__init__ = _run_on_cpu(grad_buffer.__init__)
+    writer = filesystem_async.FileSystemWriterAsync
+    preload = writer.preload_tensors
+    # non_blocking=False: host tensors need no device synchronisation.
+    writer.preload_tensors = staticmethod(lambda buckets, non_blocking=True: preload(buckets, False))
+    checkpoint_torch.save_state_dict_async_finalize = _run_on_cpu(checkpoint_torch.save_state_dict_async_finalize)
     rope = rotary_pos_embedding.RotaryEmbedding
     rope.get_emb = _run_on_cpu(rope.get_emb)
     transformer_utils.get_default_causal_mask = _cpu_causal_mask

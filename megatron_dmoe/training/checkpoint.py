@@ -1,0 +1,160 @@
+"""Checkpoints through megatron-core's dist_checkpointing.
+
+Layout under the checkpoint root:
+    iter_0000100/     one complete dist_checkpointing directory per saved iteration
+    latest            the iteration of the newest COMPLETE checkpoint (written last, atomically)
+A checkpoint is written to `iter_N.tmp`, renamed once every rank has finished, and only then named
+in `latest`; an interrupted save therefore never becomes the checkpoint a resume loads. Older
+checkpoints beyond `keep_last` are deleted after the new one is in place.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+LATEST = "latest"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved with every checkpoint."""
+
+    iteration: int = 0
+    consumed_samples: int = 0
+    world_size: int = 1
+
+
+def checkpoint_dir(root: Path, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def latest_iteration(root: Path) -> Optional[int]:
+    """The newest complete checkpoint's iteration, or None when there is none."""
+    marker = Path(root) / LATEST
+    if not marker.exists():
+        return None
+    text = marker.read_text().strip()
+    if not text.isdigit() or not checkpoint_dir(root, int(text)).is_dir():
+        raise CheckpointError(
+            f"{marker} names iteration {text!r}, but {checkpoint_dir(root, int(text) if text.isdigit() else 0)} "
+            "is missing; restore it or delete the marker to start over"
+        )
+    return int(text)
+
+
+def _rng_state() -> dict:
+    state = {
+        "random": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _rng_object(data) -> ShardedObject:
+    # Each rank keeps its own streams: dropout and jitter differ per rank by design.
+    return ShardedObject("rng_state", data, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)
+
+
+def _unwrap(chunk):
+    """The model inside a DDP wrapper: checkpoints name parameters without the wrapper's prefix."""
+    return getattr(chunk, "module", chunk)
+
+
+def _state_dict(model_chunks, optimizer, scheduler, progress: Progress, rng, is_loading: bool) -> dict:
+    model_sd = {}
+    for i, chunk in enumerate(model_chunks):
+        key = "model" if len(model_chunks) == 1 else f"model{i}"
+        model_sd[key] = _unwrap(chunk).sharded_state_dict()
+    state = dict(model_sd)
+    if optimizer is not None:
+        flat = model_sd["model"] if len(model_chunks) == 1 else model_sd
+        state["optimizer"] = optimizer.sharded_state_dict(flat, is_loading=is_loading)
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    state["progress"] = vars(progress).copy()
+    if rng is not None:
+        state["rng_state"] = _rng_object(rng)
+    return state
+
+
+def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progress: Progress, keep_last: int) -> Path:
+    root = Path(root)
+    final = checkpoint_dir(root, progress.iteration)
+    staging = final.with_name(final.name + ".tmp")
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    dist.barrier()
+    state = _state_dict(model_chunks, optimizer, scheduler, progress, _rng_state(), is_loading=False)
+    dist_checkpointing.save(state, str(staging))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        marker_tmp = root / (LATEST + ".tmp")
+        marker_tmp.write_text(str(progress.iteration))
+        os.replace(marker_tmp, root / LATEST)
+        _prune(root, keep_last, keep=progress.iteration)
+    dist.barrier()
+    return final
+
+
+def _prune(root: Path, keep_last: int, keep: int) -> None:
+    if keep_last <= 0:
+        return
+    done = sorted(p for p in root.glob("iter_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in done[:-keep_last]:
+        if old != checkpoint_dir(root, keep):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=None) -> Progress:
+    """Load a checkpoint directory into the model (and optimizer, scheduler, RNG when given)."""
+    path = Path(path)
+    if not (path / "metadata.json").exists():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no metadata.json); pick another one")
+    common = dist_checkpointing.load_common_state_dict(str(path))
+    saved = Progress(**common["progress"])
+    same_layout = saved.world_size == dist.get_world_size()
+    rng_template = _rng_state() if (optimizer is not None and same_layout) else None
+    template = _state_dict(model_chunks, optimizer, scheduler, saved, rng_template, is_loading=True)
+    loaded = dist_checkpointing.load(template, str(path))
+    for i, chunk in enumerate(model_chunks):
+        _unwrap(chunk).load_state_dict(loaded["model" if len(model_chunks) == 1 else f"model{i}"])
+    if optimizer is not None:
+        optimizer.load_state_dict(loaded["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(loaded["scheduler"])
+    if rng_template is not None:
+        _set_rng_state(loaded["rng_state"])
+    return saved

@@ -1,0 +1,124 @@
+"""Model FLOPs per token and model FLOPs utilisation (MFU).
+
+Counts what the model must compute, not what the hardware ends up doing: padding rows of the
+block-sparse experts, activation recompute and element-wise ops are left out, as in Megatron-LM's
+own throughput report, so numbers stay comparable across backends and with published runs.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from megatron_dmoe.config.resolve import resolve
+from megatron_dmoe.config.schema import RunConfig
+
+# Backward computes two matmuls per forward matmul (gradient of the input and of the weight).
+TRAINING_FLOPS_PER_FORWARD_FLOP = 3
+
+
+def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> float:
+    """Training FLOPs (forward + backward = 3 x forward) per token, counting active parameters only.
+
+    With h = hidden_size, s = seq_length, d = h / num_attention_heads, g = num_query_groups
+    (None = num_attention_heads), V = vocab_size, a matmul with an [in x out] weight costs
+    2 * in * out FLOPs per token forward. Per layer, forward:
+
+        attention projections   2 * (h*h  [q]  +  2*h*g*d  [k, v]  +  h*h  [output])
+        scores and values       2 * 2 * s * h   (Q.K^T and P.V; causal masking NOT halved,
+                                                 as Megatron-LM counts)
+        dense MLP               2 * m * h * f,  f = model.ffn_hidden_size (None = 4*h)
+        MoE MLP                 2 * top_k * m * h * f_e  +  2 * h * E  [router]
+                                f_e = moe.ffn_hidden_size (None = f), E = moe.num_experts
+
+    where m = 3 matrices for SwiGLU (gate, up, down) and 2 for GELU. Layers 0, layer_freq,
+    2*layer_freq, ... are MoE layers when num_experts > 0; the others are dense. Once per token the
+    output logits add 2 * h * V. Embedding lookups, norms, softmax and activations are not counted.
+    A capacity-factor MoE is counted as if no token were dropped (an upper bound).
+
+    ``vocab_size`` is the output layer's width: pass the padded size the model was built with to
+    match Megatron-LM's report. None falls back to ``cfg.model.vocab_size``.
+    """
+    cfg = resolve(cfg)
+    model, moe = cfg.model, cfg.moe
+    vocab = _vocab_size(cfg, vocab_size)
+    h, s = model.hidden_size, model.seq_length
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    if heads <= 0 or h % heads != 0:
+        raise ValueError(
+            f"model.num_attention_heads={heads} must be positive and divide model.hidden_size={h} "
+            "to count attention FLOPs")
+    head_dim = h // heads
+    matrices = _mlp_matrices(model.activation)
+
+    attention = 2 * (2 * h * h + 2 * h * groups * head_dim) + 2 * 2 * s * h
+    dense_mlp = 2 * matrices * h * model.ffn_hidden_size
+    num_moe = _num_moe_layers(cfg)
+    moe_mlp = 2 * moe.top_k * matrices * h * moe.ffn_hidden_size + 2 * h * moe.num_experts
+    forward = (model.num_layers * attention + (model.num_layers - num_moe) * dense_mlp
+               + num_moe * moe_mlp + 2 * h * vocab)
+    return float(TRAINING_FLOPS_PER_FORWARD_FLOP * forward)
+
+
+def achieved_tflops_per_gpu(flops_per_token: float, tokens_per_s: float, num_gpus: int) -> float:
+    """Model TFLOP/s each device delivers when the whole job processes ``tokens_per_s``."""
+    if num_gpus <= 0:
+        raise ValueError(f"num_gpus must be positive, got {num_gpus}")
+    return flops_per_token * tokens_per_s / num_gpus / 1e12
+
+
+def mfu(tflops_per_gpu: float, peak_tflops: float) -> float:
+    """Model FLOPs utilisation as a fraction (0.42 = 42 %) of the device's peak TFLOP/s."""
+    if not peak_tflops > 0:
+        raise ValueError(f"peak_tflops must be a positive number, got {peak_tflops!r}")
+    return tflops_per_gpu / peak_tflops
+
+
+# Dense (no sparsity) tensor-core peaks from NVIDIA's data sheets, TFLOP/s: (16-bit, 32-bit).
+# 32-bit is the TF32 tensor-core rate, which torch uses for fp32 matmuls only when
+# torch.backends.cuda.matmul.allow_tf32 is set; otherwise fp32 runs slower and MFU reads low.
+_PEAK_TFLOPS = (
+    ("H200 NVL", (835.5, 417.5)),
+    ("H200", (989.4, 494.7)),
+    ("H100 PCIE", (756.0, 378.0)),
+    ("H100", (989.4, 494.7)),
+    ("A100", (312.0, 156.0)),
+)
+
+
+def peak_tflops_for_device(device_name: str, sixteen_bit: bool = True) -> Optional[float]:
+    """The data-sheet peak of a known GPU (``torch.cuda.get_device_name()``), else None.
+
+    None means MFU cannot be reported (CPUs, unknown GPUs); the caller should leave it out.
+    """
+    name = device_name.upper()
+    for key, (peak16, peak32) in _PEAK_TFLOPS:
+        if key in name:
+            return peak16 if sixteen_bit else peak32
+    return None
+
+
+def _vocab_size(cfg: RunConfig, vocab_size: Optional[int]) -> int:
+    vocab = vocab_size if vocab_size is not None else cfg.model.vocab_size
+    if vocab is None:
+        raise ValueError(
+            "model_flops_per_token needs the vocabulary size: pass vocab_size= (the tokenizer's, "
+            "padded as the model pads it) or set model.vocab_size")
+    if vocab <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab}")
+    return int(vocab)
+
+
+def _mlp_matrices(activation: str) -> int:
+    if activation == "swiglu":
+        return 3
+    if activation == "gelu":
+        return 2
+    raise ValueError(f"model.activation={activation!r} is not counted: use 'gelu' or 'swiglu'")
+
+
+def _num_moe_layers(cfg: RunConfig) -> int:
+    moe = cfg.moe
+    if moe.num_experts <= 0:
+        return 0
+    if moe.layer_freq <= 0:
+        raise ValueError(f"moe.layer_freq={moe.layer_freq} must be a positive integer")
+    return sum(1 for layer in range(cfg.model.num_layers) if layer % moe.layer_freq == 0)

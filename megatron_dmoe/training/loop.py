@@ -1,0 +1,175 @@
+"""Train a dMoE GPT from a resolved, validated run configuration.
+
+The order matters for users: everything that can fail because of their input (config, data files,
+tokenizer) fails before a model is built or a checkpoint is touched.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+from megatron_dmoe.config import RunConfig, save_config
+from megatron_dmoe.data import build_loader
+from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
+from megatron_dmoe.moe import get_moe_metrics, update_expert_biases
+from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
+from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint, save_checkpoint
+from megatron_dmoe.training.data_setup import RunData, prepare_run_data
+from megatron_dmoe.training.flops import model_flops_per_token
+from megatron_dmoe.training.metrics import MetricsLogger, moe_log_values
+from megatron_dmoe.training.optim import build_optimizer, build_scheduler
+from megatron_dmoe.training.preemption import PreemptionWatcher
+from megatron_dmoe.training.run_dir import CONFIG_FILE, checkpoint_root, software_versions
+from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    iteration: int
+    losses: List[float] = field(default_factory=list)  # per logged step, on rank 0
+    val_loss: Optional[float] = None
+    preempted: bool = False
+
+
+def _wrap_ddp(model, on_cuda: bool) -> DistributedDataParallel:
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=False,
+    )
+    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+
+
+def _num_micro_batches(cfg: RunConfig) -> int:
+    tr = cfg.training
+    return tr.global_batch_size // (tr.micro_batch_size * ps.get_data_parallel_world_size())
+
+
+def _loader(cfg: RunConfig, dataset, consumed_samples: int):
+    return build_loader(
+        dataset,
+        micro_batch_size=cfg.training.micro_batch_size,
+        consumed_samples=consumed_samples,
+        dp_rank=ps.get_data_parallel_rank(),
+        dp_size=ps.get_data_parallel_world_size(),
+        num_workers=cfg.data.num_workers,
+        seed=cfg.training.seed,
+    )
+
+
+def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainResult:
+    """Run the whole training; `cfg` is resolved and validated, process groups are initialised."""
+    run_dir = Path(run_dir)
+    tr = cfg.training
+    data: RunData = prepare_run_data(cfg, env)  # raises DataError before anything is built
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / CONFIG_FILE, versions=software_versions())
+    dist.barrier()
+
+    seed_everything(tr.seed, env)
+    model = build_gpt_model(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda)
+    model = _wrap_ddp(model, env.on_cuda)
+    optimizer = build_optimizer(cfg, [model], env.on_cuda)
+    scheduler = build_scheduler(cfg, optimizer)
+
+    progress = Progress(world_size=env.world_size)
+    ckpt_root = checkpoint_root(run_dir)
+    latest = latest_iteration(ckpt_root)
+    if resume and latest is not None:
+        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), [model], optimizer, scheduler)
+        progress.world_size = env.world_size
+    elif cfg.checkpoint.load:
+        load_checkpoint(Path(cfg.checkpoint.load), [model])
+
+    num_micro = _num_micro_batches(cfg)
+    train_data = _loader(cfg, data.train, progress.consumed_samples)
+    tokens_per_step = tr.global_batch_size * cfg.model.seq_length
+    flops_per_token = model_flops_per_token(cfg, vocab_size=padded_vocab_size(data.vocab_size, cfg))
+    logger = MetricsLogger(
+        run_dir,
+        enabled=env.is_main,
+        tensorboard=cfg.logging.tensorboard,
+        progress_bar=cfg.logging.progress_bar,
+        total_steps=tr.train_iters,
+        start_step=progress.iteration,
+    )
+    if progress.iteration:
+        logger.message(f"resumed from {checkpoint_dir(ckpt_root, progress.iteration)}")
+    watcher = PreemptionWatcher(env.device)
+    result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
+    moe_metrics = get_moe_metrics()
+    moe_metrics.reset()
+    model.train()
+    window_start, window_steps = time.perf_counter(), 0
+    try:
+        while progress.iteration < tr.train_iters:
+            loss, grad_norm, applied = train_step(model, optimizer, train_data, num_micro, env.device)
+            if applied:
+                scheduler.step(1)
+                if cfg.moe.router_enable_expert_bias:
+                    update_expert_biases(model)
+            progress.iteration += 1
+            progress.consumed_samples += tr.global_batch_size
+            window_steps += 1
+            step = progress.iteration
+            last = step == tr.train_iters
+
+            values = None
+            if step % cfg.logging.log_interval == 0 or last:
+                if env.on_cuda:
+                    torch.cuda.synchronize()
+                elapsed = time.perf_counter() - window_start
+                tokens_per_s = window_steps * tokens_per_step / elapsed
+                tflops = flops_per_token * tokens_per_s / env.world_size / 1e12
+                values = {
+                    "loss": mean_over_data_parallel(loss),
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "grad_norm": grad_norm,
+                    "tokens_per_s": tokens_per_s,
+                    "tflops_per_gpu": tflops,
+                    "mfu": tflops / cfg.logging.peak_tflops if cfg.logging.peak_tflops else None,
+                    "skipped_update": not applied,
+                }
+                values.update(moe_log_values(moe_metrics.snapshot(group=ps.get_data_parallel_group())))
+                moe_metrics.reset()
+                result.losses.append(values["loss"])
+                window_start, window_steps = time.perf_counter(), 0
+            if tr.eval_interval and (step % tr.eval_interval == 0 or last):
+                valid = _loader(cfg, data.valid, 0)
+                values = values or {}
+                values["val_loss"] = evaluate(model, valid, tr.eval_iters, num_micro, env.device)
+                result.val_loss = values["val_loss"]
+                window_start = time.perf_counter()  # evaluation time is not training throughput
+            if values is not None:
+                logger.log(step, values)
+
+            preempted = watcher.should_stop()
+            save_due = cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0
+            if save_due or last or preempted:
+                path = save_checkpoint(ckpt_root, [model], optimizer, scheduler, progress, cfg.checkpoint.keep_last)
+                logger.message(f"saved checkpoint {path}")
+                window_start = time.perf_counter()
+            if preempted:
+                logger.message(f"stopping at step {step} on SIGTERM; continue with --resume")
+                result.preempted = True
+                break
+    finally:
+        watcher.close()
+        logger.close()
+    result.iteration = progress.iteration
+    if env.is_main and cfg.logging.plot and not result.preempted:
+        from megatron_dmoe.training.plots import plot_expert_load, plot_runs
+
+        plot_runs([run_dir], run_dir / "loss.png")
+        if cfg.moe.num_experts > 0:
+            plot_expert_load(run_dir, run_dir / "expert_load.png")
+    return result

@@ -1,0 +1,130 @@
+"""Optimizer and learning-rate schedule.
+
+CUDA: megatron-core's optimizer (fp32 master weights for bf16/fp16, loss scaling for fp16, the
+distributed optimizer as an option). CPU: the same MegatronOptimizer interface over torch's AdamW,
+because megatron-core's optimizer allocates on CUDA; clipping uses the same global gradient norm.
+Both are driven by megatron-core's OptimizerParamScheduler.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.distributed as dist
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.optimizer import FP32Optimizer, MegatronOptimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from megatron_dmoe.config import RunConfig
+from megatron_dmoe.model.transformer_config import params_dtype
+
+
+def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
+    tr = cfg.training
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=tr.lr,
+        min_lr=tr.min_lr,
+        weight_decay=tr.weight_decay,
+        adam_beta1=tr.adam_beta1,
+        adam_beta2=tr.adam_beta2,
+        adam_eps=tr.adam_eps,
+        clip_grad=tr.clip_grad,
+        bf16=tr.bf16,
+        fp16=tr.fp16,
+        params_dtype=params_dtype(cfg),
+        loss_scale=tr.loss_scale,
+        initial_loss_scale=tr.initial_loss_scale,
+        use_distributed_optimizer=tr.use_distributed_optimizer,
+    )
+
+
+def _init_adam_state(optimizer: torch.optim.Optimizer, config=None) -> None:
+    """Create empty Adam moments so a checkpoint can be loaded into a fresh optimizer."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p.data)
+                state["exp_avg_sq"] = torch.zeros_like(p.data)
+
+
+class CpuOptimizer(FP32Optimizer):
+    """megatron's FP32Optimizer without its CUDA allocations (loss scale and grad-norm buffers)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimizerConfig):
+        MegatronOptimizer.__init__(self, optimizer, config, _init_adam_state)
+        self._scale = torch.ones(1)
+        self.is_stub_optimizer = False
+
+    @torch.no_grad()
+    def clip_grad_norm(self, clip_grad: float) -> float:
+        grads = self.get_main_grads_for_grad_norm()
+        square_sum = torch.zeros(1, dtype=torch.float64)
+        for g in grads:
+            square_sum += g.double().pow(2).sum()
+        dist.all_reduce(square_sum, group=self.get_grad_stats_parallel_group())
+        norm = square_sum.sqrt().item()
+        coefficient = clip_grad / (norm + 1e-6)
+        if coefficient < 1.0:
+            for p in self.get_parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coefficient)
+        return norm
+
+
+def _param_groups(model_chunks: List[torch.nn.Module]) -> List[dict]:
+    """Megatron-LM's grouping: no weight decay on biases and norm weights (1-D parameters), and
+    expert-parallel parameters (marked `allreduce=False`) apart, keyed as megatron's checkpoints
+    expect (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)."""
+    groups = {}
+    for chunk in model_chunks:
+        for name, p in chunk.named_parameters():
+            if not p.requires_grad:
+                continue
+            no_decay = p.ndim == 1 or name.endswith(".bias")
+            expert = not getattr(p, "allreduce", True)
+            groups.setdefault((no_decay, expert), []).append(p)
+    return [
+        {
+            "params": params,
+            "wd_mult": 0.0 if no_decay else 1.0,
+            "lr_mult": 1.0,
+            "is_expert_parallel": expert,
+            "is_decoupled_lr": False,
+        }
+        for (no_decay, expert), params in sorted(groups.items())
+    ]
+
+
+def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
+    config = optimizer_config(cfg)
+    if on_cuda:
+        return get_megatron_optimizer(config, model_chunks)
+    adam = torch.optim.AdamW(
+        _param_groups(model_chunks),
+        lr=config.lr,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+    )
+    return CpuOptimizer(adam, config)
+
+
+def build_scheduler(cfg: RunConfig, optimizer: MegatronOptimizer) -> OptimizerParamScheduler:
+    tr = cfg.training
+    decay_iters = tr.lr_decay_iters or tr.train_iters
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=tr.lr,
+        min_lr=tr.min_lr,
+        lr_warmup_steps=tr.lr_warmup_iters,
+        lr_decay_steps=max(decay_iters, tr.lr_warmup_iters + 1),
+        lr_decay_style=tr.lr_decay_style,
+        start_wd=tr.weight_decay,
+        end_wd=tr.weight_decay,
+        wd_incr_steps=decay_iters,
+        wd_incr_style="constant",
+    )

@@ -1,0 +1,62 @@
+"""One training step (micro-batches accumulated into the global batch) and evaluation."""
+from __future__ import annotations
+
+from typing import Iterator, List
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import finalize_model_grads
+
+from megatron_dmoe.moe.aux_loss import AuxLossScaler
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def micro_batch_loss(model, batch: dict) -> torch.Tensor:
+    """Mean next-token loss over the micro-batch's unmasked tokens."""
+    per_token = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    mask = batch["loss_mask"].float()
+    return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, device: torch.device):
+    """Forward/backward over the micro-batches, reduce gradients, step the optimizer.
+
+    Returns (mean loss on this rank as a device tensor, grad norm or None, whether the update was applied).
+    """
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    # Aux losses inject their gradient in backward at this scale: averaged like the LM loss,
+    # and multiplied by the fp16 loss scale like it.
+    AuxLossScaler.set_loss_scale(optimizer.get_loss_scale().to(device) / num_micro_batches)
+    losses: List[torch.Tensor] = []
+    for _ in range(num_micro_batches):
+        batch = _to_device(next(data), device)
+        loss = micro_batch_loss(model, batch)
+        optimizer.scale_loss(loss / num_micro_batches).backward()
+        losses.append(loss.detach())
+    finalize_model_grads([model])
+    applied, grad_norm, _ = optimizer.step()
+    return torch.stack(losses).mean(), grad_norm, applied
+
+
+@torch.no_grad()
+def evaluate(model, data: Iterator[dict], num_batches: int, num_micro_batches: int, device: torch.device) -> float:
+    """Mean loss over `num_batches` global batches, averaged over data-parallel ranks."""
+    model.eval()
+    total = torch.zeros(1, dtype=torch.float64, device=device)
+    for _ in range(num_batches * num_micro_batches):
+        total += micro_batch_loss(model, _to_device(next(data), device)).double()
+    model.train()
+    total /= num_batches * num_micro_batches
+    dist.all_reduce(total, group=ps.get_data_parallel_group())
+    return total.item() / ps.get_data_parallel_world_size()
+
+
+def mean_over_data_parallel(value: torch.Tensor) -> float:
+    value = value.detach().double().reshape(1).clone()
+    dist.all_reduce(value, group=ps.get_data_parallel_group())
+    return value.item() / ps.get_data_parallel_world_size()
