@@ -1,0 +1,67 @@
+"""Token dispatch (permute tokens into expert-grouped rows) and combine (un-permute and weight).
+
+The layer talks to a `TokenDispatcher` only, so an expert-parallel dispatcher (all-to-all between
+the permutation and the experts) can replace the local one without touching the layer.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Tuple
+
+import torch
+
+from .router import count_assignments
+
+
+class TokenDispatcher(abc.ABC):
+    @abc.abstractmethod
+    def dispatch(
+        self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, Any]:
+        """x [T, h], indices/weights [T, k] -> (x_perm, tokens_per_expert, state).
+
+        x_perm holds the rows the experts compute on; tokens_per_expert [E] (int64, on device)
+        how many of them each expert owns; state whatever `combine` needs.
+        """
+
+    @abc.abstractmethod
+    def combine(self, y_perm: torch.Tensor, state: Any) -> torch.Tensor:
+        """Expert outputs in x_perm's layout -> y [T, h] = sum_j weights[t, j] * expert output."""
+
+
+def weighted_sum(y_assign: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """y_assign [T*k, h] in (token, slot) order, weights [T, k] -> [T, h].
+
+    A batched matmul: deterministic (no atomics) and its backward yields the weights' gradient.
+    """
+    num_tokens, top_k = weights.shape
+    y = torch.bmm(weights.to(y_assign.dtype).unsqueeze(1), y_assign.view(num_tokens, top_k, -1))
+    return y.squeeze(1)
+
+
+@dataclass
+class DroplessState:
+    inverse_order: torch.Tensor  # [T*k]: row of x_perm that holds assignment (t, j)
+    weights: torch.Tensor  # [T, k]
+
+
+class DroplessDispatcher(TokenDispatcher):
+    """Every assignment is kept: x_perm [T*k, h] holds the rows grouped by expert, in expert order
+    and, within an expert, in token order."""
+
+    def __init__(self, num_experts: int):
+        self.num_experts = num_experts
+
+    def dispatch(self, x, indices, weights):
+        top_k = indices.shape[1]
+        flat = indices.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        x_perm = x.index_select(0, order // top_k)
+        tokens_per_expert = count_assignments(indices, self.num_experts)
+        inverse_order = torch.empty_like(order)
+        inverse_order[order] = torch.arange(order.numel(), device=order.device)
+        return x_perm, tokens_per_expert, DroplessState(inverse_order, weights)
+
+    def combine(self, y_perm, state: DroplessState):
+        return weighted_sum(y_perm.index_select(0, state.inverse_order), state.weights)

@@ -1,0 +1,55 @@
+"""Registry of expert MLP backends and the choice behind backend='auto'."""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from .grouped import GroupedBackend
+from .mlp import ExpertBackend
+from .reference import ReferenceBackend
+
+BACKENDS: Dict[str, ExpertBackend] = {b.name: b for b in (ReferenceBackend(), GroupedBackend())}
+# preferred first; a faster backend that registers later goes to the front
+AUTO_ORDER = ["grouped", "reference"]
+
+
+class BackendUnavailableError(NotImplementedError):
+    pass
+
+
+def register_backend(backend: ExpertBackend, prefer: bool = True) -> None:
+    BACKENDS[backend.name] = backend
+    if backend.name not in AUTO_ORDER:
+        AUTO_ORDER.insert(0 if prefer else len(AUTO_ORDER), backend.name)
+
+
+def check_backend_name(name: str) -> None:
+    """Fail at build time for a backend that cannot exist in this installation."""
+    if name == "auto" or name in BACKENDS:
+        return
+    if name == "sparse":
+        raise BackendUnavailableError(
+            "MoE option 'backend'='sparse': the block-sparse expert backend is not available yet; "
+            "use backend='grouped' or 'reference' (or 'auto')."
+        )
+    raise ValueError(f"MoE option 'backend'={name!r} is unknown; use 'auto' or one of {sorted(BACKENDS)}.")
+
+
+def resolve_backend(name: str, device, dtype: torch.dtype, hidden_size: int, ffn_hidden_size: int) -> ExpertBackend:
+    """The backend to run for these inputs; 'auto' takes the first in AUTO_ORDER that can."""
+    check_backend_name(name)
+    if name == "auto":
+        for candidate in AUTO_ORDER:
+            backend = BACKENDS[candidate]
+            if backend.unsupported_reason(device, dtype, hidden_size, ffn_hidden_size) is None:
+                return backend
+        raise RuntimeError(f"no MoE expert backend runs {dtype} on {device}")
+    backend = BACKENDS[name]
+    reason = backend.unsupported_reason(device, dtype, hidden_size, ffn_hidden_size)
+    if reason is not None:
+        raise ValueError(
+            f"MoE option 'backend'={name!r} cannot run here: {reason}; "
+            "use backend='auto' (falls back to 'reference') or change the sizes."
+        )
+    return backend

@@ -1,0 +1,127 @@
+"""The dropless MoE layer as a megatron-core module (the `mlp` of a TransformerLayer).
+
+router -> dispatch (permute into expert-grouped rows) -> expert MLPs -> combine (un-permute,
+weight, sum over the k experts of each token). With a capacity factor it becomes the
+token-dropping baseline: same router, a capacity buffer and batched matmuls.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from .aux_loss import AuxLossScaler, load_balancing_loss, z_loss
+from .capacity import CapacityDispatcher
+from .dispatcher import DroplessDispatcher, TokenDispatcher
+from .expert_bias import update_expert_biases
+from .experts import ExpertMLP
+from .metrics import get_moe_metrics
+from .options import MoEOptions
+from .router import Routing, TopKRouter
+
+# layers built without a layer number record their metrics under -1, -2, ... until numbered
+_UNNUMBERED = itertools.count(1)
+
+
+def _param_device(config: TransformerConfig):
+    if getattr(config, "use_cpu_initialization", False) or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class MoELayer(MegatronModule):
+    """forward(hidden_states [s, b, h], padding_mask [b, s] (True = padding) or None) -> (out, None).
+
+    Sizes and router settings come from megatron-core's TransformerConfig (see
+    `MoEOptions.from_transformer_config`); keyword arguments (the layer spec's params) override
+    MoEOptions fields: backend, block_size, memory_optimized, renormalize, ...
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        submodules=None,
+        layer_number: Optional[int] = None,
+        pg_collection=None,
+        **kwargs,
+    ):
+        super().__init__(config)
+        if getattr(config, "expert_model_parallel_size", 1) > 1:
+            raise NotImplementedError(
+                f"TransformerConfig.expert_model_parallel_size={config.expert_model_parallel_size}: this MoE "
+                "layer runs every expert locally; set expert_model_parallel_size=1."
+            )
+        self.options = opts = MoEOptions.from_transformer_config(config, **kwargs)
+        self.layer_number = layer_number if layer_number is not None else -next(_UNNUMBERED)
+        device = _param_device(config)
+        self.router = TopKRouter(opts, dtype=config.params_dtype, device=device)
+        self.experts = ExpertMLP(opts, dtype=config.params_dtype, device=device)
+        self.token_dropping = opts.capacity_factor is not None
+        self.dispatcher: TokenDispatcher = (
+            CapacityDispatcher(opts.num_experts, opts.capacity_factor, opts.token_drop_policy)
+            if self.token_dropping
+            else DroplessDispatcher(opts.num_experts)
+        )
+
+    def set_layer_number(self, layer_number: int) -> None:
+        self.layer_number = layer_number
+
+    def forward(self, hidden_states: torch.Tensor, padding_mask: Optional[torch.Tensor] = None, **kwargs):
+        h = self.options.hidden_size
+        if hidden_states.dim() != 3 or hidden_states.shape[-1] != h:
+            raise ValueError(
+                f"MoE layer input has shape {tuple(hidden_states.shape)}; expected [seq, batch, {h}] "
+                "(hidden_size from the TransformerConfig)."
+            )
+        s, b, _ = hidden_states.shape
+        x = hidden_states.reshape(s * b, h)
+        valid = self._valid_tokens(padding_mask, s, b)
+
+        routing = self.router(x, valid)
+        x_perm, tokens_per_expert, state = self.dispatcher.dispatch(x, routing.indices, routing.weights)
+        if self.token_dropping:
+            y_perm = self.experts.forward_batched(x_perm)
+        else:
+            y_perm = self.experts(x_perm, tokens_per_expert)
+        y = self.dispatcher.combine(y_perm, state)
+        y = self._attach_aux_losses(y, routing, valid)
+        return y.view(s, b, h), None
+
+    @staticmethod
+    def _valid_tokens(padding_mask, s, b):
+        """[s*b] bool, False for padding tokens (token order of hidden_states.reshape(s*b, h))."""
+        if padding_mask is None:
+            return None
+        if tuple(padding_mask.shape) != (b, s):
+            raise ValueError(
+                f"padding_mask has shape {tuple(padding_mask.shape)}; expected [batch, seq] = {(b, s)} "
+                "with True marking padding tokens."
+            )
+        return (~padding_mask.bool()).transpose(0, 1).reshape(-1)
+
+    def _attach_aux_losses(self, y: torch.Tensor, routing: Routing, valid) -> torch.Tensor:
+        # training forwards that build a graph only: eval and the no-grad first pass of activation
+        # recompute neither add losses nor record metrics
+        if not (self.training and torch.is_grad_enabled()):
+            return y
+        opts = self.options
+        lb = z = None
+        if opts.aux_loss_coeff > 0:
+            lb = load_balancing_loss(
+                routing.scores, routing.tokens_per_expert, opts.top_k, opts.aux_loss_coeff,
+                opts.score_function, valid,
+            )
+        if opts.z_loss_coeff > 0:
+            z = z_loss(routing.logits, opts.z_loss_coeff, valid)
+        get_moe_metrics().record(self.layer_number, lb_loss=lb, z_loss=z, tokens_per_expert=routing.tokens_per_expert)
+        losses = [loss for loss in (lb, z) if loss is not None]
+        if not losses:
+            return y
+        return AuxLossScaler.apply(y, sum(losses))
+
+    def update_expert_bias(self, group=None) -> None:
+        """Apply this layer's aux-loss-free bias update (see `update_expert_biases`)."""
+        update_expert_biases(self, group)

@@ -1,0 +1,130 @@
+"""Top-k router: scores every expert for every token and picks the k experts each token goes to."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .options import MoEOptions
+
+
+@dataclass
+class Routing:
+    indices: torch.Tensor  # [T, k] int64: the experts each token goes to
+    weights: torch.Tensor  # [T, k] the weights their outputs are combined with
+    logits: torch.Tensor  # [T, E] router logits (fp32, or fp64 for fp64 inputs)
+    scores: torch.Tensor  # [T, E] softmax probabilities or sigmoid scores over all experts
+    tokens_per_expert: torch.Tensor  # [E] int64: assignments of non-padding tokens per expert
+
+
+def route(
+    logits: torch.Tensor,
+    top_k: int,
+    score_function: str = "softmax",
+    pre_softmax: bool = True,
+    renormalize: bool = False,
+    topk_scaling_factor: float = 1.0,
+    expert_bias: Optional[torch.Tensor] = None,
+):
+    """Pick top-k experts per row of `logits` [T, E]; returns (indices, weights, scores).
+
+    softmax + pre_softmax: top-k of softmax(logits); weights are those probabilities.
+    softmax, not pre_softmax: top-k of the logits; weights are the softmax over the k chosen logits.
+    sigmoid: top-k of sigmoid(logits) (+ expert_bias, which changes the choice, never the weights).
+    renormalize scales each token's weights to sum 1; all weights are then multiplied by
+    topk_scaling_factor.
+    """
+    if score_function == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+        if pre_softmax:
+            weights, indices = torch.topk(scores, top_k, dim=-1)
+        else:
+            top_logits, indices = torch.topk(logits, top_k, dim=-1)
+            weights = torch.softmax(top_logits, dim=-1)
+    elif score_function == "sigmoid":
+        scores = torch.sigmoid(logits)
+        selection = scores if expert_bias is None else scores + expert_bias.to(scores.dtype)
+        indices = torch.topk(selection, top_k, dim=-1).indices
+        weights = scores.gather(-1, indices)
+    else:
+        raise ValueError(f"score_function={score_function!r} is not supported; use 'softmax' or 'sigmoid'.")
+    if renormalize:
+        # the epsilon only guards sigmoid scores that underflow to 0
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if topk_scaling_factor != 1.0:
+        weights = weights * topk_scaling_factor
+    return indices, weights, scores
+
+
+def count_assignments(indices: torch.Tensor, num_experts: int, valid: Optional[torch.Tensor] = None):
+    """[E] int64 number of (token, expert) assignments per expert, counting only `valid` tokens.
+
+    Built with scatter_add so that no value has to come back to the host.
+    """
+    ones = torch.ones_like(indices) if valid is None else valid.to(indices.dtype)[:, None].expand_as(indices)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=indices.device)
+    return counts.scatter_add_(0, indices.reshape(-1), ones.reshape(-1))
+
+
+class TopKRouter(torch.nn.Module):
+    """Router weight [E, h] (logits computed in fp32) and, optionally, the expert-bias state."""
+
+    def __init__(self, options: MoEOptions, dtype=torch.float32, device=None):
+        super().__init__()
+        self.options = options
+        E, h = options.num_experts, options.hidden_size
+        self.weight = torch.nn.Parameter(torch.empty(E, h, dtype=dtype, device=device))
+        with torch.no_grad():
+            self.weight.normal_(0.0, options.init_method_std)
+        if options.expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32, device=device))
+            # assignments seen in training forwards since the last bias update; not checkpointed
+            self.register_buffer(
+                "local_tokens_per_expert", torch.zeros(E, dtype=torch.int64, device=device), persistent=False
+            )
+        else:
+            self.expert_bias = None
+            self.local_tokens_per_expert = None
+
+    def _apply(self, fn, *args, **kwargs):
+        # Mixed-precision wrappers cast every floating buffer; the bias moves by small steps
+        # (bias_update_rate) that bf16 would round away, so it stays fp32 whatever the module's dtype.
+        kept = self.expert_bias
+        result = super()._apply(fn, *args, **kwargs)
+        if kept is not None and self.expert_bias.dtype != torch.float32:
+            self.expert_bias = kept.to(device=self.expert_bias.device, dtype=torch.float32)
+        return result
+
+    def forward(self, x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> Routing:
+        """x [T, h]; valid [T] bool (False marks padding tokens, left out of the counts)."""
+        opts = self.options
+        compute_dtype = torch.promote_types(x.dtype, torch.float32)
+        x = x.to(compute_dtype)
+        if self.training and opts.input_jitter_eps:
+            # drawn in fp32: bf16 resolves steps of only 2**-7 around 1
+            eps = opts.input_jitter_eps
+            x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
+        logits = F.linear(x, self.weight.to(compute_dtype))
+        indices, weights, scores = route(
+            logits,
+            opts.top_k,
+            score_function=opts.score_function,
+            pre_softmax=opts.pre_softmax,
+            renormalize=opts.renormalize,
+            topk_scaling_factor=opts.topk_scaling_factor,
+            expert_bias=self.expert_bias,
+        )
+        counts = count_assignments(indices, opts.num_experts, valid)
+        if self.expert_bias is not None and self.training and torch.is_grad_enabled():
+            # grad-enabled only: a forward repeated for activation recompute must not count twice
+            self.local_tokens_per_expert += counts
+        return Routing(indices, weights, logits, scores, counts)
+
+    @torch.no_grad()
+    def apply_bias_update(self, load: torch.Tensor) -> None:
+        """bias += rate * sign(mean load - load): underused experts become likelier picks."""
+        load = load.to(torch.float32)
+        self.expert_bias += self.options.bias_update_rate * torch.sign(load.mean() - load)
+        self.local_tokens_per_expert.zero_()

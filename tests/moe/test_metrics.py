@@ -1,0 +1,104 @@
+"""The metrics tracker: what layers record, when, and what a snapshot returns."""
+import os
+
+import pytest
+import torch
+
+from megatron_dmoe.moe import MoELayer, MoEMetrics, get_moe_metrics, load_balancing_loss, z_loss
+from moe_reference import make_config
+
+
+def test_snapshot_averages_losses_and_sums_loads():
+    m = MoEMetrics()
+    m.record(3, lb_loss=torch.tensor(0.2), z_loss=torch.tensor(0.02), tokens_per_expert=torch.tensor([4, 0, 2, 2]))
+    m.record(3, lb_loss=torch.tensor(0.4), z_loss=torch.tensor(0.04), tokens_per_expert=torch.tensor([2, 2, 2, 2]))
+    m.record(5, lb_loss=torch.tensor(0.1), tokens_per_expert=torch.tensor([1, 1, 1, 5]))
+    snap = m.snapshot()
+    layer3, layer5 = snap["layers"][3], snap["layers"][5]
+    assert layer3["lb_loss"] == pytest.approx(0.3) and layer3["z_loss"] == pytest.approx(0.03)
+    assert layer3["load"] == [6.0, 2.0, 4.0, 4.0] and layer3["load_imbalance"] == pytest.approx(6 / 4)
+    assert "z_loss" not in layer5 and layer5["load_imbalance"] == pytest.approx(5 / 2)
+    assert snap["lb_loss"] == pytest.approx((0.3 + 0.1) / 2)
+    assert snap["z_loss"] == pytest.approx(0.03)
+    assert snap["load_imbalance"] == pytest.approx((1.5 + 2.5) / 2)
+    assert snap["load_imbalance_max"] == pytest.approx(2.5)
+    m.reset()
+    assert m.snapshot() == {}
+
+
+def test_recorded_tensors_stay_detached_on_device():
+    m = MoEMetrics()
+    loss = torch.tensor(0.5, requires_grad=True) * 2
+    m.record(1, lb_loss=loss, tokens_per_expert=torch.tensor([1, 2]))
+    rec = m._layers[1]
+    assert isinstance(rec.lb_sum, torch.Tensor) and not rec.lb_sum.requires_grad
+
+
+def _layer(**extra):
+    config = make_config(8, 8, 4, 2, moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01, **extra)
+    layer = MoELayer(config, backend="reference")
+    layer.set_layer_number(2)
+    return layer
+
+
+def test_layer_records_training_forwards_only():
+    layer = _layer()
+    x = torch.randn(6, 2, 8, dtype=torch.float64)
+    tracker = get_moe_metrics()
+    tracker.reset()
+    layer.eval()
+    layer(x)
+    layer.train()
+    with torch.no_grad():  # e.g. the first pass of full activation recompute
+        layer(x)
+    assert tracker.snapshot() == {}
+
+    layer(x)
+    layer(2 * x)
+    snap = tracker.snapshot()["layers"][2]
+    expected_lb, expected_z, expected_load = [], [], torch.zeros(4)
+    for inp in (x, 2 * x):
+        routing = layer.router(inp.view(-1, 8))
+        expected_lb.append(load_balancing_loss(routing.scores, routing.tokens_per_expert, 2, 0.1).item())
+        expected_z.append(z_loss(routing.logits, 0.01).item())
+        expected_load += torch.bincount(routing.indices.flatten(), minlength=4)
+    assert snap["lb_loss"] == pytest.approx(sum(expected_lb) / 2, rel=1e-12)
+    assert snap["z_loss"] == pytest.approx(sum(expected_z) / 2, rel=1e-12)
+    assert snap["load"] == expected_load.tolist() and sum(snap["load"]) == 2 * 12 * 2
+    tracker.reset()
+
+
+def test_padding_tokens_are_not_counted():
+    layer = _layer()
+    layer.train()
+    x = torch.randn(5, 2, 8, dtype=torch.float64)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[1, 3:] = True  # the last two positions of sequence 1
+    tracker = get_moe_metrics()
+    tracker.reset()
+    out, _ = layer(x, padding_mask=padding)
+    load = tracker.snapshot()["layers"][2]["load"]
+    tracker.reset()
+    assert sum(load) == (10 - 2) * 2
+    valid = ~padding.t().reshape(-1)
+    routing = layer.router(x.view(-1, 8))
+    expected = torch.bincount(routing.indices[valid].flatten(), minlength=4)
+    assert load == expected.tolist()
+    # padded tokens still get an output (dropless): the same as without a mask
+    assert torch.equal(out, layer(x)[0])
+    tracker.reset()
+
+
+def test_snapshot_all_reduces_over_a_group(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp_path, 'store')}", rank=0, world_size=1)
+    try:
+        m = MoEMetrics()
+        m.record(1, lb_loss=torch.tensor(0.5), tokens_per_expert=torch.tensor([3, 1]))
+        snap = m.snapshot(group=dist.group.WORLD)
+        assert snap["layers"][1] == {"lb_loss": 0.5, "load": [3.0, 1.0], "load_imbalance": 1.5}
+    finally:
+        dist.destroy_process_group()
