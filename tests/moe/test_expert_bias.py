@@ -89,7 +89,12 @@ def test_update_expert_biases_visits_every_layer_in_model_chunks():
     model = torch.nn.Sequential(a, torch.nn.Sequential(b, plain))
     for layer in (a, b):
         layer.train()
-        layer(torch.randn(5, 2, 8, dtype=torch.float64))
+        # tokens routed to expert 0 only, so loads are uneven and every bias must move
+        x = torch.randn(64, 2, 8, dtype=torch.float64)
+        with torch.no_grad():
+            layer.router.weight.zero_()
+            layer.router.weight[0] = x.reshape(-1, 8).mean(0) * 100
+        layer(x)
     assert update_expert_biases([model]) == 2
     assert a.router.expert_bias.abs().sum() > 0 and b.router.expert_bias.abs().sum() > 0
     assert plain.router.expert_bias is None

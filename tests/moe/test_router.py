@@ -181,9 +181,9 @@ def test_grouped_backend_refuses_unaligned_sizes_and_auto_falls_back():
     auto = MoELayer(config, backend="auto")
     assert auto.experts.backend_for(x.view(-1, 10)).name == "reference"
     assert auto(x)[0].shape == x.shape
+    # On CPU 'auto' keeps the per-expert matmuls even where grouped_mm could run: they are faster.
     aligned = MoELayer(make_config(12, 8, 4, 2, dtype=torch.float32), backend="auto")
-    assert aligned.experts.backend_for(torch.randn(4, 12)).name == "grouped"
-    assert aligned.experts.backend_for(torch.randn(4, 12, dtype=torch.float64)).name == "reference"
+    assert aligned.experts.backend_for(torch.randn(4, 12)).name == "reference"
 
 
 def test_layer_rejects_expert_parallelism_and_bad_shapes():
