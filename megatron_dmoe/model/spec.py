@@ -13,6 +13,7 @@ Megatron-LM's flags produce (--num-experts, --moe-router-topk, ...).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import List, Optional
 
 from megatron.core.models.gpt.gpt_layer_specs import (
@@ -31,6 +32,17 @@ from megatron_dmoe.model.attention import SDPAttention
 from megatron_dmoe.moe.layer import MoELayer
 
 CORE_ATTENTIONS = ("sdpa", "unfused")
+
+
+class _OwnMLPNotice(logging.Filter):
+    """megatron's TransformerLayer logs 'Unknown MLP type' once per layer for any MLP class it did
+    not write; for ours that is expected (it needs none of the extra arguments), so drop it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Unknown MLP type" not in record.getMessage()
+
+
+logging.getLogger("megatron.core.transformer.transformer_layer").addFilter(_OwnMLPNotice())
 
 
 def transformer_engine_available() -> bool:
