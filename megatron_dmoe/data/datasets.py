@@ -1,0 +1,159 @@
+"""Train, valid and test datasets of a run through megatron-core's GPTDataset and blending.
+
+`data.data_path` is Megatron-LM's `--data-path`: one prefix, several prefixes (blended in
+proportion to their sizes), or weight/prefix pairs. Empty, it means the built-in corpus, whose
+tokenizer `build_tokenizer` then loads. Files, splits and the tokenizer are checked first so a
+mistake raises one `DataError` instead of a megatron-core assertion or a hang.
+
+With torch.distributed initialised, `build_datasets` must be called on every rank: megatron-core
+builds on rank 0 first (writing the index cache), waits at a barrier, then the other ranks build
+from the cache. `is_built_on_rank` says which ranks get a dataset (others receive None).
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+from megatron_dmoe.data.builtin import default_cache_dir, prepare_builtin_corpus
+from megatron_dmoe.data.checks import check_data_files, check_splits, check_tokenizer_matches
+from megatron_dmoe.data.errors import DataError
+from megatron_dmoe.data.tokenizer import SentencePieceTokenizer, load_tokenizer
+
+Blend = Tuple[List[str], Optional[List[float]]]
+
+
+def parse_blend(data_path: Sequence) -> Blend:
+    """Prefixes and weights (None: by dataset size) from data.data_path's list."""
+    items = [str(x).strip() for x in data_path]
+    if not items:
+        raise DataError("data.data_path is empty; leave it unset to use the built-in corpus")
+    weights = [_number(x) for x in items[0::2]]
+    if len(items) % 2 == 0 and all(w is not None for w in weights):
+        prefixes = items[1::2]
+        if any(_number(p) is not None for p in prefixes) or any(w < 0 for w in weights) \
+                or sum(weights) <= 0:
+            raise _blend_error(data_path)
+        return prefixes, weights
+    if any(_number(x) is not None for x in items):
+        raise _blend_error(data_path)
+    return items, None
+
+
+def _number(text: str) -> Optional[float]:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _blend_error(data_path) -> DataError:
+    return DataError(
+        f"data.data_path={list(data_path)} is neither a list of dataset prefixes nor "
+        "weight/prefix pairs such as [0.3, data/a_text_document, 0.7, data/b_text_document] "
+        "(weights non-negative, not all 0)"
+    )
+
+
+def build_tokenizer(cfg) -> SentencePieceTokenizer:
+    """The run's tokenizer: data.tokenizer_model, or the built-in corpus's own tokenizer."""
+    data = cfg.data
+    if data.tokenizer_model:
+        if not data.data_path:
+            raise DataError(
+                "data.tokenizer_model is set but data.data_path is empty: the built-in corpus "
+                "comes with its own tokenizer; set data.data_path to data made with "
+                f"{data.tokenizer_model}, or unset data.tokenizer_model"
+            )
+        try:
+            return load_tokenizer(data.tokenizer_model)
+        except DataError as err:
+            raise DataError(f"data.tokenizer_model: {err}") from None
+    if data.data_path:
+        raise DataError(
+            "data.data_path is set but data.tokenizer_model is not: give the sentencepiece "
+            ".model the data was made with (tools/preprocess_data.py --tokenizer-model)"
+        )
+    _, model = prepare_builtin_corpus(data.builtin_vocab_size, data.cache_dir)
+    return load_tokenizer(model)
+
+
+def resolve_blend(cfg) -> Tuple[Blend, str]:
+    """The blend of absolute prefixes, and the folder for megatron-core's index cache."""
+    data = cfg.data
+    if not data.data_path:
+        prefix, _ = prepare_builtin_corpus(data.builtin_vocab_size, data.cache_dir)
+        return ([prefix], None), os.path.join(os.path.dirname(prefix), "index_cache")
+    prefixes, weights = parse_blend(data.data_path)
+    prefixes = [os.path.abspath(os.path.expanduser(p)) for p in prefixes]
+    data_dir = os.path.dirname(prefixes[0])
+    if os.access(data_dir, os.W_OK):
+        cache = os.path.join(data_dir, "index_cache")
+    else:  # read-only shared data: keep the indices in the user's cache
+        base = os.path.expanduser(data.cache_dir) if data.cache_dir else str(default_cache_dir())
+        cache = os.path.join(base, "index_cache")
+    return (prefixes, weights), cache
+
+
+def build_datasets(
+    cfg,
+    tokenizer,
+    num_samples: Tuple[Optional[int], Optional[int], Optional[int]],
+    is_built_on_rank: Optional[Callable[[], bool]] = None,
+):
+    """(train, valid, test) GPTDatasets (or BlendedDatasets) of `num_samples` samples each.
+
+    A sample is a window of model.seq_length + 1 tokens as `tokens` and `labels` shifted by one,
+    with `loss_mask` and `position_ids`; None for a split whose data.split weight is 0. The
+    shuffling follows training.seed. `num_samples` entries of None mean one pass over the split
+    (not allowed with weighted blends).
+    """
+    if len(num_samples) != 3 or any(n is not None and (int(n) != n or n < 0) for n in num_samples):
+        raise ValueError(f"num_samples must be three counts >= 0 (or None), got {num_samples}")
+    (prefixes, weights), cache = resolve_blend(cfg)
+    if weights is not None and any(n is None for n in num_samples):
+        raise ValueError("weighted data.data_path blends need a sample count for every split")
+    infos = check_data_files(prefixes)
+    check_splits(infos, cfg.data.split)
+    check_tokenizer_matches(tokenizer, cfg.model.vocab_size, prefixes)
+    config = GPTDatasetConfig(
+        random_seed=cfg.training.seed,
+        sequence_length=cfg.model.seq_length,
+        blend=(prefixes, weights),
+        split=cfg.data.split,
+        path_to_cache=cache,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    builder = BlendedMegatronDatasetBuilder(
+        GPTDataset,
+        [None if n is None else int(n) for n in num_samples],
+        is_built_on_rank or (lambda: True),
+        config,
+    )
+    with _rank_zero_without_distributed():
+        train, valid, test = builder.build()
+    return train, valid, test
+
+
+@contextmanager
+def _rank_zero_without_distributed():
+    """megatron-core 0.16.1's BlendedDataset asks torch.distributed.get_rank() on a cache miss
+    even when torch.distributed is not initialised, which raises; a single process is rank 0."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        yield
+        return
+    original = dist.get_rank
+    dist.get_rank = lambda group=None: 0 if not dist.is_initialized() else original(group)
+    try:
+        yield
+    finally:
+        dist.get_rank = original
