@@ -110,6 +110,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
     moe_metrics.reset()
     model.train()
     window_start, window_steps = time.perf_counter(), 0
+    window_loss = torch.zeros((), device=env.device)  # summed on the device: no per-step sync
     try:
         while progress.iteration < tr.train_iters:
             loss, grad_norm, applied = train_step(model, optimizer, train_data, num_micro, env.device)
@@ -120,6 +121,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
             progress.iteration += 1
             progress.consumed_samples += tr.global_batch_size
             window_steps += 1
+            window_loss += loss
             step = progress.iteration
             last = step == tr.train_iters
 
@@ -131,7 +133,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
                 tokens_per_s = window_steps * tokens_per_step / elapsed
                 tflops = flops_per_token * tokens_per_s / env.world_size / 1e12
                 values = {
-                    "loss": mean_over_data_parallel(loss),
+                    "loss": mean_over_data_parallel(window_loss / window_steps),  # mean over the window
                     "lr": optimizer.param_groups[0]["lr"],
                     "grad_norm": grad_norm,
                     "tokens_per_s": tokens_per_s,
@@ -143,6 +145,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
                 moe_metrics.reset()
                 result.losses.append(values["loss"])
                 window_start, window_steps = time.perf_counter(), 0
+                window_loss.zero_()
             if tr.eval_interval and (step % tr.eval_interval == 0 or last):
                 valid = _loader(cfg, data.valid, 0)
                 values = values or {}
