@@ -70,11 +70,12 @@ def init_distributed(
         torch_device = torch.device("cpu")
 
     if not dist.is_initialized():
-        if "MASTER_ADDR" not in os.environ:
-            os.environ["MASTER_ADDR"] = "127.0.0.1"
-            os.environ["MASTER_PORT"] = str(_free_port())
+        # A plain single process gets a private rendezvous; torchrun's environment is left as is
+        # and never written to (child processes would inherit a stale port).
+        init_method = None if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{_free_port()}"
         dist.init_process_group(
             backend="nccl" if device == "cuda" else "gloo",
+            init_method=init_method,
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(minutes=timeout_minutes),

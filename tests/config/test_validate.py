@@ -85,13 +85,13 @@ CASES = {
     "capacity_factor_negative": ({"moe.expert_capacity_factor": -1.5}, None, EVERYTHING,
                                  "moe.expert_capacity_factor", ["-1.5 is out of range", "> 0"]),
     "warmup_beyond_training": (
-        {"training.lr_warmup_iters": 400}, None, EVERYTHING, "training.lr_warmup_iters",
+        {"training.lr_warmup_iters": 400, "training.train_iters": 300}, None, EVERYTHING, "training.lr_warmup_iters",
         ["400 is larger than training.train_iters (300)", "from 0 to 300"]),
     "decay_shorter_than_warmup": (
         {"training.lr_decay_iters": 10}, None, EVERYTHING, "training.lr_decay_iters",
         ["10 is not larger than training.lr_warmup_iters (20)", "use more than 20"]),
     "warmup_as_long_as_training": (
-        {"training.lr_warmup_iters": 300}, None, EVERYTHING, "training.lr_warmup_iters",
+        {"training.lr_warmup_iters": 300, "training.train_iters": 300}, None, EVERYTHING, "training.lr_warmup_iters",
         ["300 leaves no iterations to decay over", "use less than 300"]),
     "eval_without_iters": ({"training.eval_iters": 0}, None, EVERYTHING, "training.eval_iters",
                            ["would evaluate nothing", "at least 1", "eval_interval: 0"]),
