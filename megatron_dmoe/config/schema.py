@@ -103,7 +103,7 @@ class DataConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_interval: Optional[int] = None  # None = save only at the end
+    save_interval: Optional[int] = None  # None = save only at the end; 0 = never save (benchmarks)
     keep_last: int = 2  # how many checkpoints to keep; 0 keeps all
     load: Optional[str] = None  # initialise weights from this checkpoint directory
 

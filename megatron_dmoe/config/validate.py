@@ -84,7 +84,7 @@ RANGES = {
     "training.eval_iters": (0, None, True, None),
     "data.builtin_vocab_size": (1, None, True, None),
     "data.num_workers": (0, None, True, None),
-    "checkpoint.save_interval": (1, None, True, None),
+    "checkpoint.save_interval": (0, None, True, None),
     "checkpoint.keep_last": (0, None, True, None),
     "logging.log_interval": (1, None, True, None),
     "logging.peak_tflops": (0, None, False, None),

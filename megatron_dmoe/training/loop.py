@@ -156,8 +156,9 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
                 logger.log(step, values)
 
             preempted = watcher.should_stop()
-            save_due = cfg.checkpoint.save_interval and step % cfg.checkpoint.save_interval == 0
-            if save_due or last or preempted:
+            interval = cfg.checkpoint.save_interval
+            save_due = (interval and step % interval == 0) or ((last or preempted) and interval != 0)
+            if save_due:
                 path = save_checkpoint(ckpt_root, [model], optimizer, scheduler, progress, cfg.checkpoint.keep_last)
                 logger.message(f"saved checkpoint {path}")
                 window_start = time.perf_counter()
