@@ -418,6 +418,14 @@ class _Checker:
                              "(megatron-core's distributed optimizer allocates on the GPU), which "
                              "is not available here; set it to false")
 
+        for key in ("training.bf16", "training.fp16"):
+            if ok(key, "training.device") and v(key):
+                device = v("training.device")
+                if device == "cpu" or (device == "auto" and not self.env.cuda):
+                    self.problem(key, "true needs CUDA (megatron-core's mixed-precision optimizer "
+                                 "keeps fp32 master weights on the GPU); on CPU train in fp32 "
+                                 "(set it to false)")
+
     def check_data(self) -> None:
         if self.ok("data.data_path"):
             message = _data_path_problem(self.v("data.data_path"))

@@ -84,8 +84,10 @@ def _rng_object(data) -> ShardedObject:
 
 
 def _unwrap(chunk):
-    """The model inside a DDP wrapper: checkpoints name parameters without the wrapper's prefix."""
-    return getattr(chunk, "module", chunk)
+    """The model inside the DDP and 16-bit wrappers: checkpoints name parameters without their prefixes."""
+    from megatron.core.utils import unwrap_model
+
+    return unwrap_model(chunk)
 
 
 def _state_dict(model_chunks, optimizer, scheduler, progress: Progress, rng, is_loading: bool) -> dict:

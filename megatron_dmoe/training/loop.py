@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.transformer.module import Float16Module
 
 from megatron_dmoe.config import RunConfig, save_config
 from megatron_dmoe.data import build_loader
@@ -40,6 +41,9 @@ class TrainResult:
 
 
 def _wrap_ddp(model, on_cuda: bool) -> DistributedDataParallel:
+    if model.config.bf16 or model.config.fp16:
+        # Megatron-LM's wrapper: 16-bit parameters, fp32 inputs cast on the way in, logits back to fp32.
+        model = Float16Module(model.config, model)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=False,

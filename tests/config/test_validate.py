@@ -162,6 +162,11 @@ CASES = {
     "distributed_optimizer_on_cpu_device": (
         {"training.use_distributed_optimizer": True, "training.device": "cpu"}, None, EVERYTHING,
         "training.use_distributed_optimizer", ["training.device is cpu", "set it to false"]),
+    "bf16_without_cuda": (
+        {"training.bf16": True}, None, BARE_CPU, "training.bf16", ["needs CUDA", "fp32"]),
+    "fp16_on_cpu_device": (
+        {"training.fp16": True, "training.device": "cpu"}, None, EVERYTHING, "training.fp16",
+        ["needs CUDA", "set it to false"]),
     "data_path_without_weights": (
         {"data.data_path": ["a", "b"]}, None, EVERYTHING, "data.data_path",
         ["item 1 ('a') should be a weight", "[weight, prefix, weight, prefix, ...]"]),
@@ -221,7 +226,7 @@ VALID = {
     "split_with_spaces": ({"data.split": "98, 2, 0"}, None, BARE_CPU),
     "capacity_factor": ({"moe.expert_capacity_factor": 1.25}, None, BARE_CPU),
     "no_eval": ({"training.eval_interval": 0, "training.eval_iters": 0}, None, BARE_CPU),
-    "fp16_with_loss_scale": ({"training.fp16": True, "training.loss_scale": 128.0}, None, BARE_CPU),
+    "fp16_with_loss_scale": ({"training.fp16": True, "training.loss_scale": 128.0}, None, EVERYTHING),
     "recompute_full": ({"training.recompute_granularity": "full"}, None, BARE_CPU),
     "gqa": ({"model.num_query_groups": 2}, None, BARE_CPU),
     "gpu_everything": ({"training.device": "cuda", "training.bf16": True,
