@@ -33,7 +33,7 @@ python3 - "$out" <<'PY'
 import json, pathlib, sys
 for run in ("tiny", "dmoe_small", "dense_small"):
     path = pathlib.Path(sys.argv[1]) / f"{run}.metrics.jsonl"
-    if not path.exists():
+    if not path.exists() or not path.read_text().strip():
         print(f"{run:12s} no metrics"); continue
     recs = [json.loads(l) for l in path.read_text().splitlines()]
     tail = recs[1:] or recs
