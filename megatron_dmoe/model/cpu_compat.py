@@ -2,7 +2,7 @@
 
 megatron-core 0.16 assumes CUDA in the places our CPU runs reach: the global memory buffer
 (unfused attention), DDP's gradient buffers, the RNG tracker (dropout regions, expert
-initialisation), the default causal mask, RoPE's frequency table, and dist_checkpointing's saver
+initialisation, activation recompute), the default causal mask, RoPE's frequency table, and dist_checkpointing's saver
 (a device synchronisation and a status tensor). `apply_cpu_compat()` redirects exactly those to the CPU. It is
 applied only when a run has no CUDA, and is idempotent; nothing else in the project patches
 megatron-core.
@@ -97,6 +97,9 @@ def apply_cpu_compat() -> None:
     transformer_utils.get_default_causal_mask = _cpu_causal_mask
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
 
+    # Activation recompute saves and restores the CUDA generator; a CPU run has none.
+    mcore_random._get_cuda_rng_state = lambda *args, **kwargs: None
+    mcore_random._set_cuda_rng_state = lambda *args, **kwargs: None
     mcore_random._CUDA_RNG_STATE_TRACKER = _make_cpu_rng_tracker_class()()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _applied = True

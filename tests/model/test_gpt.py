@@ -1,4 +1,5 @@
 """A megatron-core GPTModel with our MoE layers, built from YAML, trains on CPU."""
+import pytest
 import torch
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.mlp import MLP
@@ -93,3 +94,24 @@ def test_megatron_lm_ready_spec_builds_from_transformer_config(cpu_dist, tmp_pat
     assert model.decoder.layers[0].mlp.router.weight.shape == (4, 32)
     tokens, labels, positions = _batch(cfg, 50)
     assert torch.isfinite(model(tokens, positions, None, labels=labels).mean())
+
+
+def test_full_activation_recompute_gives_the_same_gradients(cpu_dist, tmp_path):
+    from megatron_dmoe.moe import AuxLossScaler, get_moe_metrics
+    from megatron_dmoe.parallel.distributed import seed_everything
+
+    grads, lb = [], []
+    for granularity in ("null", "full"):
+        cfg = _config(tmp_path, f"training.recompute_granularity={granularity}")
+        seed_everything(7, cpu_dist)
+        model = build_gpt_model(cfg, vocab_size=50, on_cuda=False)
+        tokens, labels, positions = _batch(cfg, 50)
+        get_moe_metrics().reset()
+        AuxLossScaler.set_loss_scale(1.0)
+        model(tokens, positions, None, labels=labels).mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        lb.append(get_moe_metrics().snapshot()["lb_loss"])
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+    assert lb[1] == pytest.approx(lb[0], rel=1e-6)  # recorded once per forward, not twice
