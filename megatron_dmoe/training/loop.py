@@ -13,8 +13,6 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from megatron.core.transformer.module import Float16Module
 
 from megatron_dmoe.config import RunConfig, save_config
 from megatron_dmoe.data import build_loader
@@ -24,6 +22,7 @@ from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint, save_checkpoint
 from megatron_dmoe.training.data_setup import RunData, prepare_run_data
 from megatron_dmoe.training.flops import model_flops_per_token
+from megatron_dmoe.training.model_setup import wrap_for_training
 from megatron_dmoe.training.metrics import MetricsLogger, moe_log_values
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.preemption import PreemptionWatcher
@@ -38,18 +37,6 @@ class TrainResult:
     losses: List[float] = field(default_factory=list)  # per logged step, on rank 0
     val_loss: Optional[float] = None
     preempted: bool = False
-
-
-def _wrap_ddp(model, on_cuda: bool) -> DistributedDataParallel:
-    if model.config.bf16 or model.config.fp16:
-        # Megatron-LM's wrapper: 16-bit parameters, fp32 inputs cast on the way in, logits back to fp32.
-        model = Float16Module(model.config, model)
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
-        use_distributed_optimizer=False,
-    )
-    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
 
 
 def _num_micro_batches(cfg: RunConfig) -> int:
@@ -81,7 +68,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
 
     seed_everything(tr.seed, env)
     model = build_gpt_model(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda)
-    model = _wrap_ddp(model, env.on_cuda)
+    model = wrap_for_training(model, tr.use_distributed_optimizer)
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
     scheduler = build_scheduler(cfg, optimizer)
 

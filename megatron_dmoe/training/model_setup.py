@@ -1,0 +1,17 @@
+"""Wrap a freshly built model for training: 16-bit wrapper where asked, then megatron's DDP."""
+from __future__ import annotations
+
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.transformer.module import Float16Module
+
+
+def wrap_for_training(model, use_distributed_optimizer: bool = False) -> DistributedDataParallel:
+    if model.config.bf16 or model.config.fp16:
+        # Megatron-LM's wrapper: 16-bit parameters, fp32 inputs cast on the way in, logits back to fp32.
+        model = Float16Module(model.config, model)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)

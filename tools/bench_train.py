@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Training throughput of GPT models on one device: dense, dMoE and capacity-factor MoE in one run.
+
+Each model trains for --warmup steps, then --steps timed steps of one global batch (micro-batches
+accumulated as in training) on synthetic tokens, with the same optimizer, mixed precision and DDP
+wrapper as `dmoe-train`. Reported: tokens/s, model TFLOP/s (active parameters only: one expert per
+token for top-1, plus attention and logits; see megatron_dmoe.training.flops) and MFU against a
+bf16 matmul (8192^3) measured in the same run. Prints a table and writes JSON (--out).
+
+  python tools/bench_train.py                       # dense, dMoE and capacity-1.0 Small, bf16
+  python tools/bench_train.py --models dmoe --set moe.backend=grouped
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+
+import torch
+
+MODELS = {
+    "dense": "zoo/dense_small",
+    "dmoe": "zoo/dmoe_small",
+    "capacity": "zoo/capacity1.0_small",
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="dense,dmoe,capacity",
+                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all three)")
+    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps per model (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation, allocator)")
+    p.add_argument("--micro-batch-size", type=int, default=16, help="sequences per micro-batch (default 16)")
+    p.add_argument("--global-batch-size", type=int, default=None,
+                   help="sequences per step (default: one micro-batch)")
+    p.add_argument("--seq-length", type=int, default=1024, help="tokens per sequence (default 1024)")
+    p.add_argument("--vocab-size", type=int, default=50257, help="vocabulary of the synthetic tokens")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16 (CUDA, fp32 master weights) or fp32 (any device)")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides applied to every model, e.g. moe.backend=grouped")
+    p.add_argument("--no-matmul", action="store_true", help="skip the bf16 matmul reference (MFU left out)")
+    p.add_argument("--out", default=None, help="write the results as JSON to this file")
+    return p.parse_args(argv)
+
+
+def matmul_tflops(device: torch.device) -> float:
+    """Measured bf16 dense matmul rate, the MFU denominator."""
+    import triton.testing
+
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=100, rep=500, return_mode="median")
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def synthetic_batches(cfg, vocab_size: int, device: torch.device, count: int = 4):
+    """A few fixed random micro-batches, cycled (data loading is not what is measured)."""
+    g = torch.Generator().manual_seed(0)
+    b, s = cfg.training.micro_batch_size, cfg.model.seq_length
+    batches = []
+    for _ in range(count):
+        tokens = torch.randint(0, vocab_size, (b, s + 1), generator=g)
+        batches.append({
+            "tokens": tokens[:, :-1].to(device),
+            "labels": tokens[:, 1:].to(device),
+            "loss_mask": torch.ones(b, s, device=device),
+            "position_ids": torch.arange(s, device=device).expand(b, s).contiguous(),
+        })
+    while True:
+        yield from batches
+
+
+def bench_model(name: str, args, env) -> dict:
+    from megatron_dmoe.config import load_config, resolve, validate
+    from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
+    from megatron_dmoe.parallel.distributed import seed_everything
+    from megatron_dmoe.training.flops import model_flops_per_token
+    from megatron_dmoe.training.model_setup import wrap_for_training
+    from megatron_dmoe.training.optim import build_optimizer
+    from megatron_dmoe.training.step import train_step
+
+    gbs = args.global_batch_size or args.micro_batch_size
+    overrides = [
+        f"model.seq_length={args.seq_length}",
+        f"training.micro_batch_size={args.micro_batch_size}",
+        f"training.global_batch_size={gbs}",
+        f"training.bf16={'true' if args.precision == 'bf16' else 'false'}",
+        f"training.device={env.device.type}",
+        "training.lr_warmup_iters=0",
+        *args.set,
+    ]
+    cfg = resolve(load_config(MODELS.get(name, name), overrides))
+    validate(cfg, world_size=env.world_size)
+    seed_everything(cfg.training.seed, env)
+    model = wrap_for_training(build_gpt_model(cfg, vocab_size=args.vocab_size, on_cuda=env.on_cuda))
+    optimizer = build_optimizer(cfg, [model], env.on_cuda)
+    micro_batches = gbs // (args.micro_batch_size * env.world_size)
+    data = synthetic_batches(cfg, args.vocab_size, env.device)
+    sync = torch.cuda.synchronize if env.on_cuda else (lambda: None)
+    if env.on_cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(args.warmup):
+        train_step(model, optimizer, data, micro_batches, env.device)
+    sync()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device)
+    sync()
+    seconds = (time.perf_counter() - start) / args.steps
+    tokens_per_s = gbs * cfg.model.seq_length / seconds
+    flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(args.vocab_size, cfg))
+    result = {
+        "model": name,
+        "config": MODELS.get(name, name),
+        "ms_per_step": seconds * 1e3,
+        "tokens_per_s": tokens_per_s / env.world_size,
+        "tflops_per_gpu": flops * tokens_per_s / env.world_size / 1e12,
+        "final_loss": float(loss),
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if env.on_cuda else None,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    del model, optimizer
+    gc.collect()
+    if env.on_cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def print_table(results: list, peak: float | None) -> None:
+    dense = next((r for r in results if r["model"] == "dense"), None)
+    header = f"{'model':10s} {'params':>8s} {'ms/step':>9s} {'tokens/s':>11s} {'TFLOP/s':>8s} {'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        mfu = f"{100 * r['tflops_per_gpu'] / peak:5.1f}%" if peak else "   n/a"
+        rel = f"{r['tokens_per_s'] / dense['tokens_per_s']:8.2f}x" if dense else "      n/a"
+        mem = f"{r['peak_memory_gib']:9.1f}" if r["peak_memory_gib"] is not None else "      n/a"
+        print(f"{r['model']:10s} {r['params'] / 1e6:7.0f}M {r['ms_per_step']:9.1f} {r['tokens_per_s']:11,.0f} "
+              f"{r['tflops_per_gpu']:8.1f} {mfu} {rel} {mem}")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
+
+    env = init_distributed(args.device)
+    try:
+        peak = None if (args.no_matmul or not env.on_cuda) else matmul_tflops(env.device)
+        results = [bench_model(name.strip(), args, env) for name in args.models.split(",")]
+    finally:
+        destroy_distributed()
+    if env.is_main:
+        versions = {"torch": torch.__version__}
+        if env.on_cuda:
+            versions["gpu"] = torch.cuda.get_device_name()
+        if peak:
+            print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s (MFU denominator)")
+        print_table(results, peak)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"matmul_tflops": peak, "versions": versions, "args": vars(args), "results": results},
+                          f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
