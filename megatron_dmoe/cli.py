@@ -69,7 +69,17 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _quiet_optional_accelerator_warnings() -> None:
+    """megatron-core warns at import that Transformer Engine / apex are absent: both are optional."""
+    import warnings
+
+    # ... and its own default cuda_graph_scope trips its own deprecation notice.
+    for message in ("Transformer Engine and Apex are not installed", "Apex is not installed", "full scope is deprecated"):
+        warnings.filterwarnings("ignore", message=message)
+
+
 def train_main(argv: Optional[List[str]] = None) -> int:
+    _quiet_optional_accelerator_warnings()
     from megatron_dmoe.config import ConfigError, load_config, resolve, validate
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
