@@ -1,0 +1,31 @@
+"""dmoe_kernels: block-sparse matrix products in Triton for dropless Mixture-of-Experts.
+
+The folder is ``kernels/`` in the repository; it is imported as ``dmoe_kernels`` (a different
+package named ``kernels`` exists on the package registry). It depends on torch and triton only.
+
+  Topology                  blocked-CSR metadata with a transposed view (topology.py)
+  Topology.for_experts      the dMoE pattern from tokens-per-expert counts, built on the device
+  Topology.from_mask        any pattern, from a boolean block mask
+  sdd, dsd, dds             differentiable products (functional.py)
+  ops.sdd, ops.dsd, ops.dds the same products without autograd (ops.py)
+  reference                 pure-torch versions of every op (reference.py)
+
+See README.md in this folder for an example.
+"""
+from . import ops, reference
+from .functional import dds, dsd, sdd
+from .topology import Topology, max_padded_rows, padded_expert_offsets
+from .tuning import DsdConfig, SddConfig
+
+__all__ = [
+    "Topology",
+    "max_padded_rows",
+    "padded_expert_offsets",
+    "sdd",
+    "dsd",
+    "dds",
+    "ops",
+    "reference",
+    "SddConfig",
+    "DsdConfig",
+]

@@ -1,0 +1,68 @@
+"""Persistent DSD (C = S @ B or S^T @ B) for regular (dMoE) topologies, with TMA descriptors.
+
+Regular means: the used block rows come first and each holds F blocks of consecutive columns. Then
+a row's blocks sit at consecutive positions and multiply consecutive rows of B; a column's blocks
+are consecutive block rows, F positions apart in the data. No index is read inside the K loop.
+
+A fixed grid of programs walks the output tiles [BS, BLOCK_N] in groups of GROUP_M tile rows.
+For S @ B the tiles of used rows all have the same trip count (F blocks), a bound the compiler sees
+as loop-invariant, so FLATTEN can fuse the tile and K loops; the rows past the used ones are then
+filled with zeros. For S^T @ B (weight gradients) the trip count of a tile is the number of blocks
+of the expert that owns its column: uneven, so the compiler cannot fuse the loops (fusing them by
+hand, with the tile bookkeeping inside one loop, measured slower on an H200: tools/kernel_notes.md).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs"])
+def dsd_tma_kernel(
+    s_desc, b_desc, c_desc,
+    offsets_ptr, indices_ptr, positions_ptr, nnz_ptr,
+    N, out_block_rows, blocks_per_row, num_programs,
+    BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    TRANS_S: tl.constexpr, FLATTEN: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(N, BLOCK_N)
+    if TRANS_S:
+        busy_rows = out_block_rows  # every block column; an empty expert's tiles store zeros
+    else:
+        busy_rows = tl.load(nnz_ptr) // blocks_per_row
+    KSTEPS: tl.constexpr = BS // BLOCK_K
+    tiles_per_group = GROUP_M * num_n
+    for tile in tl.range(pid, busy_rows * num_n, num_programs, flatten=FLATTEN):
+        first_m = (tile // tiles_per_group) * GROUP_M
+        group_size = tl.minimum(busy_rows - first_m, GROUP_M)
+        tm = first_m + (tile % tiles_per_group) % group_size
+        tn = (tile % tiles_per_group) // group_size
+        start = tl.load(offsets_ptr + tm)
+        end = tl.load(offsets_ptr + tm + 1)
+        has_blocks = end > start
+        first = tl.load(indices_ptr + start, mask=has_blocks, other=0)
+        if TRANS_S:
+            blk0 = tl.load(positions_ptr + start, mask=has_blocks, other=0)
+            blk_step = blocks_per_row
+        else:
+            blk0 = start
+            blk_step = 1
+        if TRANS_S:
+            trip = (end - start) * KSTEPS
+        else:
+            trip = blocks_per_row * KSTEPS  # every used row holds F blocks: a loop-invariant bound
+        acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)
+        for i in range(trip):
+            blk = blk0 + (i // KSTEPS) * blk_step
+            kk = (i % KSTEPS) * BLOCK_K
+            if TRANS_S:
+                s = s_desc.load([blk * BS + kk, 0]).T
+            else:
+                s = s_desc.load([blk * BS, kk])
+            b = b_desc.load([first * BS + i * BLOCK_K, tn * BLOCK_N])
+            acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
+        c_desc.store([tm * BS, tn * BLOCK_N], acc.to(OUT_DTYPE))
+    if not TRANS_S:
+        zeros = tl.zeros((BS, BLOCK_N), dtype=OUT_DTYPE)
+        for t in range(pid, (out_block_rows - busy_rows) * num_n, num_programs):
+            c_desc.store([(busy_rows + t // num_n) * BS, (t % num_n) * BLOCK_N], zeros)

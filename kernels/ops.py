@@ -1,0 +1,270 @@
+"""Raw block-sparse products (no autograd): argument checks, config choice and kernel launches.
+
+  sdd(a, b, topology)                   sparse  = a @ b at the topology's blocks
+  dsd(data, topology, b)                dense   = S @ b        (transpose=True: S^T @ b)
+  dds(a, data, topology)                dense   = a @ S        (transpose=True: a @ S^T)
+
+Dense operands may be any strided view (a transposed weight, for instance); sparse data must be
+contiguous [max_blocks, bs, bs]. Inputs are fp32, fp16 or bf16, all of one dtype; the kernels
+accumulate in fp32 and return the input dtype. The sparse dimensions are multiples of the block size
+by construction; the dense widths may be anything (the kernels mask the edges).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import dsd_kernel as _dsd_module
+from . import dsd_tma_kernel as _dsd_tma_module
+from . import dsdt_tma_kernel as _dsdt_tma_module
+from . import sdd_kernel as _sdd_module
+from . import sdd_tma_kernel as _sdd_tma_module
+from .topology import Topology
+from .tuning import DsdConfig, SddConfig, dsd_config, sdd_config
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_operands(topology: Topology, op: str, **tensors: torch.Tensor) -> torch.dtype:
+    dtype = None
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype}; use one of float32, float16, bfloat16")
+        if dtype is None:
+            dtype = t.dtype
+        elif t.dtype != dtype:
+            names = ", ".join(f"{n}={v.dtype}" for n, v in tensors.items())
+            raise TypeError(f"{op}: all operands must share one dtype, got {names}")
+        if t.device != topology.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but the topology is on {topology.device}")
+    return dtype
+
+
+def _check_2d(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dim() != 2:
+        raise ValueError(f"{op}: {name} must be 2-D, got shape {tuple(t.shape)}")
+
+
+def _check_launchable(kernel, device: torch.device) -> None:
+    interpreted = type(kernel).__name__ == "InterpretedFunction"  # made under TRITON_INTERPRET=1
+    if device.type == "cpu" and not interpreted:
+        raise RuntimeError(
+            "the Triton kernels need CUDA tensors; to run them on CPU tensors set TRITON_INTERPRET=1 "
+            "before triton is first imported, or use dmoe_kernels.reference "
+            "(and Topology.for_experts(..., builder='torch'))"
+        )
+
+
+_TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def _tma_ready(t: torch.Tensor, transposed: bool = False) -> bool:
+    """Can a TMA descriptor read t (row-major 2-D, or the transpose of one when transposed)?"""
+    outer, inner = (t.stride(1), t.stride(0)) if transposed else (t.stride(0), t.stride(1))
+    width = t.shape[0] if transposed else t.shape[1]
+    return (
+        inner == 1
+        and outer >= width  # a plain row-major layout (no broadcast rows)
+        and (outer * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def _descriptor(t: torch.Tensor, block_shape):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block_shape))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_programs(device: torch.device, per_sm: int) -> int:
+    if device.type != "cuda":
+        return 3  # the interpreter: a few programs still exercise the persistent loop
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device()) * per_sm
+
+
+def _dot_precision(dtype: torch.dtype, device: torch.device) -> str:
+    if dtype == torch.float32 and device.type == "cuda" and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"  # match torch.matmul's full fp32 precision unless the user allowed tf32
+    return "tf32"  # ignored for 16-bit operands
+
+
+def sdd(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    topology: Topology,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[SddConfig] = None,
+) -> torch.Tensor:
+    """Blocks of a @ b at the topology's nonzero blocks: a [rows, K], b [K, cols] -> data."""
+    op = "sdd"
+    _check_2d(op, "a", a)
+    _check_2d(op, "b", b)
+    rows, cols = topology.shape
+    if a.shape[0] != rows:
+        raise ValueError(f"{op}: a has {a.shape[0]} rows but the sparse output has {rows} (topology.shape[0])")
+    if b.shape[1] != cols:
+        raise ValueError(f"{op}: b has {b.shape[1]} columns but the sparse output has {cols} (topology.shape[1])")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{op}: inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    dtype = _check_operands(topology, op, a=a, b=b)
+    if out is None:
+        out = topology.empty_data(dtype)
+    else:
+        topology.check_data(out, "out")
+        if not out.is_contiguous() or out.dtype != dtype:
+            raise ValueError(f"{op}: out must be contiguous with dtype {dtype}")
+    kernel = _sdd_module.sdd_kernel
+    _check_launchable(kernel, a.device)
+    K = a.shape[1]
+    regular = topology.blocks_per_row
+    cfg = config or sdd_config(topology.block_size, regular, K, a.device)
+    nb = cfg.blocks_per_program
+    if nb > 1 and not (regular and regular % nb == 0):
+        raise ValueError(
+            f"{op}: blocks_per_program={nb} needs a regular topology whose rows hold a multiple of {nb} blocks"
+        )
+    bs = topology.block_size
+    b_kmajor = _tma_ready(b, transposed=True)
+    if cfg.persistent and regular and K > 0 and _tma_ready(a) and (b_kmajor or _tma_ready(b)) and nb in (1, 2):
+        if topology.max_blocks == 0:
+            return out
+        b_mat = b.t() if b_kmajor else b
+        b_block = [nb * bs, cfg.block_k] if b_kmajor else [cfg.block_k, nb * bs]
+        kernel = _sdd_tma_module.sdd_tma_kernel
+        grid = min(_num_programs(a.device, cfg.programs_per_sm), topology.max_blocks // nb)
+        kernel[(grid,)](
+            _descriptor(a, [bs, cfg.block_k]), _descriptor(b_mat, b_block),
+            _descriptor(out.view(-1, bs), [bs, bs]),
+            topology.column_indices, topology.nnz,
+            K, regular, grid,
+            BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
+            DOT_PRECISION=_dot_precision(dtype, a.device),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out
+    num_programs = topology.max_blocks // nb
+    if num_programs == 0:
+        return out
+    kernel[(num_programs,)](
+        a, b, out,
+        topology.row_indices, topology.column_indices, topology.nnz,
+        K, regular or 1,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        REGULAR=bool(regular), EVEN_K=(K % cfg.block_k == 0),
+        DOT_PRECISION=_dot_precision(dtype, a.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def dsd(
+    data: torch.Tensor,
+    topology: Topology,
+    b: torch.Tensor,
+    transpose: bool = False,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[DsdConfig] = None,
+) -> torch.Tensor:
+    """Dense S @ b (S^T @ b when transpose) for the sparse S = (data, topology)."""
+    op = "dsd"
+    _check_2d(op, "b", b)
+    topology.check_data(data, "data")
+    s_rows, s_cols = topology.transposed_shape() if transpose else topology.shape
+    if b.shape[0] != s_cols:
+        which = "S^T" if transpose else "S"
+        raise ValueError(f"{op}: b has {b.shape[0]} rows but {which} has {s_cols} columns")
+    dtype = _check_operands(topology, op, data=data, b=b)
+    N = b.shape[1]
+    if out is None:
+        out = torch.empty((s_rows, N), dtype=dtype, device=b.device)
+    elif tuple(out.shape) != (s_rows, N) or out.dtype != dtype:
+        raise ValueError(f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}")
+    data = data.contiguous()
+    kernel = _dsd_module.dsd_kernel
+    _check_launchable(kernel, b.device)
+    bs = topology.block_size
+    out_block_rows = s_rows // bs
+    cfg = config or dsd_config(bs, N, transpose, b.device, bool(topology.blocks_per_row))
+    if bs % cfg.block_k != 0:
+        raise ValueError(f"{op}: block_k={cfg.block_k} must divide the block size {bs}")
+    num_programs = out_block_rows * triton.cdiv(N, cfg.block_n)
+    if num_programs == 0:
+        return out
+    if transpose:
+        offsets, indices, positions = topology.column_offsets, topology.row_indices_t, topology.block_offsets_t
+    else:
+        offsets, indices, positions = topology.offsets, topology.column_indices, topology.column_indices
+    regular = topology.blocks_per_row
+    if cfg.persistent and regular and _tma_ready(b) and _tma_ready(out) and topology.max_blocks > 0:
+        s_block = [cfg.block_k, bs] if transpose else [bs, cfg.block_k]
+        grid = min(_num_programs(b.device, cfg.programs_per_sm), num_programs)
+        if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
+            _dsdt_tma_module.dsdt_tma_kernel[(grid,)](
+                _descriptor(data.view(-1, bs), s_block), _descriptor(b, [cfg.block_k, cfg.block_n]),
+                _descriptor(out, [bs, cfg.block_n]),
+                offsets, indices, positions,
+                N, out_block_rows, regular, grid, data.shape[0] * bs, b.shape[0],
+                BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                OUT_DTYPE=_TL_DTYPE[dtype], DOT_PRECISION=_dot_precision(dtype, b.device),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
+            return out
+        _dsd_tma_module.dsd_tma_kernel[(grid,)](
+            _descriptor(data.view(-1, bs), s_block), _descriptor(b, [cfg.block_k, cfg.block_n]),
+            _descriptor(out, [bs, cfg.block_n]),
+            offsets, indices, positions, topology.nnz,
+            N, out_block_rows, regular, grid,
+            BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            TRANS_S=transpose, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
+            DOT_PRECISION=_dot_precision(dtype, b.device),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out
+    kernel[(num_programs,)](
+        data, b, out,
+        offsets, indices, positions,
+        N, out_block_rows, topology.blocks_per_row or 1,
+        b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+        BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        TRANS_S=transpose, REGULAR=bool(topology.blocks_per_row), EVEN_N=(N % cfg.block_n == 0),
+        DOT_PRECISION=_dot_precision(dtype, b.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def dds(
+    a: torch.Tensor,
+    data: torch.Tensor,
+    topology: Topology,
+    transpose: bool = False,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[DsdConfig] = None,
+) -> torch.Tensor:
+    """Dense a @ S (a @ S^T when transpose), computed as (S^T @ a^T)^T by the DSD kernel."""
+    op = "dds"
+    _check_2d(op, "a", a)
+    s_rows, s_cols = topology.transposed_shape() if transpose else topology.shape
+    if a.shape[1] != s_rows:
+        which = "S^T" if transpose else "S"
+        raise ValueError(f"{op}: a has {a.shape[1]} columns but {which} has {s_rows} rows")
+    dtype = _check_operands(topology, op, a=a, data=data)
+    if out is None:
+        out = torch.empty((a.shape[0], s_cols), dtype=dtype, device=a.device)
+    elif tuple(out.shape) != (a.shape[0], s_cols):
+        raise ValueError(f"{op}: out must have shape {(a.shape[0], s_cols)}, got {tuple(out.shape)}")
+    dsd(data, topology, a.t(), transpose=not transpose, out=out.t(), config=config)
+    return out

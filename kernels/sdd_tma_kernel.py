@@ -1,0 +1,50 @@
+"""Persistent SDD for regular (dMoE) topologies, with tensor-memory-accelerator (TMA) descriptors.
+
+A fixed grid of programs walks the output tiles (NB neighbouring blocks of one block row each),
+GROUP_M block rows at a time for L2 reuse. With FLATTEN the compiler fuses the tile loop and the
+K loop into one software pipeline, so a tile's epilogue overlaps the next tile's first loads: that
+matters when K (the model width) is short. Descriptors zero-fill reads past the edges of A and B,
+so K need not be a multiple of BLOCK_K. The tile count comes from nnz on the device.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["K", "blocks_per_row", "num_programs"])
+def sdd_tma_kernel(
+    a_desc, b_desc, out_desc,
+    column_indices_ptr, nnz_ptr,
+    K, blocks_per_row, num_programs,
+    BS: tl.constexpr, NB: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    B_KMAJOR: tl.constexpr, FLATTEN: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    nnz = tl.load(nnz_ptr)
+    runs_per_row = blocks_per_row // NB
+    num_rows = nnz // blocks_per_row
+    num_tiles = num_rows * runs_per_row
+    tiles_per_group = GROUP_M * runs_per_row
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
+        first_row = (tile // tiles_per_group) * GROUP_M
+        rows_in_group = tl.minimum(num_rows - first_row, GROUP_M)
+        local = tile % tiles_per_group
+        row = first_row + local % rows_in_group
+        blk = row * blocks_per_row + (local // rows_in_group) * NB
+        col = tl.load(column_indices_ptr + blk)
+        acc = tl.zeros((BS, NB * BS), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([row * BS, ki * BLOCK_K])
+            if B_KMAJOR:  # b given as the transpose of a row-major [N, K] matrix (a weight)
+                b = b_desc.load([col * BS, ki * BLOCK_K]).T
+            else:
+                b = b_desc.load([ki * BLOCK_K, col * BS])
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        out = acc.to(OUT_DTYPE)
+        # Each block of the tile is a separate [BS, BS] slab of the data tensor.
+        if NB == 1:
+            out_desc.store([blk * BS, 0], out)
+        else:
+            o0, o1 = out.reshape(BS, 2, BS).permute(0, 2, 1).split()
+            out_desc.store([blk * BS, 0], o0)
+            out_desc.store([(blk + 1) * BS, 0], o1)

@@ -1,0 +1,254 @@
+"""Benchmark the six block-sparse products of the dMoE expert MLP against dense cuBLAS matmuls.
+
+For each case of the benchmark table (balanced routing: every expert gets T*k/E tokens), each
+product runs on the dMoE topology built from the counts and is compared with one dense torch.matmul
+of the same useful FLOPs, with the operand layouts a dense MLP would use:
+
+  fwd_sdd   h   = x  @ w1^T     dense: [T*k, d] @ [d, f]
+  fwd_dsd   y   = a  @ w2       dense: [T*k, f] @ [f, d]
+  bwd_sdd   da  = dy @ w2^T     dense: [T*k, d] @ [d, f]
+  bwd_dw2   dw2 = a^T @ dy      dense: [f, T*k] @ [T*k, d]
+  bwd_dx    dx  = dh @ w1       dense: [T*k, f] @ [f, d]
+  bwd_dw1   dw1 = dh^T @ x      dense: [f, T*k] @ [T*k, d]
+
+FLOPs counted: 2*T*k*d*f per product (never the padding). Times: triton.testing.do_bench, median,
+L2 flushed before each run, bf16 random data. Before timing, each sparse product is checked against
+per-expert dense matmuls (exact for balanced routing whose groups fill whole blocks).
+
+  python tools/bench_kernels.py --out results.json [--cases paper-small,olmoe] [--block-size 128]
+                                [--sweep]   # also time a few configs per product; report the best
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import triton
+from triton.testing import do_bench
+
+import dmoe_kernels as dk
+from dmoe_kernels import DsdConfig, SddConfig
+
+CASES = {
+    # name: (T, d, f, experts, top_k)
+    "paper-small": (16384, 768, 3072, 64, 1),
+    "paper-medium": (16384, 1024, 4096, 64, 1),
+    "olmoe": (16384, 2048, 1024, 64, 8),
+    "mixtral": (16384, 4096, 14336, 8, 2),
+    "dsv3-local": (8192, 7168, 2048, 32, 8),
+}
+PRODUCTS = ["fwd_sdd", "fwd_dsd", "bwd_sdd", "bwd_dw2", "bwd_dx", "bwd_dw1"]
+FORM = {"fwd_sdd": "sdd", "bwd_sdd": "sdd", "fwd_dsd": "dsd", "bwd_dx": "dsd", "bwd_dw2": "dsdt", "bwd_dw1": "dsdt"}
+
+
+def sweep_configs(form: str, bs: int):
+    """A few alternatives to the defaults (persistent TMA kernels), to show how close they are."""
+    P = dict(persistent=True)
+    if form == "sdd":
+        return [SddConfig(blocks_per_program=2, block_k=64, group_m=g, num_warps=8, num_stages=st, **P)
+                for g, st in ((8, 3), (8, 4), (4, 4))]
+    if form == "dsd":
+        return [DsdConfig(block_n=bn, block_k=64, group_m=8, num_warps=w, num_stages=st, flatten=fl, **P)
+                for bn, w, st, fl in ((256, 8, 3, True), (256, 8, 3, False), (128, 4, 4, True))]
+    # Weight gradients (flatten=True: tile and K loops fused by hand).
+    return [DsdConfig(block_n=bn, block_k=bk, group_m=g, num_warps=w, num_stages=st, flatten=fl, **P)
+            for bn, bk, g, w, st, fl in ((256, 64, 8, 8, 3, True), (256, 64, 8, 8, 3, False),
+                                         (256, 32, 8, 8, 6, True), (256, 64, 16, 8, 3, True), (128, 64, 8, 4, 4, True))]
+
+
+def profile_host(fn, calls: int = 200, top: int = 18) -> str:
+    """cProfile of many calls of fn (host side only: the GPU work runs asynchronously)."""
+    import cProfile
+    import io
+    import pstats
+
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
+def grouped(data: torch.Tensor, E: int, n: int, bs: int, F: int) -> torch.Tensor:
+    """Sparse data of a balanced topology as dense per-expert [E, n, f] (n tokens, multiple of bs)."""
+    nnz = E * (n // bs) * F
+    return data[:nnz].view(E, n // bs, F, bs, bs).permute(0, 1, 3, 2, 4).reshape(E, n, F * bs)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bfloat16, repeats: int = 3,
+             profile: bool = False) -> dict:
+    T, d, f, E, k = CASES[name]
+    Tk = T * k
+    if Tk % E or (Tk // E) % bs or f % bs:
+        raise SystemExit(f"case {name}: balanced groups must fill whole blocks of {bs}")
+    n = Tk // E
+    F = f // bs
+    dev = torch.device("cuda")
+    bf = dtype
+    counts = torch.full((E,), n, device=dev, dtype=torch.int32)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    topo = dk.Topology.for_experts(counts, Tk, f, bs)
+    torch.cuda.synchronize()
+    build_ms = (time.perf_counter() - t0) * 1e3
+    topo_ms = do_bench(lambda: dk.Topology.for_experts(counts, Tk, f, bs), warmup=5, rep=20, return_mode="median")
+    rows = topo.shape[0]
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, device=dev) * scale).to(bf)
+
+    x, dy = rnd(rows, d), rnd(rows, d)
+    w1, w2 = rnd(E * f, d, scale=d ** -0.5), rnd(E * f, d, scale=d ** -0.5)
+    a, dh = rnd(*topo.data_shape()), rnd(*topo.data_shape())
+    ga, gdh = grouped(a, E, n, bs, F), grouped(dh, E, n, bs, F)
+    W1, W2 = w1.view(E, f, d), w2.view(E, f, d)
+    X, DY = x[:Tk].view(E, n, d), dy[:Tk].view(E, n, d)
+
+    # (sparse call taking a config, expected result, how to compare, dense matmul of the same FLOPs)
+    spec = {
+        "fwd_sdd": (lambda c: dk.ops.sdd(x, w1.t(), topo, config=c),
+                    lambda: torch.bmm(X, W1.transpose(1, 2)), lambda out: grouped(out, E, n, bs, F),
+                    lambda: x[:Tk] @ w1[:f].t()),
+        "bwd_sdd": (lambda c: dk.ops.sdd(dy, w2.t(), topo, config=c),
+                    lambda: torch.bmm(DY, W2.transpose(1, 2)), lambda out: grouped(out, E, n, bs, F),
+                    lambda: dy[:Tk] @ w2[:f].t()),
+        "fwd_dsd": (lambda c: dk.ops.dsd(a, topo, w2, config=c),
+                    lambda: torch.bmm(ga, W2), lambda out: out[:Tk].view(E, n, d),
+                    lambda: ga.reshape(Tk, f) @ w2[:f]),
+        "bwd_dx": (lambda c: dk.ops.dsd(dh, topo, w1, config=c),
+                   lambda: torch.bmm(gdh, W1), lambda out: out[:Tk].view(E, n, d),
+                   lambda: gdh.reshape(Tk, f) @ w1[:f]),
+        "bwd_dw2": (lambda c: dk.ops.dsd(a, topo, dy, transpose=True, config=c),
+                    lambda: torch.bmm(ga.transpose(1, 2), DY), lambda out: out.view(E, f, d),
+                    lambda: ga.reshape(Tk, f).t() @ dy[:Tk]),
+        "bwd_dw1": (lambda c: dk.ops.dsd(dh, topo, x, transpose=True, config=c),
+                    lambda: torch.bmm(gdh.transpose(1, 2), X), lambda out: out.view(E, f, d),
+                    lambda: gdh.reshape(Tk, f).t() @ x[:Tk]),
+    }
+    if profile:
+        for prod in ("fwd_sdd", "bwd_dw1"):
+            log(f"host profile of {prod}:\n" + profile_host(lambda: spec[prod][0](None)))
+    flops = 2.0 * Tk * d * f
+    tflops = lambda ms: flops / (ms * 1e-3) / 1e12  # noqa: E731
+    result = {"case": name, "T": T, "d": d, "f": f, "experts": E, "top_k": k, "block_size": bs,
+              "topology_build_ms": topo_ms, "first_build_ms": build_ms, "products": {}}
+    for prod in PRODUCTS:
+        sparse_fn, expected_fn, view_fn, dense_fn = spec[prod]
+        expected = expected_fn()
+        configs = [None] + (sweep_configs(FORM[prod], bs) if sweep else [])
+        tried = []
+        for cfg in configs:
+            label = "default" if cfg is None else str(cfg)
+            try:
+                out = sparse_fn(cfg)
+                err = rel_err(view_fn(out), expected)
+                if err > 2e-2:
+                    tried.append({"config": label, "error": f"wrong result, rel err {err:.3g}"})
+                    log(f"  {prod} {label}: WRONG rel err {err:.3g}")
+                    continue
+                ms = do_bench(lambda: sparse_fn(cfg), warmup=10, rep=50, return_mode="median")
+            except Exception as exc:  # a config the compiler rejects (resources) is skipped
+                tried.append({"config": label, "error": repr(exc)[:300]})
+                log(f"  {prod} {label}: FAILED {repr(exc)[:200]}")
+                continue
+            tried.append({"config": label, "ms": ms, "tflops": tflops(ms), "rel_err": err})
+        del expected
+        timed = [t for t in tried if "ms" in t]
+        best = min(timed, key=lambda t: t["ms"]) if timed else None
+        default = tried[0] if "ms" in tried[0] else None
+        best_cfg = configs[[c["config"] for c in tried].index(best["config"])] if best else None
+        # Final numbers: default, best and dense timed alternately, three rounds, medians (clocks drift).
+        rounds = {"default": [], "best": [], "dense": []}
+        for _ in range(repeats):
+            if default:
+                rounds["default"].append(do_bench(lambda: sparse_fn(None), warmup=10, rep=100, return_mode="median"))
+            if best and sweep:
+                rounds["best"].append(do_bench(lambda: sparse_fn(best_cfg), warmup=10, rep=100, return_mode="median"))
+            rounds["dense"].append(do_bench(dense_fn, warmup=10, rep=100, return_mode="median"))
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        dense_ms = med(rounds["dense"])
+        if default:
+            default = dict(default, ms=med(rounds["default"]), tflops=tflops(med(rounds["default"])))
+        if best and sweep:
+            best = dict(best, ms=med(rounds["best"]), tflops=tflops(med(rounds["best"])))
+        elif default:
+            best = default
+        # Host cost of one call (Python, checks, launch): enqueue many calls without waiting.
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            sparse_fn(None)
+        host_us = (time.perf_counter() - t0) / 20 * 1e6
+        torch.cuda.synchronize()
+        result["products"][prod] = {
+            "dense_ms": dense_ms, "dense_tflops": tflops(dense_ms),
+            "default": default, "best": best, "tried": tried, "host_us_per_call": host_us,
+            "rounds_ms": rounds,
+        }
+        log(f"  {name} {prod}: dense {tflops(dense_ms):6.1f}  default "
+            f"{default['tflops'] if default else float('nan'):6.1f}  best {best['tflops'] if best else float('nan'):6.1f} "
+            f"{best['config'] if best else ''}  host {host_us:.0f} us/call")
+    del x, dy, w1, w2, a, dh, ga, gdh
+    torch.cuda.empty_cache()
+    return result
+
+
+def print_table(results, out=sys.stdout):
+    print(f"\n{'case':<13} {'product':<8} {'ours':>7} {'best':>7} {'dense':>7} {'ratio':>6} {'best/dense':>10}", file=out)
+    for res in results:
+        for prod, p in res["products"].items():
+            ours = p["default"]["tflops"] if p["default"] else float("nan")
+            best = p["best"]["tflops"] if p["best"] else float("nan")
+            dense = p["dense_tflops"]
+            print(f"{res['case']:<13} {prod:<8} {ours:7.1f} {best:7.1f} {dense:7.1f} {ours / dense:6.3f} {best / dense:10.3f}",
+                  file=out)
+    print("(TFLOP/s of useful FLOPs; ours = the library's default config; ratio = ours / dense)", file=out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(CASES)}")
+    parser.add_argument("--block-size", type=int, default=128, choices=[64, 128])
+    parser.add_argument("--out", default=None, help="write the results as JSON to this path")
+    parser.add_argument("--sweep", action="store_true", help="also time a few configs per product")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--repeats", type=int, default=3, help="alternating timing rounds per product")
+    parser.add_argument("--profile-host", action="store_true", help="cProfile the host side of two products")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_kernels.py needs a CUDA GPU")
+    names = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CASES]
+    if unknown:
+        raise SystemExit(f"--cases: unknown {unknown}; choose from {list(CASES)}")
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    env = {"torch": torch.__version__, "triton": triton.__version__,
+           "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "dtype": args.dtype}
+    log(f"environment: {env}")
+    results = []
+    for name in names:
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+        results.append(run_case(name, args.block_size, args.sweep, log, dtype, args.repeats, args.profile_host))
+        if args.out:  # keep partial results if a later case fails
+            with open(args.out, "w") as fh:
+                json.dump({"environment": env, "results": results}, fh, indent=1)
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()
