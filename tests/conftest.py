@@ -1,6 +1,15 @@
-"""Shared test setup: GPU tests skip without CUDA, so the CPU suite runs anywhere."""
+"""Shared test setup: GPU tests skip without CUDA, so the CPU suite runs anywhere.
+
+Without CUDA, Triton kernels run through Triton's interpreter. Triton reads TRITON_INTERPRET when a
+kernel is decorated, so it is set here, before any test module (or megatron-core) imports triton.
+"""
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -37,6 +37,24 @@ CASES = {
     "experts_not_divisible_by_ep": (
         {"parallel.expert_model_parallel_size": 3}, None, EVERYTHING, "moe.num_experts",
         ["8 is not divisible by parallel.expert_model_parallel_size (3)", "multiple of 3"]),
+    "ep_neither_divisor_nor_multiple_of_experts": (
+        {"parallel.expert_model_parallel_size": 12}, None, EVERYTHING, "moe.num_experts",
+        ["8 is not divisible by parallel.expert_model_parallel_size (12)",
+         "nor is 12 a multiple of it", "one of 1, 2, 3, 4, 6, 12"]),
+    "ep_splits_ffn_unevenly": (
+        {"parallel.expert_model_parallel_size": 16, "moe.backend": "grouped", "moe.ffn_hidden_size": 255},
+        None, EVERYTHING, "moe.ffn_hidden_size",
+        ["255 is not divisible by 2", "expert_model_parallel_size 16 / moe.num_experts 8",
+         "multiple of 2"]),
+    "sparse_ffn_shard_not_multiple_of_block": (
+        {"parallel.expert_model_parallel_size": 32, "moe.backend": "sparse", "moe.block_size": 128},
+        None, EVERYTHING, "moe.ffn_hidden_size",
+        ["256 split over 4 ranks per expert", "shards of 64", "moe.block_size (128)",
+         "multiple of 512"]),
+    "capacity_factor_with_ep": (
+        {"parallel.expert_model_parallel_size": 2, "moe.expert_capacity_factor": 1.5}, None,
+        EVERYTHING, "moe.expert_capacity_factor",
+        ["1.5 (the token-dropping baseline) runs without expert parallelism", "set it to null"]),
     "ep_without_experts": (
         {"moe.num_experts": 0, "parallel.expert_model_parallel_size": 2}, None, EVERYTHING,
         "parallel.expert_model_parallel_size", ["needs MoE layers", "moe.num_experts is 0"]),
@@ -214,6 +232,9 @@ VALID = {
     "top1_pre_softmax": ({"moe.top_k": 1}, None, BARE_CPU),
     "top1_sigmoid": ({"moe.top_k": 1, "moe.router_score_function": "sigmoid"}, None, BARE_CPU),
     "expert_parallel": ({"parallel.expert_model_parallel_size": 2}, 2, BARE_CPU),
+    "more_ep_ranks_than_experts": (
+        {"parallel.expert_model_parallel_size": 4, "moe.num_experts": 2,
+         "training.micro_batch_size": 4}, 4, BARE_CPU),
     "tp_with_apex": (TP2, 2, APEX_ONLY),
     "tensor_and_expert_parallel": (
         {**TP2, "parallel.expert_model_parallel_size": 2, "training.global_batch_size": 32}, 8,

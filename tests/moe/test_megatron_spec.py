@@ -18,11 +18,13 @@ def test_build_module_passes_spec_params_as_options():
     assert out.shape == (4, 2, 16) and bias is None
 
 
-def test_expert_parameters_are_marked_for_data_parallel_allreduce():
+def test_expert_parameters_are_marked_for_expert_data_parallel_reduction():
     layer = MoELayer(make_config(16, 24, 4, 2, activation="swiglu"))
     experts = dict(layer.experts.named_parameters())
     assert sorted(experts) == ["v1", "w1", "w2"]
-    assert all(p.allreduce is True and p.shape == (4, 24, 16) for p in experts.values())
+    # reduced over the expert-data-parallel group (the data-parallel group at EP = 1), as at any EP size
+    assert all(p.allreduce is False and p.shape == (4, 24, 16) for p in experts.values())
+    assert getattr(layer.router.weight, "allreduce", True) is True
     assert layer.router.weight.shape == (4, 16)
     std = torch.cat([p.flatten() for p in experts.values()]).std().item()
     assert abs(std - 0.02) < 0.002  # megatron's default init_method_std

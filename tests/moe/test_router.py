@@ -186,8 +186,8 @@ def test_grouped_backend_refuses_unaligned_sizes_and_auto_falls_back():
     assert aligned.experts.backend_for(torch.randn(4, 12)).name == "reference"
 
 
-def test_layer_rejects_expert_parallelism_and_bad_shapes():
-    with pytest.raises(NotImplementedError, match="expert_model_parallel_size"):
+def test_layer_rejects_expert_parallelism_without_groups_and_bad_shapes():
+    with pytest.raises(RuntimeError, match="expert_model_parallel_size=2"):
         MoELayer(make_config(16, 24, 4, 2, expert_model_parallel_size=2))
     layer = MoELayer(make_config(16, 24, 4, 2))
     with pytest.raises(ValueError, match="hidden_size"):

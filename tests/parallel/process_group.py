@@ -1,0 +1,41 @@
+"""Run a function in N fresh CPU processes joined by a gloo process group.
+
+Processes are spawned (not forked), so none inherits the test process's torch.distributed state.
+Each runs `fn(*args)` after torch.distributed and megatron's CPU compatibility are set up; an
+exception in any process fails the caller with that process's traceback.
+"""
+import os
+import socket
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world_size, port, fn, args):
+    torch.set_num_threads(1)  # several processes share two cores
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    from megatron_dmoe.parallel.distributed import destroy_distributed
+
+    try:
+        fn(*args)
+    finally:
+        destroy_distributed()
+    # Success: leave without interpreter finalisation, which takes seconds per process with torch
+    # and megatron loaded (failures return normally, so the parent receives the traceback).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_in_processes(world_size: int, fn, *args) -> None:
+    """fn must be importable by name (defined at module level in this folder's helper modules)."""
+    mp.start_processes(_entry, args=(world_size, _free_port(), fn, args), nprocs=world_size,
+                       start_method="spawn", join=True)
