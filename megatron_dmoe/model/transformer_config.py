@@ -68,6 +68,8 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         masked_softmax_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        cross_entropy_loss_fusion=m.cross_entropy_loss_fusion and on_cuda,
+        cross_entropy_fusion_impl="native",
         bf16=tr.bf16,
         fp16=tr.fp16,
         params_dtype=dtype,
