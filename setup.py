@@ -45,6 +45,7 @@ setup(
     entry_points={
         "console_scripts": [
             "dmoe-train=megatron_dmoe.cli:main",
+            "dmoe-sweep=megatron_dmoe.cli:sweep_main",
         ],
     },
 )

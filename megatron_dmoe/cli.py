@@ -131,3 +131,79 @@ def train_main(argv: Optional[List[str]] = None) -> int:
 
 def main() -> None:
     sys.exit(train_main())
+
+
+SWEEP_DESCRIPTION = """\
+Run a config sweep, submit it to SLURM as one job array, or summarise its runs.
+
+A sweep file names a base config and the values to vary:
+
+  base: tiny                         # config file (relative to the sweep file) or shipped name
+  overrides: {training.train_iters: 500}          # every run
+  grid: {moe.top_k: [1, 2]}                       # all combinations
+  zip: {training.lr: [1.0e-3, 2.0e-3], training.min_lr: [1.0e-4, 2.0e-4]}  # walked together
+  slurm: {partition: gpu, time: "04:00:00"}       # sbatch options for --slurm
+
+Each run gets a directory under --runs-dir named after its values (e.g. top_k=2,lr=0.002,...)
+with its resolved config.yaml, written before anything runs. Every run's config is validated
+first; a mistake stops the sweep before anything is written or submitted. Runs train with
+`dmoe-train --run-dir DIR --resume`, so a sweep started again continues where it stopped.
+"""
+
+
+def _sweep_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dmoe-sweep",
+        description=SWEEP_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("sweep", nargs="?", type=Path, metavar="SWEEP.yaml",
+                        help="the sweep file (see above)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the sweep and list its runs (name, run directory, overrides) "
+                        "without writing or running anything")
+    parser.add_argument("--slurm", action="store_true",
+                        help="write the run directories and submit ONE SLURM job array whose task "
+                        "i trains run i (scripts/slurm/train.sbatch: requeued and resumed when "
+                        "preempted); configs are checked as for GPU nodes")
+    parser.add_argument("--runs-dir", type=Path, default=None, metavar="DIR",
+                        help="folder of the sweep's run directories (default: runs/<sweep file "
+                        "name>)")
+    parser.add_argument("--summary", type=Path, default=None, metavar="DIR",
+                        help="instead of running a sweep, print a table of the runs in DIR: "
+                        "steps, final training and validation loss, mean tokens/s")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE",
+                        help="draw the runs' loss curves together into this PNG (with --summary, "
+                        "or after a local sweep)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                        help="local runs: train each run with N processes under torchrun "
+                        "(default 1)")
+    parser.add_argument("--sbatch-script", type=Path, default=None, metavar="PATH",
+                        help="with --slurm: the batch script of each array task (default: this "
+                        "repository's scripts/slurm/train.sbatch)")
+    return parser
+
+
+def sweep_main(argv: Optional[List[str]] = None) -> int:
+    from megatron_dmoe.sweep import SweepError
+    from megatron_dmoe.sweep.commands import run_sweep, summarize
+    from megatron_dmoe.sweep.slurm import SubmitError
+
+    parser = _sweep_parser()
+    ns = parser.parse_args(argv)
+    if (ns.sweep is None) == (ns.summary is None):
+        parser.error("give a SWEEP.yaml to run, or --summary DIR to summarise runs (not both)")
+    if ns.summary is not None and (ns.dry_run or ns.slurm or ns.runs_dir):
+        parser.error("--summary takes only --plot")
+    if ns.plot is not None and (ns.dry_run or ns.slurm):
+        parser.error("--plot needs finished runs: after the sweep, use --summary DIR --plot FILE")
+    if ns.nproc_per_node < 1:
+        parser.error(f"--nproc-per-node must be at least 1, got {ns.nproc_per_node}")
+    try:
+        if ns.summary is not None:
+            return summarize(ns.summary, ns.plot)
+        return run_sweep(ns.sweep, ns.runs_dir, dry_run=ns.dry_run, slurm=ns.slurm, plot=ns.plot,
+                         nproc_per_node=ns.nproc_per_node, sbatch_script=ns.sbatch_script)
+    except (SweepError, SubmitError, FileNotFoundError, ValueError) as err:
+        print(f"dmoe-sweep: error: {err}", file=sys.stderr)
+        return 2

@@ -10,9 +10,11 @@ each later epoch is a fresh permutation drawn from `seed` and the epoch number.
 """
 from __future__ import annotations
 
+import signal
 from typing import Dict, Iterator, List
 
 import numpy as np
+
 import torch
 from torch.utils.data import DataLoader
 
@@ -64,6 +66,12 @@ def _collate(samples: List[Dict]) -> Dict[str, torch.Tensor]:
     return {key: torch.stack([torch.as_tensor(s[key]) for s in samples]) for key in BATCH_KEYS}
 
 
+def _ignore_termination(worker_id: int) -> None:
+    """Workers leave SIGTERM to the training process: schedulers and torchrun signal the whole
+    process group on preemption, and a worker dying first would crash the run before it saves."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def build_loader(dataset, micro_batch_size: int, consumed_samples: int, dp_rank: int,
                  dp_size: int, num_workers: int, seed: int) -> Iterator[Dict[str, torch.Tensor]]:
     """An endless iterator of micro-batches: dicts of `tokens`, `labels`, `position_ids` (long)
@@ -75,6 +83,7 @@ def build_loader(dataset, micro_batch_size: int, consumed_samples: int, dp_rank:
         batch_sampler=sampler,
         num_workers=num_workers,
         collate_fn=_collate,
+        worker_init_fn=_ignore_termination if num_workers > 0 else None,
         pin_memory=torch.cuda.is_available(),
     )
     return iter(loader)

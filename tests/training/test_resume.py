@@ -41,9 +41,11 @@ def test_sigterm_then_resume_matches_uninterrupted_run(tmp_path, corpus_cache):
         stderr=subprocess.STDOUT,
         text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        start_new_session=True,
     )
     _wait_for_step(run_dir, 5, proc)
-    proc.send_signal(signal.SIGTERM)
+    # As a scheduler does: the whole process group, data-loader workers included, gets SIGTERM.
+    os.killpg(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     assert "SIGTERM" in out
