@@ -9,11 +9,16 @@ package named ``kernels`` exists on the package registry). It depends on torch a
   sdd, dsd, dds             differentiable products (functional.py)
   ops.sdd, ops.dsd, ops.dds the same products without autograd (ops.py)
   reference                 pure-torch versions of every op (reference.py)
+  permute, permute_rows     fused Triton permutation into / out of the expert-grouped, block-padded
+  unpermute_rows            buffer, routing positions on the device (permute.py, permute_functional.py;
+                            references in permute_reference.py)
+  activation                GELU / SwiGLU on sparse data over the existing blocks (activation.py)
 
 See README.md in this folder for an example.
 """
-from . import ops, reference
+from . import activation, ops, permute, permute_reference, reference
 from .functional import dds, dsd, sdd
+from .permute_functional import permute as permute_rows, unpermute as unpermute_rows
 from .topology import Topology, max_padded_rows, padded_expert_offsets
 from .tuning import DsdConfig, SddConfig
 
@@ -26,6 +31,11 @@ __all__ = [
     "dds",
     "ops",
     "reference",
+    "permute",
+    "permute_reference",
+    "permute_rows",
+    "unpermute_rows",
+    "activation",
     "SddConfig",
     "DsdConfig",
 ]

@@ -278,12 +278,29 @@ class _Checker:
                          "weight 1, so the router gets no gradient; use false or null")
         if ok("moe.ffn_hidden_size", "moe.block_size", "moe.backend") and self._sparse_backend():
             width, block = v("moe.ffn_hidden_size"), v("moe.block_size")
-            if width % block:
+            shards = self._ffn_shards(experts)
+            if shards > 1:
+                # each rank runs a 1/shards slice of an expert's FFN (an indivisible width is
+                # reported by the expert-parallel checks)
+                if width % shards == 0 and (width // shards) % block:
+                    self.problem("moe.ffn_hidden_size", f"{width} split over {shards} ranks per "
+                                 f"expert ({EP_KEY} / moe.num_experts) gives shards of "
+                                 f"{width // shards}, not a multiple of moe.block_size ({block}), "
+                                 f"which the sparse backend needs; use a multiple of "
+                                 f"{shards * block} or moe.backend: grouped")
+            elif width % block:
                 lower, upper = width // block * block, (width // block + 1) * block
                 example = f"{lower} or {upper}" if lower else str(upper)
                 self.problem("moe.ffn_hidden_size", f"{width} is not a multiple of moe.block_size "
                              f"({block}), which the sparse backend needs; use a multiple of "
                              f"{block} (e.g. {example}) or moe.backend: grouped")
+
+    def _ffn_shards(self, experts: int) -> int:
+        """Ranks each expert's FFN is split over (1 unless EP is a multiple of the experts)."""
+        if not self.ok(EP_KEY):
+            return 1
+        ep = self.v(EP_KEY)
+        return ep // experts if ep > experts and ep % experts == 0 else 1
 
     def _sparse_backend(self) -> bool:
         backend = self.v("moe.backend")
@@ -317,9 +334,13 @@ class _Checker:
             if experts == 0:
                 self.problem(ep_key, f"{ep} needs MoE layers, but moe.num_experts is 0; set "
                              f"moe.num_experts or use 1")
-            elif experts % ep:
-                self.problem("moe.num_experts", f"{experts} is not divisible by {ep_key} ({ep}); "
-                             f"use a multiple of {ep}")
+            elif experts % ep and ep % experts:
+                self.problem("moe.num_experts", f"{experts} is not divisible by {ep_key} ({ep}), "
+                             f"nor is {ep} a multiple of it; use a multiple of {ep} (each rank "
+                             f"holds whole experts) or one of {_divisors(ep)} (each expert's FFN "
+                             f"is split over several ranks)")
+            else:
+                self._check_expert_parallel_layout(ep, experts)
         sp_key = "parallel.sequence_parallel"
         if ok(tp_key, sp_key):
             tp, sp = v(tp_key), v(sp_key)
@@ -336,6 +357,24 @@ class _Checker:
                 self.problem("model.seq_length", f"{v('model.seq_length')} is not divisible by "
                              f"{tp_key} ({tp}), which sequence parallelism needs; use a multiple "
                              f"of {tp}")
+
+    def _check_expert_parallel_layout(self, ep: int, experts: int) -> None:
+        """Rules of a valid EP layout: ffn shards when there are more ranks than experts, and
+        no token-dropping baseline (it runs on local experts only)."""
+        v, ok = self.v, self.ok
+        shards = ep // experts
+        if shards > 1 and ok("moe.ffn_hidden_size"):
+            width = v("moe.ffn_hidden_size")
+            if width % shards:
+                self.problem("moe.ffn_hidden_size", f"{width} is not divisible by {shards}, the "
+                             f"number of ranks each expert's FFN is split over "
+                             f"({EP_KEY} {ep} / moe.num_experts {experts}); use a multiple of "
+                             f"{shards}")
+        capacity_key = "moe.expert_capacity_factor"
+        if ok(capacity_key) and self.raw(capacity_key) is not None:
+            self.problem(capacity_key, f"{_fmt(self.raw(capacity_key))} (the token-dropping "
+                         f"baseline) runs without expert parallelism, but {EP_KEY} is {ep}; set "
+                         f"it to null (dropless) or {EP_KEY} to 1")
 
     def check_world_size(self) -> None:
         v, ok = self.v, self.ok

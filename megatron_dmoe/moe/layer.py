@@ -3,6 +3,10 @@
 router -> dispatch (permute into expert-grouped rows) -> expert MLPs -> combine (un-permute,
 weight, sum over the k experts of each token). With a capacity factor it becomes the
 token-dropping baseline: same router, a capacity buffer and batched matmuls.
+
+With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
+experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
+(megatron_dmoe.parallel.expert_dispatcher).
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import torch
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron_dmoe.parallel.expert_groups import expert_parallel_groups
+
 from .aux_loss import AuxLossScaler, load_balancing_loss, z_loss
 from .capacity import CapacityDispatcher
 from .dispatcher import DroplessDispatcher, TokenDispatcher
@@ -20,6 +26,7 @@ from .expert_bias import update_expert_biases
 from .experts import ExpertMLP
 from .metrics import get_moe_metrics
 from .options import MoEOptions
+from .padded_dispatch import PaddedDispatcher, PaddedState, padded_experts_combine
 from .router import Routing, TopKRouter
 
 # layers built without a layer number record their metrics under -1, -2, ... until numbered
@@ -49,21 +56,35 @@ class MoELayer(MegatronModule):
         **kwargs,
     ):
         super().__init__(config)
-        if getattr(config, "expert_model_parallel_size", 1) > 1:
-            raise NotImplementedError(
-                f"TransformerConfig.expert_model_parallel_size={config.expert_model_parallel_size}: this MoE "
-                "layer runs every expert locally; set expert_model_parallel_size=1."
-            )
         self.options = opts = MoEOptions.from_transformer_config(config, **kwargs)
         self.layer_number = layer_number if layer_number is not None else -next(_UNNUMBERED)
-        device = _param_device(config)
-        self.router = TopKRouter(opts, dtype=config.params_dtype, device=device)
-        self.experts = ExpertMLP(opts, dtype=config.params_dtype, device=device)
         self.token_dropping = opts.capacity_factor is not None
-        self.dispatcher: TokenDispatcher = (
-            CapacityDispatcher(opts.num_experts, opts.capacity_factor, opts.token_drop_policy)
-            if self.token_dropping
-            else DroplessDispatcher(opts.num_experts)
+        ep_size = getattr(config, "expert_model_parallel_size", 1) or 1
+        if ep_size > 1 and self.token_dropping:
+            raise ValueError(
+                f"TransformerConfig.moe_expert_capacity_factor={opts.capacity_factor} with "
+                f"expert_model_parallel_size={ep_size}: the token-dropping baseline runs without expert "
+                "parallelism; set expert_model_parallel_size=1 or use dropless routing (capacity factor None)."
+            )
+        groups = expert_parallel_groups(ep_size, pg_collection)
+        device = _param_device(config)
+        # the router first: its weights draw from the generator before the experts' at every EP size
+        self.router = TopKRouter(opts, dtype=config.params_dtype, device=device)
+        self.experts = ExpertMLP(opts, dtype=config.params_dtype, device=device, groups=groups)
+        if self.token_dropping:
+            self.dispatcher: TokenDispatcher = CapacityDispatcher(
+                opts.num_experts, opts.capacity_factor, opts.token_drop_policy
+            )
+        elif groups.size > 1:
+            # imported here: the expert-parallel dispatcher builds on this package's dispatcher
+            from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
+
+            self.dispatcher = ExpertParallelDispatcher(self.experts.layout, groups.group)
+        else:
+            self.dispatcher = DroplessDispatcher(opts.num_experts)
+        # the sparse backend on local experts: tokens go straight into its block-padded buffer
+        self.padded_dispatcher = PaddedDispatcher(
+            opts.num_experts, opts.ffn_hidden_size, opts.block_size, strict=opts.backend == "sparse" and groups.size == 1
         )
 
     def set_layer_number(self, layer_number: int) -> None:
@@ -81,14 +102,22 @@ class MoELayer(MegatronModule):
         valid = self._valid_tokens(padding_mask, s, b)
 
         routing = self.router(x, valid)
-        x_perm, tokens_per_expert, state = self.dispatcher.dispatch(x, routing.indices, routing.weights)
-        if self.token_dropping:
-            y_perm = self.experts.forward_batched(x_perm)
+        dispatcher = self._dispatcher_for(x)
+        x_perm, tokens_per_expert, state = dispatcher.dispatch(x, routing.indices, routing.weights)
+        if isinstance(state, PaddedState):  # block-sparse experts and the weighted combine, fused
+            y = padded_experts_combine(self.experts, x_perm, state)
+        elif self.token_dropping:
+            y = dispatcher.combine(self.experts.forward_batched(x_perm), state)
         else:
-            y_perm = self.experts(x_perm, tokens_per_expert)
-        y = self.dispatcher.combine(y_perm, state)
+            y = dispatcher.combine(self.experts(x_perm, tokens_per_expert), state)
         y = self._attach_aux_losses(y, routing, valid)
         return y.view(s, b, h), None
+
+    def _dispatcher_for(self, x: torch.Tensor) -> TokenDispatcher:
+        """The block-padded dispatcher when the sparse backend runs every expert here, else the configured one."""
+        if type(self.dispatcher) is DroplessDispatcher and self.experts.backend_for(x).name == "sparse":
+            return self.padded_dispatcher
+        return self.dispatcher
 
     @staticmethod
     def _valid_tokens(padding_mask, s, b):

@@ -32,7 +32,7 @@ class MoEOptions:
     bias_update_rate: float = 1e-3
     capacity_factor: Optional[float] = None  # None = dropless; a number = token-dropping baseline
     token_drop_policy: str = "probs"  # probs | position
-    backend: str = "auto"  # auto | grouped | reference ('sparse' is reserved)
+    backend: str = "auto"  # auto | sparse | grouped | reference (auto: sparse on CUDA, reference on CPU)
     block_size: int = 128  # block size of the sparse backend
     memory_optimized: bool = False  # keep only the expert input and pre-activation; recompute the rest
     init_method_std: float = 0.02

@@ -2,7 +2,8 @@
 
 CUDA: megatron-core's optimizer (fp32 master weights for bf16/fp16, loss scaling for fp16, the
 distributed optimizer as an option). CPU: the same MegatronOptimizer interface over torch's AdamW,
-because megatron-core's optimizer allocates on CUDA; clipping uses the same global gradient norm.
+because megatron-core's optimizer allocates on CUDA; clipping uses the same global gradient norm
+(expert gradients, sharded over expert-parallel ranks, counted once: `global_grad_norm`).
 Both are driven by megatron-core's OptimizerParamScheduler.
 """
 from __future__ import annotations
@@ -11,9 +12,12 @@ from typing import List
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer.optimizer import FP32Optimizer, MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.transformer_config import params_dtype
@@ -60,18 +64,40 @@ class CpuOptimizer(FP32Optimizer):
 
     @torch.no_grad()
     def clip_grad_norm(self, clip_grad: float) -> float:
-        grads = self.get_main_grads_for_grad_norm()
-        square_sum = torch.zeros(1, dtype=torch.float64)
-        for g in grads:
-            square_sum += g.double().pow(2).sum()
-        dist.all_reduce(square_sum, group=self.get_grad_stats_parallel_group())
-        norm = square_sum.sqrt().item()
+        norm = global_grad_norm(self.get_parameters())
         coefficient = clip_grad / (norm + 1e-6)
         if coefficient < 1.0:
             for p in self.get_parameters():
                 if p.grad is not None:
                     p.grad.mul_(coefficient)
         return norm
+
+
+def _counts_in_norm(param) -> bool:
+    """megatron's filter: no shared copies, no tensor-parallel duplicates."""
+    return param.grad is not None and param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param)
+
+
+@torch.no_grad()
+def global_grad_norm(params) -> float:
+    """The L2 norm of the whole model's gradient, as if it lived on one device.
+
+    After the data-parallel reduction every rank holds the same dense gradients (sharded only by
+    tensor/pipeline parallelism) and the gradients of its own experts, which the other ranks of its
+    expert-parallel group do not hold. So squares of dense gradients are summed over the
+    model-parallel group and those of expert gradients (`allreduce = False`) over the expert
+    tensor x model x pipeline group: each gradient element is counted exactly once.
+    """
+    params = [p for p in params if _counts_in_norm(p)]
+    device = params[0].grad.device if params else torch.device("cpu")
+    sums = {kind: torch.zeros(1, dtype=torch.float64, device=device) for kind in (True, False)}
+    for p in params:
+        sums[getattr(p, "allreduce", True)] += p.grad.detach().double().pow(2).sum()
+    dense, expert = sums[True], sums[False]
+    if dist.is_available() and dist.is_initialized() and ps.model_parallel_is_initialized():
+        dist.all_reduce(dense, group=ps.get_model_parallel_group())
+        dist.all_reduce(expert, group=ps.get_expert_tensor_model_pipeline_parallel_group())
+    return (dense + expert).sqrt().item()
 
 
 def _param_groups(model_chunks: List[torch.nn.Module]) -> List[dict]:

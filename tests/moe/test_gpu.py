@@ -61,7 +61,8 @@ def test_bf16_capacity_layer_on_cuda_with_room_for_everything(activation):
     check(out, grads, ref_out, ref_grads, activation)
 
 
-def test_auto_backend_on_cuda_picks_grouped_for_bf16():
+def test_auto_backend_on_cuda_picks_sparse_for_bf16_and_grouped_for_untileable_widths():
     from megatron_dmoe.moe.experts import resolve_backend
 
-    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16, HIDDEN, FFN).name == "grouped"
+    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16, HIDDEN, FFN).name == "sparse"
+    assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16, HIDDEN, 200).name == "grouped"

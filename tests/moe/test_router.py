@@ -167,8 +167,8 @@ def test_options_from_transformer_config_reads_megatron_fields():
         MoEOptions.from_transformer_config(relu)
 
 
-def test_sparse_backend_is_reserved_and_explains_itself():
-    with pytest.raises(NotImplementedError, match="sparse"):
+def test_sparse_backend_refuses_an_expert_width_its_blocks_cannot_tile():
+    with pytest.raises(ValueError, match="'block_size'=128 with ffn_hidden_size=24"):
         MoELayer(make_config(16, 24, 4, 2), backend="sparse")
 
 

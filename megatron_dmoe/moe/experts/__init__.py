@@ -1,4 +1,4 @@
-"""Expert MLP backends: `reference` (per-expert loop), `grouped` (torch grouped_mm); 'sparse' is reserved."""
+"""Expert MLP backends: `sparse` (block-sparse Triton kernels), `grouped` (torch grouped_mm), `reference` (per-expert loop)."""
 from .backends import BACKENDS, BackendUnavailableError, register_backend, resolve_backend
 from .module import ExpertMLP
 

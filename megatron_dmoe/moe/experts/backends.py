@@ -8,13 +8,15 @@ import torch
 from .grouped import GroupedBackend
 from .mlp import ExpertBackend
 from .reference import ReferenceBackend
+from .sparse import SparseBackend
 
-BACKENDS: Dict[str, ExpertBackend] = {b.name: b for b in (ReferenceBackend(), GroupedBackend())}
+BACKENDS: Dict[str, ExpertBackend] = {b.name: b for b in (ReferenceBackend(), GroupedBackend(), SparseBackend())}
 # preferred first; a faster backend that registers later goes to the front
-AUTO_ORDER = ["grouped", "reference"]
+AUTO_ORDER = ["sparse", "grouped", "reference"]
 # torch's grouped_mm on CPU is a plain loop, measured ~3x slower than per-expert matmuls in our
-# default training run; 'auto' keeps it for accelerators.
-AUTO_SKIP_ON_CPU = {"grouped"}
+# default training run; the block-sparse kernels run on CPU only under Triton's (slow) interpreter.
+# 'auto' keeps both for accelerators.
+AUTO_SKIP_ON_CPU = {"grouped", "sparse"}
 
 
 class BackendUnavailableError(NotImplementedError):
@@ -31,11 +33,6 @@ def check_backend_name(name: str) -> None:
     """Fail at build time for a backend that cannot exist in this installation."""
     if name == "auto" or name in BACKENDS:
         return
-    if name == "sparse":
-        raise BackendUnavailableError(
-            "MoE option 'backend'='sparse': the block-sparse expert backend is not available yet; "
-            "use backend='grouped' or 'reference' (or 'auto')."
-        )
     raise ValueError(f"MoE option 'backend'={name!r} is unknown; use 'auto' or one of {sorted(BACKENDS)}.")
 
 

@@ -1,0 +1,186 @@
+"""Expert activations on block-sparse data, in one pass and over the existing blocks only.
+
+Sparse data is [max_blocks, bs, bs] sized by an upper bound; only the first ``nnz`` blocks (a device
+tensor) exist. These kernels read nnz and skip the rest, where an element-wise torch op would
+process the whole bound; SwiGLU's forward and backward are one pass each instead of several ops.
+
+  activation_forward(name, h1, h2, nnz)          gelu(h1)  |  silu(h1) * h2
+  activation_backward(name, grad, h1, h2, nnz)   (d_h1, d_h2); d_h1 overwrites grad in place
+  activation_backward_weighted(name, grad, h1, h2, act, row_weights, topology)
+      the same for rows that a router weight multiplies later, plus per-row <grad, act> partial
+      sums (the router weights' gradient) in the same pass
+
+GELU is the exact erf form (torch's default). Math runs in fp32; results take the input dtype.
+Elements of blocks past nnz are left undefined, like the products' outputs.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+ACTIVATIONS = ("gelu", "swiglu")
+_BLOCK = 1024
+
+
+@triton.jit
+def _activation_forward_kernel(h1_ptr, h2_ptr, out_ptr, nnz_ptr, block_elements,
+                               SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
+    n = tl.load(nnz_ptr).to(tl.int64) * block_elements
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    if start >= n:
+        return
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if SWIGLU:
+        b = tl.load(h2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = a * tl.sigmoid(a) * b
+    else:
+        y = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))  # 1 / sqrt(2)
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr, block_elements,
+                                SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
+    n = tl.load(nnz_ptr).to(tl.int64) * block_elements
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    if start >= n:
+        return
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if SWIGLU:
+        b = tl.load(h2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(a)
+        d1 = g * b * sig * (1.0 + a * (1.0 - sig))
+        tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty), mask=mask)
+    else:
+        cdf = 0.5 * (1.0 + tl.math.erf(a * 0.7071067811865476))
+        pdf = tl.exp(-0.5 * a * a) * 0.3989422804014327  # 1 / sqrt(2 pi)
+        d1 = g * (cdf + a * pdf)
+    tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, act_ptr, row_weight_ptr, row_dot_ptr, nnz_ptr,
+                              blocks_per_row,
+                              SWIGLU: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr):
+    # ROWS rows of one [BS, BS] block per program. Block b sits in block row b // F, as the
+    # (b % F)-th block of that row (the dMoE topology's regular layout).
+    chunks: tl.constexpr = BS // ROWS
+    b = tl.program_id(0) // chunks
+    if b >= tl.load(nnz_ptr):
+        return
+    r = (tl.program_id(0) % chunks) * ROWS + tl.arange(0, ROWS)
+    c = tl.arange(0, BS)
+    offs = b.to(tl.int64) * (BS * BS) + r[:, None] * BS + c[None, :]
+    row = (b // blocks_per_row).to(tl.int64) * BS + r
+    g = tl.load(grad_ptr + offs).to(tl.float32)
+    act = tl.load(act_ptr + offs).to(tl.float32)
+    tl.store(row_dot_ptr + row * blocks_per_row + b % blocks_per_row, tl.sum(g * act, axis=1))
+    g = g * tl.load(row_weight_ptr + row)[:, None].to(tl.float32)
+    a = tl.load(h1_ptr + offs).to(tl.float32)
+    if SWIGLU:
+        v = tl.load(h2_ptr + offs).to(tl.float32)
+        sig = tl.sigmoid(a)
+        d1 = g * v * sig * (1.0 + a * (1.0 - sig))
+        tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty))
+    else:
+        cdf = 0.5 * (1.0 + tl.math.erf(a * 0.7071067811865476))
+        pdf = tl.exp(-0.5 * a * a) * 0.3989422804014327
+        d1 = g * (cdf + a * pdf)
+    tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty))
+
+
+def _check(name: str, nnz: torch.Tensor, *tensors: Optional[torch.Tensor]) -> None:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation={name!r} is not supported; use one of {ACTIVATIONS}")
+    first = tensors[0]
+    if first.dim() != 3 or first.shape[1] != first.shape[2]:
+        raise ValueError(f"sparse data must be [max_blocks, bs, bs], got shape {tuple(first.shape)}")
+    for t in tensors:
+        if t is None:
+            continue
+        if t.shape != first.shape or t.dtype != first.dtype or not t.is_contiguous():
+            raise ValueError("activation operands must be contiguous sparse data of one shape and dtype")
+    if (name == "swiglu") != (len(tensors) > 1 and tensors[-1] is not None):
+        raise ValueError("swiglu needs both pre-activations (h1, h2); gelu takes h1 alone")
+    if nnz.numel() != 1 or nnz.device != first.device:
+        raise ValueError("nnz must be the topology's one-element device tensor")
+
+
+def _launch(kernel, data: torch.Tensor, *args, swiglu: bool) -> None:
+    from .ops import _check_launchable
+
+    if data.numel() == 0:
+        return
+    _check_launchable(kernel, data.device)
+    block_elements = data.shape[1] * data.shape[2]
+    kernel[(triton.cdiv(data.numel(), _BLOCK),)](*args, block_elements, SWIGLU=swiglu, BLOCK=_BLOCK, num_warps=4)
+
+
+def activation_forward(name: str, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor) -> torch.Tensor:
+    """gelu(h1) or silu(h1) * h2 on the first nnz blocks, as new sparse data."""
+    _check(name, nnz, h1, h2)
+    out = torch.empty_like(h1)
+    swiglu = name == "swiglu"
+    _launch(_activation_forward_kernel, h1, h1, h2 if swiglu else h1, out, nnz, swiglu=swiglu)
+    return out
+
+
+def activation_backward(
+    name: str, grad: torch.Tensor, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(d_h1, d_h2) of activation_forward; d_h1 is written into grad (returned), d_h2 is new (swiglu)."""
+    _check(name, nnz, grad, h1, h2)
+    swiglu = name == "swiglu"
+    d2 = torch.empty_like(grad) if swiglu else None
+    _launch(_activation_backward_kernel, grad, grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, nnz,
+            swiglu=swiglu)
+    return grad, d2
+
+
+def activation_backward_weighted(
+    name: str,
+    grad: torch.Tensor,
+    h1: torch.Tensor,
+    h2: Optional[torch.Tensor],
+    act: torch.Tensor,
+    row_weights: torch.Tensor,
+    topology,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """Backward of row_weights[row] * act(h) for an output whose rows are later weighted.
+
+    grad is the gradient of the UNWEIGHTED activation (dy @ w2^T with unit router weights), act the
+    activation itself. Returns (d_h1, d_h2, row_dot): d_h = act'(h) * row_weights[row] * grad
+    (d_h1 written into grad), and row_dot [rows, F] fp32 = per row and block column, the sum of
+    grad * act, whose sum over F is the gradient of that row's router weight.
+    Needs the dMoE topology's regular layout (``topology.blocks_per_row``).
+    """
+    from .ops import _check_launchable
+
+    _check(name, topology.nnz, grad, h1, h2)
+    _check(name, topology.nnz, act, h1, h2)
+    F = topology.blocks_per_row
+    if not F:
+        raise ValueError("activation_backward_weighted needs a dMoE topology (blocks_per_row set)")
+    rows = topology.shape[0]
+    if row_weights.shape != (rows,) or row_weights.device != grad.device:
+        raise ValueError(f"row_weights must be [{rows}] on {grad.device}, got {tuple(row_weights.shape)}")
+    swiglu = name == "swiglu"
+    d2 = torch.empty_like(grad) if swiglu else None
+    row_dot = torch.empty(rows, F, dtype=torch.float32, device=grad.device)
+    bs = topology.block_size
+    if topology.max_blocks:
+        _check_launchable(_weighted_backward_kernel, grad.device)
+        rows_per_program = max(1, min(bs, 2048 // bs))
+        _weighted_backward_kernel[(topology.max_blocks * (bs // rows_per_program),)](
+            grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, act, row_weights.contiguous(), row_dot,
+            topology.nnz, F, SWIGLU=swiglu, BS=bs, ROWS=rows_per_program, num_warps=4,
+        )
+    return grad, d2, row_dot

@@ -1,0 +1,182 @@
+"""The dMoE permutation without autograd: routing positions on the device and the two fused kernels.
+
+A token's K routed copies live in the expert-grouped, block-padded buffer [rows, H] used by the
+block-sparse products: expert e's group starts at row ``expert_offsets[e]`` (a multiple of the block
+size) and holds its ``counts[e]`` copies in token order, then zero rows up to the next block.
+
+  padded_positions(indices, counts, expert_offsets)   pos [T, K] int32: row of copy (t, j)
+  grouped_positions(counts, expert_offsets, num_rows)  pos [N, 1] for rows already grouped by expert
+  expert_counts(indices, num_experts)                  counts [E] of every routed copy
+  expand(src, pos, rows, expert_offsets, counts, scale=None, other=None, out=None)
+      out[pos[t, j]] = scale[t, j] * src[t], padding rows zeroed; with ``other`` also returns
+      dot[t, j] = <src[t], other[pos[t, j]]> (fp32)
+  reduce(src, pos, scale=None)                        dst[t] = sum_j scale[t, j] * src[pos[t, j]]
+
+Everything is sized by host-known bounds (T*K copies, ``rows`` from ``max_padded_rows``) and reads
+counts and offsets on the device: nothing comes back to the host. Rows of ``expand``'s output past
+the used ones (``expert_offsets[-1]``) are left undefined; the block-sparse products never read them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+
+from . import permute_kernel as _kernels
+
+_TILE_ELEMENTS = 4096  # elements of one program's [K, BLOCK_H] tile: 32 per thread at 4 warps
+
+
+def _check_launchable(device: torch.device) -> None:
+    from .ops import _check_launchable as check
+
+    check(_kernels.reduce_kernel, device)
+
+
+def _block_h(H: int, k_pow2: int) -> int:
+    return max(16, min(triton.next_power_of_2(max(H, 1)), _TILE_ELEMENTS // k_pow2))
+
+
+def _check_positions(op: str, pos: torch.Tensor, num_tokens: int, device: torch.device) -> None:
+    if pos.dim() != 2 or pos.shape[0] != num_tokens:
+        raise ValueError(f"{op}: pos must be [{num_tokens}, top_k], got shape {tuple(pos.shape)}")
+    if pos.dtype not in (torch.int32, torch.int64) or pos.device != device:
+        raise ValueError(f"{op}: pos must be an int32 or int64 tensor on {device}, got {pos.dtype} on {pos.device}")
+
+
+def _check_scale(op: str, scale: Optional[torch.Tensor], pos: torch.Tensor) -> Optional[torch.Tensor]:
+    if scale is None:
+        return None
+    if tuple(scale.shape) != tuple(pos.shape) or scale.device != pos.device:
+        raise ValueError(f"{op}: scale must match pos ({tuple(pos.shape)} on {pos.device}), got "
+                         f"{tuple(scale.shape)} on {scale.device}")
+    return scale.contiguous()
+
+
+def _rows_major(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    if t.dim() != 2:
+        raise ValueError(f"{op}: {name} must be 2-D [rows, hidden], got shape {tuple(t.shape)}")
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def expand(
+    src: torch.Tensor,
+    pos: torch.Tensor,
+    rows: int,
+    expert_offsets: torch.Tensor,
+    counts: torch.Tensor,
+    scale: Optional[torch.Tensor] = None,
+    other: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+):
+    """out [rows, H] with out[pos[t, j]] = scale[t, j] * src[t] and every padding row zero.
+
+    src [T, H]; pos [T, K]; expert_offsets int32 [E + 1] and counts [E] on the device (see the
+    module docstring); scale [T, K] or None (ones). With other [rows, H], returns (out, dot) where
+    dot [T, K] fp32 = <src[t], other[pos[t, j]]>. out: a row-major [rows, H] buffer to write into.
+    """
+    op = "expand"
+    src = _rows_major(op, "src", src)
+    T, H = src.shape
+    _check_positions(op, pos, T, src.device)
+    scale = _check_scale(op, scale, pos)
+    E = counts.shape[0]
+    if expert_offsets.shape != (E + 1,) or expert_offsets.dtype != torch.int32:
+        raise ValueError(f"{op}: expert_offsets must be int32 [{E + 1}] (counts has {E} experts), got "
+                         f"{expert_offsets.dtype} {tuple(expert_offsets.shape)}")
+    if out is None:
+        out = torch.empty(rows, H, dtype=src.dtype, device=src.device)
+    elif tuple(out.shape) != (rows, H) or out.dtype != src.dtype or out.stride(1) != 1 or out.device != src.device:
+        raise ValueError(f"{op}: out must be a row-major [{rows}, {H}] {src.dtype} tensor on {src.device}")
+    dot = None
+    if other is not None:
+        other = _rows_major(op, "other", other)
+        if tuple(other.shape) != (rows, H):
+            raise ValueError(f"{op}: other must be [{rows}, {H}], got {tuple(other.shape)}")
+        dot = torch.empty(pos.shape, dtype=torch.float32, device=src.device)
+    pos = pos.contiguous()
+    K = pos.shape[1]
+    if E + T > 0 and H > 0:
+        _check_launchable(src.device)
+        k_pow2 = triton.next_power_of_2(max(K, 1))
+        block_h = _block_h(H, k_pow2)
+        _kernels.expand_kernel[(E + T,)](
+            src, out, pos, scale if scale is not None else src, other if other is not None else out,
+            dot if dot is not None else src,
+            expert_offsets, counts,
+            E, H, src.stride(0), out.stride(0), (other if other is not None else out).stride(0),
+            K=K, K_POW2=k_pow2, BLOCK_H=block_h, PAD_ROWS=max(1, _TILE_ELEMENTS // block_h),
+            HAS_SCALE=scale is not None, HAS_DOT=other is not None,
+            num_warps=4,
+        )
+    elif dot is not None:
+        dot.zero_()
+    return out if other is None else (out, dot)
+
+
+def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """dst [T, H] with dst[t] = sum_j scale[t, j] * src[pos[t, j]] (fp32 sums); src [rows, H]."""
+    op = "reduce"
+    src = _rows_major(op, "src", src)
+    H = src.shape[1]
+    if pos.dim() != 2:
+        raise ValueError(f"{op}: pos must be 2-D [tokens, top_k], got shape {tuple(pos.shape)}")
+    T = pos.shape[0]
+    _check_positions(op, pos, T, src.device)
+    scale = _check_scale(op, scale, pos)
+    dst = torch.empty(T, H, dtype=src.dtype, device=src.device)
+    pos = pos.contiguous()
+    K = pos.shape[1]
+    if T > 0 and H > 0:
+        if K == 0:
+            return dst.zero_()
+        _check_launchable(src.device)
+        _kernels.reduce_kernel[(T,)](
+            src, dst, pos, scale if scale is not None else src,
+            H, src.stride(0), dst.stride(0),
+            K=K, BLOCK_H=_block_h(H, 4), HAS_SCALE=scale is not None,
+            num_warps=4,
+        )
+    return dst
+
+
+def padded_positions(indices: torch.Tensor, counts: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+    """int32 [T, K]: the padded-buffer row of each routed copy (t, j), on the device.
+
+    indices [T, K] (expert of each copy), counts [E] (copies per expert, all of them), expert_offsets
+    int32 [E + 1] (padded group starts). A stable sort by expert keeps token order inside each group.
+    """
+    if indices.dim() != 2:
+        raise ValueError(f"indices must be [tokens, top_k], got shape {tuple(indices.shape)}")
+    flat = indices.reshape(-1)
+    # int32 keys: half the radix-sort passes of int64 (expert ids are small)
+    sorted_experts, order = torch.sort(flat.to(torch.int32), stable=True)
+    sorted_experts = sorted_experts.long()
+    counts = counts.to(torch.int64)
+    group_start = torch.cumsum(counts, 0) - counts  # where each expert starts in the unpadded order
+    rank = torch.arange(flat.numel(), device=flat.device) - group_start[sorted_experts]
+    row = expert_offsets.to(torch.int64)[sorted_experts] + rank
+    pos = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
+    pos[order] = row.to(torch.int32)
+    return pos.view(indices.shape)
+
+
+def grouped_positions(counts: torch.Tensor, expert_offsets: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """int32 [num_rows, 1]: padded-buffer row of each row of a buffer already grouped by expert.
+
+    num_rows is the sum of counts, known on the host (the grouped buffer's length).
+    """
+    counts = counts.to(torch.int64)
+    ends = torch.cumsum(counts, 0)
+    i = torch.arange(num_rows, device=counts.device)
+    expert = torch.searchsorted(ends, i, right=True).clamp(max=max(counts.shape[0] - 1, 0))
+    row = expert_offsets.to(torch.int64)[expert] + i - (ends - counts)[expert]
+    return row.to(torch.int32).view(num_rows, 1)
+
+
+def expert_counts(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int64 [E]: routed copies per expert (every copy), by scatter_add (bincount would sync on CUDA)."""
+    flat = indices.reshape(-1)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int64))

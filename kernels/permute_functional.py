@@ -1,0 +1,69 @@
+"""Differentiable dMoE permutation on the fused kernels of permute.py.
+
+  permute(x, pos, rows, expert_offsets, counts)            x [T, H] -> padded buffer [rows, H]
+  unpermute(y_pad, pos, expert_offsets, counts, weights)   padded buffer -> y [T, H]
+                                                           y[t] = sum_j weights[t, j] * y_pad[pos[t, j]]
+
+Each backward is the other kernel: permute's is a sum of the K copies' gradients; unpermute's
+writes weights[t, j] * dy[t] to the copies' rows (padding rows zero, so the weight-gradient products
+read zeros there) and, in the same pass, the router-weight gradient <dy[t], y_pad[pos[t, j]]>.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import permute as _ops
+
+
+def _bind_device(t: torch.Tensor) -> None:
+    # backward runs on autograd's worker thread: make the tensor's device current for the launches
+    if t.is_cuda:
+        torch.cuda.set_device(t.device)
+
+
+class _Permute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, pos, rows, expert_offsets, counts):
+        ctx.save_for_backward(pos)
+        return _ops.expand(x, pos, rows, expert_offsets, counts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (pos,) = ctx.saved_tensors
+        _bind_device(grad)
+        return _ops.reduce(grad, pos), None, None, None, None
+
+
+class _Unpermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y_pad, pos, weights, expert_offsets, counts):
+        weights_grad = weights is not None and ctx.needs_input_grad[2]
+        ctx.save_for_backward(pos, weights, expert_offsets, counts, y_pad if weights_grad else None)
+        ctx.rows = y_pad.shape[0]
+        return _ops.reduce(y_pad, pos, weights)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pos, weights, expert_offsets, counts, y_pad = ctx.saved_tensors
+        _bind_device(grad)
+        d_weights = None
+        if y_pad is not None:
+            d_y_pad, dot = _ops.expand(grad, pos, ctx.rows, expert_offsets, counts, scale=weights, other=y_pad)
+            d_weights = dot.to(weights.dtype)
+        else:
+            d_y_pad = _ops.expand(grad, pos, ctx.rows, expert_offsets, counts, scale=weights)
+        return d_y_pad, None, d_weights, None, None
+
+
+def permute(x: torch.Tensor, pos: torch.Tensor, rows: int, expert_offsets: torch.Tensor,
+            counts: torch.Tensor) -> torch.Tensor:
+    """The expert-grouped, block-padded buffer [rows, H] of x [T, H] (see permute.expand)."""
+    return _Permute.apply(x, pos, rows, expert_offsets, counts)
+
+
+def unpermute(y_pad: torch.Tensor, pos: torch.Tensor, expert_offsets: torch.Tensor, counts: torch.Tensor,
+              weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y [T, H] = sum over j of weights[t, j] * y_pad[pos[t, j]] (weights None: plain sum)."""
+    return _Unpermute.apply(y_pad, pos, weights, expert_offsets, counts)

@@ -1,0 +1,88 @@
+"""Triton kernels of the dMoE permutation: token order <-> the expert-grouped, block-padded buffer.
+
+Both kernels are token-centric: one program owns one token t and its K routed copies, whose rows in
+the padded buffer are pos[t*K + j]. Each token is read (or written) once and the K rows are touched
+in one 2-D tile [K_POW2, BLOCK_H], so no atomics are needed and results are deterministic.
+
+  expand_kernel   out[pos(t, j)] = scale(t, j) * src[t]          (permute; un-permute's backward)
+                  optionally dot(t, j) = <src[t], other[pos(t, j)]> (the router-weight gradient)
+                  plus E programs (launched first, so they overlap the token programs) that
+                  zero each expert's padding rows
+  reduce_kernel   dst[t] = sum_j scale(t, j) * src[pos(t, j)]     (un-permute; permute's backward)
+
+Sums and dot products accumulate in fp32.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def expand_kernel(
+    src_ptr, out_ptr, pos_ptr, scale_ptr, other_ptr, dot_ptr,
+    expert_offsets_ptr, counts_ptr,
+    num_experts, H, stride_src, stride_out, stride_other,
+    K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_H: tl.constexpr, PAD_ROWS: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DOT: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK_H)
+    if tl.program_id(0) < num_experts:
+        # Expert e's group ends in up to bs - 1 padding rows; the weight-gradient products read them.
+        e = tl.program_id(0)
+        first = tl.load(expert_offsets_ptr + e) + tl.load(counts_ptr + e).to(tl.int32)
+        end = tl.load(expert_offsets_ptr + e + 1)
+        zeros = tl.zeros((PAD_ROWS, BLOCK_H), dtype=out_ptr.dtype.element_ty)
+        for r0 in range(first, end, PAD_ROWS):
+            r = r0 + tl.arange(0, PAD_ROWS)
+            for h0 in range(0, H, BLOCK_H):
+                h = h0 + cols
+                tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_out + h[None, :], zeros,
+                         mask=(r < end)[:, None] & (h < H)[None, :])
+    else:
+        pid = tl.program_id(0) - num_experts
+        slot = tl.arange(0, K_POW2)
+        slot_mask = slot < K
+        rows = tl.load(pos_ptr + pid * K + slot, mask=slot_mask, other=0).to(tl.int64)
+        if HAS_SCALE:
+            scale = tl.load(scale_ptr + pid * K + slot, mask=slot_mask, other=0.0).to(tl.float32)
+        src_row = src_ptr + pid.to(tl.int64) * stride_src
+        # products accumulate element-wise; one reduction after the loop, not one per chunk
+        dot = tl.zeros((K_POW2, BLOCK_H), dtype=tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            h = h0 + cols
+            h_mask = h < H
+            x = tl.load(src_row + h, mask=h_mask, other=0.0).to(tl.float32)
+            tile = tl.broadcast_to(x[None, :], (K_POW2, BLOCK_H))
+            if HAS_SCALE:
+                tile = tile * scale[:, None]
+            mask2 = slot_mask[:, None] & h_mask[None, :]
+            tl.store(out_ptr + rows[:, None] * stride_out + h[None, :],
+                     tile.to(out_ptr.dtype.element_ty), mask=mask2)
+            if HAS_DOT:
+                o = tl.load(other_ptr + rows[:, None] * stride_other + h[None, :], mask=mask2, other=0.0)
+                dot += o.to(tl.float32) * x[None, :]
+        if HAS_DOT:
+            tl.store(dot_ptr + pid * K + slot, tl.sum(dot, axis=1), mask=slot_mask)
+
+
+@triton.jit
+def reduce_kernel(
+    src_ptr, dst_ptr, pos_ptr, scale_ptr,
+    H, stride_src, stride_dst,
+    K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr,
+):
+    # One 1-D row load per copy (unrolled over K): the sum stays inside each thread, where a
+    # [K, BLOCK_H] tile summed over K would cross warps through shared memory at every chunk.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_H)
+    dst_row = dst_ptr + pid.to(tl.int64) * stride_dst
+    for h0 in range(0, H, BLOCK_H):
+        h = h0 + cols
+        h_mask = h < H
+        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for j in tl.static_range(K):
+            row = tl.load(pos_ptr + pid * K + j).to(tl.int64)
+            v = tl.load(src_ptr + row * stride_src + h, mask=h_mask, other=0.0).to(tl.float32)
+            if HAS_SCALE:
+                v = v * tl.load(scale_ptr + pid * K + j).to(tl.float32)
+            acc += v
+        tl.store(dst_row + h, acc.to(dst_ptr.dtype.element_ty), mask=h_mask)

@@ -1,0 +1,239 @@
+"""`sparse` backend: the expert MLP as block-sparse products on the dMoE topology (dmoe_kernels).
+
+Rows come grouped by expert and padded per expert to whole blocks (the padded buffer of
+`moe/padded_dispatch.py`); the hidden activation is block-sparse data on the topology built from
+the counts on the device. With expert weights viewed as [E*f, h]:
+
+  forward   h1 = SDD(x, w1^T) [, h2 = SDD(x, v1^T)];  a = act(h1 [, h2]);  y = DSD(a, w2)
+  backward  dw2 = DSD^T(a, dy);  da = SDD(dy, w2^T);  dh = act'(da);
+            dx = DSD(dh1, w1) [+ DSD(dh2, v1)];  dw1 = DSD^T(dh1, x) [, dv1 = DSD^T(dh2, x)]
+
+SwiGLU runs two SDDs on the same topology rather than one over [w1; v1] interleaved per expert:
+both do the same FLOPs at the same tile shapes, and the interleaved form would need a copy of both
+weights every step (2*E*f*h elements read and written) and a split of their gradients.
+
+Saved for backward: x, the pre-activation(s) and the activation; memory-optimised mode drops the
+activation and recomputes it (one element-wise pass) in backward. Nothing is copied to the host:
+every size comes from host-known bounds, counts stay on the device.
+
+  sparse_experts_combine  the layer's path: experts on the padded buffer AND the router-weighted
+                          combine in one autograd function (no expert output kept for the
+                          router-weight gradient)
+  sparse_expert_mlp       the experts alone, padded buffer in and out
+  SparseBackend.mlp       the registry's interface: rows grouped by expert without padding (as the
+                          expert-parallel dispatcher delivers them), padded and un-padded around
+                          sparse_expert_mlp by the fused permutation kernels
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from .mlp import ExpertBackend
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_SIZES = (128, 64, 32, 16)  # the kernels' block sizes, largest first
+
+
+def block_size_for(ffn_hidden_size: int, preferred: int) -> Optional[int]:
+    """The largest supported block size <= preferred that divides the expert width, or None."""
+    for bs in BLOCK_SIZES:
+        if bs <= preferred and ffn_hidden_size % bs == 0:
+            return bs
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels_importable() -> Optional[str]:
+    try:
+        import dmoe_kernels  # noqa: F401  (imports triton)
+    except ImportError as exc:  # triton ships Linux wheels only
+        return f"the block-sparse kernels cannot be imported ({exc})"
+    return None
+
+
+def _interpreter_active() -> bool:
+    from dmoe_kernels import permute_kernel
+
+    return type(permute_kernel.reduce_kernel).__name__ == "InterpretedFunction"
+
+
+def _bind_device(t: torch.Tensor) -> None:
+    # backward runs on autograd's worker thread; TMA descriptors need the device's context current
+    if t.is_cuda:
+        torch.cuda.set_device(t.device)
+
+
+class _SparseExpertMLP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized):
+        from dmoe_kernels import activation as act, ops
+
+        E, f, h = w1.shape
+        h1 = ops.sdd(x, w1.reshape(E * f, h).t(), topology)
+        h2 = ops.sdd(x, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
+        a = act.activation_forward(activation, h1, h2, topology.nnz)
+        y = ops.dsd(a, topology, w2.reshape(E * f, h))
+        ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a)
+        ctx.topology, ctx.activation = topology, activation
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from dmoe_kernels import activation as act, ops
+
+        x, w1, v1, w2, h1, h2, a = ctx.saved_tensors
+        topo, activation = ctx.topology, ctx.activation
+        E, f, h = w1.shape
+        _bind_device(dy)
+        dy = dy.contiguous()
+        need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
+        dw2 = None
+        if need_w2:
+            if a is None:  # memory-optimised: recompute the activation instead of having kept it
+                a = act.activation_forward(activation, h1, h2, topo.nnz)
+            dw2 = ops.dsd(a, topo, dy, transpose=True).view(E, f, h)
+        del a
+        da = ops.sdd(dy, w2.reshape(E * f, h).t(), topo)
+        d_h1, d_h2 = act.activation_backward(activation, da, h1, h2, topo.nnz)  # d_h1 reuses da
+        dx = dw1 = dv1 = None
+        if need_x:
+            dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h))
+            if v1 is not None:
+                dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h))
+        if need_w1:
+            dw1 = ops.dsd(d_h1, topo, x, transpose=True).view(E, f, h)
+        if v1 is not None and need_v1:
+            dv1 = ops.dsd(d_h2, topo, x, transpose=True).view(E, f, h)
+        return dx, dw1, dv1, dw2, None, None, None
+
+
+def sparse_expert_mlp(x_pad, w1, v1, w2, topology, activation: str, memory_optimized: bool = False) -> torch.Tensor:
+    """x_pad [rows, h] (the padded buffer of `topology`); w1, v1 (SwiGLU only), w2 [E, f, h] -> [rows, h].
+
+    Rows past the used ones come out zero; padding rows of x_pad must be zero (the permutation
+    writes them so), which keeps them out of the weight gradients.
+    """
+    E, f, _ = w1.shape
+    if topology.shape != (x_pad.shape[0], E * f):
+        raise ValueError(
+            f"the topology is {topology.shape} but the experts need [{x_pad.shape[0]} rows, {E} experts x "
+            f"{f} ffn]; build it from this layer's counts with ffn_hidden_size={f}"
+        )
+    return _SparseExpertMLP.apply(x_pad, w1, v1, w2, topology, activation, memory_optimized)
+
+
+class _SparseExpertsCombine(torch.autograd.Function):
+    """The expert MLP and the weighted combine y[t] = sum_j weights[t, j] * y_pad[pos[t, j]] in one
+    function, so that the router-weight gradient needs no saved expert output: with dy_u the
+    unweighted copies of dy and da_u = SDD(dy_u, w2^T), <dy[t], y_pad[p]> = <da_u[p], a[p]>,
+    summed in the activation's backward pass. Saved: x, pre-activation(s), activation (unless
+    memory_optimized), positions and weights; as a dense MLP keeps x, h and act(h)."""
+
+    @staticmethod
+    def forward(ctx, x, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized):
+        from dmoe_kernels import activation as act, ops
+        from dmoe_kernels.permute import reduce
+
+        E, f, h = w1.shape
+        h1 = ops.sdd(x, w1.reshape(E * f, h).t(), topology)
+        h2 = ops.sdd(x, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
+        a = act.activation_forward(activation, h1, h2, topology.nnz)
+        y = reduce(ops.dsd(a, topology, w2.reshape(E * f, h)), positions, weights)
+        ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a, weights, positions, counts)
+        ctx.topology, ctx.activation = topology, activation
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from dmoe_kernels import activation as act, ops
+        from dmoe_kernels.permute import expand
+
+        x, w1, v1, w2, h1, h2, a, weights, positions, counts = ctx.saved_tensors
+        topo, activation = ctx.topology, ctx.activation
+        E, f, h = w1.shape
+        rows, offsets = topo.shape[0], topo.expert_offsets
+        _bind_device(dy)
+        need_x, need_w1, need_v1, need_w2, need_weights = ctx.needs_input_grad[:5]
+        if a is None:  # memory-optimised: recompute the activation instead of having kept it
+            a = act.activation_forward(activation, h1, h2, topo.nnz)
+        dw2 = None
+        if need_w2:
+            dy_weighted = expand(dy, positions, rows, offsets, counts, scale=weights)
+            dw2 = ops.dsd(a, topo, dy_weighted, transpose=True).view(E, f, h)
+            del dy_weighted
+        da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
+        row_weights = torch.zeros(rows, dtype=weights.dtype, device=weights.device)
+        row_weights[positions.reshape(-1).long()] = weights.reshape(-1)
+        d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
+        del a
+        d_weights = row_dot[positions.long()].sum(-1).to(weights.dtype) if need_weights else None
+        dx = dw1 = dv1 = None
+        if need_x:
+            dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h))
+            if v1 is not None:
+                dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h))
+        if need_w1:
+            dw1 = ops.dsd(d_h1, topo, x, transpose=True).view(E, f, h)
+        if v1 is not None and need_v1:
+            dv1 = ops.dsd(d_h2, topo, x, transpose=True).view(E, f, h)
+        return dx, dw1, dv1, dw2, d_weights, None, None, None, None, None
+
+
+def sparse_experts_combine(x_pad, w1, v1, w2, weights, topology, positions, counts, activation: str,
+                           memory_optimized: bool = False) -> torch.Tensor:
+    """y [T, h] = sum_j weights[t, j] * MLP(x_pad)[positions[t, j]]: the experts on the padded buffer
+    and the weighted combine in one autograd function (see _SparseExpertsCombine)."""
+    E, f, _ = w1.shape
+    if topology.shape != (x_pad.shape[0], E * f) or not topology.blocks_per_row:
+        raise ValueError(
+            f"the topology is {topology.shape} but the experts need the dMoE topology of [{x_pad.shape[0]} rows, "
+            f"{E} experts x {f} ffn]; build it with Topology.for_experts from this layer's counts"
+        )
+    return _SparseExpertsCombine.apply(
+        x_pad, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized
+    )
+
+
+class SparseBackend(ExpertBackend):
+    name = "sparse"
+
+    def __init__(self, block_size: int = 128):
+        self.block_size = block_size
+
+    def unsupported_reason(self, device, dtype, hidden_size, ffn_hidden_size):
+        reason = _kernels_importable()
+        if reason is not None:
+            return reason
+        device = torch.device(device)
+        if dtype not in SUPPORTED_DTYPES:
+            return f"the block-sparse kernels take float32, float16 or bfloat16, not {dtype}"
+        if device.type == "cpu":
+            if not _interpreter_active():
+                return ("the block-sparse kernels need CUDA; on CPU they run only under Triton's interpreter "
+                        "(TRITON_INTERPRET=1 set before triton is first imported)")
+            if dtype == torch.bfloat16:
+                return "Triton's interpreter computes wrong bfloat16 products on CPU; use float32 or float16"
+        elif device.type != "cuda":
+            return f"the block-sparse kernels run on CUDA (or on CPU under Triton's interpreter), not {device.type}"
+        if block_size_for(ffn_hidden_size, self.block_size) is None:
+            return f"ffn_hidden_size={ffn_hidden_size} is not a multiple of {BLOCK_SIZES[-1]}, the smallest block size"
+        return None
+
+    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized):
+        """Rows grouped by expert WITHOUT padding (as the expert-parallel dispatcher delivers them):
+        copied into a padded buffer and back by the fused permutation kernels. The layer without
+        expert parallelism permutes straight into the padded buffer instead (padded_dispatch.py)."""
+        import dmoe_kernels as dk
+        from dmoe_kernels.permute import grouped_positions
+        from dmoe_kernels.permute_functional import permute, unpermute
+
+        num_rows, f = x.shape[0], w1.shape[1]
+        bs = block_size_for(f, self.block_size)
+        topo = dk.Topology.for_experts(tokens_per_expert, num_rows, f, bs)
+        pos = grouped_positions(tokens_per_expert, topo.expert_offsets, num_rows)
+        x_pad = permute(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert)
+        y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized)
+        return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert)

@@ -1,0 +1,79 @@
+"""Dispatch for the block-sparse experts: tokens go straight into the expert-grouped, block-padded
+buffer that the `sparse` backend computes on, and come back weighted, by two fused kernels.
+
+dispatch: count the routed copies per expert (scatter_add), build the dMoE topology from the
+counts on the device, find each copy's padded row (a stable sort by expert), then one kernel
+writes every copy to its row and zeroes the padding rows. The layer then runs the experts and the
+weighted combine as one function (`padded_experts_combine`: one kernel sums each token's weighted
+copies; backward gets the router-weight gradient without keeping the expert output). `combine`
+alone un-permutes expert outputs computed elsewhere. Every buffer is sized by the bound
+T*k + E*(block-1) rows: no count comes back to the host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .dispatcher import TokenDispatcher
+from .experts.sparse import BLOCK_SIZES, block_size_for, sparse_experts_combine
+
+
+@dataclass
+class PaddedState:
+    topology: object  # dmoe_kernels.Topology of the [padded rows x E*ffn] hidden activation
+    positions: torch.Tensor  # [T, k] int32: padded row of copy (t, j)
+    counts: torch.Tensor  # [E] int64: routed copies per expert, padding tokens included
+    weights: torch.Tensor  # [T, k]
+
+
+class PaddedDispatcher(TokenDispatcher):
+    """dispatch -> (padded buffer [rows, h], copies per expert [E], PaddedState).
+
+    block_size: the preferred block size. With strict=True (backend='sparse' chosen by name) it
+    must divide ffn_hidden_size; otherwise the largest supported size that divides it is used.
+    """
+
+    def __init__(self, num_experts: int, ffn_hidden_size: int, block_size: int = 128, strict: bool = False):
+        if strict and (block_size not in BLOCK_SIZES or ffn_hidden_size % block_size):
+            raise ValueError(
+                f"MoE option 'block_size'={block_size} with ffn_hidden_size={ffn_hidden_size}: the sparse "
+                f"backend needs a block size in {BLOCK_SIZES} that divides the expert width; change "
+                "block_size or ffn_hidden_size, or use backend='grouped'."
+            )
+        self.num_experts = num_experts
+        self.ffn_hidden_size = ffn_hidden_size
+        self.block_size = block_size_for(ffn_hidden_size, block_size)
+
+    def dispatch(self, x, indices, weights):
+        import dmoe_kernels as dk
+        from dmoe_kernels.permute import expert_counts, padded_positions
+        from dmoe_kernels.permute_functional import permute
+
+        if self.block_size is None:
+            raise ValueError(
+                f"ffn_hidden_size={self.ffn_hidden_size} is not a multiple of {BLOCK_SIZES[-1]}, the smallest "
+                "block size of the sparse backend; use backend='grouped' or 'reference'."
+            )
+        num_tokens, top_k = indices.shape
+        counts = expert_counts(indices, self.num_experts)
+        topo = dk.Topology.for_experts(counts, num_tokens * top_k, self.ffn_hidden_size, self.block_size)
+        positions = padded_positions(indices, counts, topo.expert_offsets)
+        x_pad = permute(x, positions, topo.shape[0], topo.expert_offsets, counts)
+        return x_pad, counts, PaddedState(topo, positions, counts, weights)
+
+    def combine(self, y_pad, state: PaddedState):
+        from dmoe_kernels.permute_functional import unpermute
+
+        return unpermute(y_pad, state.positions, state.topology.expert_offsets, state.counts, state.weights)
+
+
+def padded_experts_combine(experts, x_pad: torch.Tensor, state: PaddedState) -> torch.Tensor:
+    """y [T, h]: the expert MLPs of an `ExpertMLP` on the padded buffer (block-sparse kernels) and
+    the weighted combine, fused so that backward needs no saved expert output (the layer's path;
+    `combine` serves expert outputs computed elsewhere)."""
+    opts = experts.options
+    return sparse_experts_combine(
+        x_pad, experts.w1, experts.v1, experts.w2, state.weights, state.topology, state.positions, state.counts,
+        opts.activation, opts.memory_optimized,
+    )

@@ -1,0 +1,145 @@
+"""The fused permutation kernels and the device-side routing positions against their plain references.
+
+On CPU the kernels run through Triton's interpreter (fp32, fp16); on a GPU the same tests run
+compiled. Outputs are poisoned with NaN first, so a row the kernels should have written (a copy or
+a padding row) but did not fails the test.
+"""
+import zlib
+
+import pytest
+import torch
+
+import dmoe_kernels as dk
+from dmoe_kernels import permute as P
+from dmoe_kernels import permute_reference as R
+from dmoe_kernels.permute_functional import permute, unpermute
+
+TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
+
+
+def _routing(kind, T, E, K, device):
+    """[T, K] distinct experts per token: balanced-ish, skewed (one expert takes most) or with empty experts."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr((kind, T, E, K)).encode()))
+    logits = torch.randn(T, E, generator=g)
+    if kind == "skewed":
+        logits[:, 1] += 4.0
+    elif kind == "empty-experts":
+        logits[:, ::2] -= 100.0  # even experts get nothing (needs K <= E // 2)
+    return torch.topk(logits, K, dim=1).indices.to(device)
+
+
+def _layout(indices, E, bs):
+    counts = P.expert_counts(indices, E)
+    offsets = dk.padded_expert_offsets(counts, bs)
+    rows = dk.max_padded_rows(indices.numel(), E, bs)
+    return counts, offsets, rows
+
+
+def _err(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    assert torch.isfinite(a).all(), "non-finite values: a row was not written"
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+ROUTINGS = [("balanced", 29, 5, 2, 16), ("skewed", 40, 6, 3, 16), ("empty-experts", 23, 8, 4, 32),
+            ("skewed", 17, 3, 1, 16), ("balanced", 9, 7, 7, 16)]
+
+
+@pytest.mark.parametrize("kind,T,E,K,bs", ROUTINGS)
+def test_positions_match_the_plain_walk(kind, T, E, K, bs, device):
+    indices = _routing(kind, T, E, K, device)
+    counts, offsets, rows = _layout(indices, E, bs)
+    pos = P.padded_positions(indices, counts, offsets)
+    expected = R.padded_positions(indices, E, bs)
+    assert pos.dtype == torch.int32 and torch.equal(pos.long().cpu(), expected.cpu())
+    assert int(pos.max()) < int(offsets[-1]) <= rows
+    assert torch.equal(counts.cpu(), torch.bincount(indices.flatten().cpu(), minlength=E))
+    # rows already grouped by expert (the expert-parallel path) map onto the same padded rows
+    grouped = P.grouped_positions(counts, offsets, T * K)
+    assert torch.equal(grouped.flatten().cpu(), pos.flatten()[torch.argsort(indices.flatten(), stable=True)].cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("H", [40, 600])  # 600: more than one column chunk per program at K=3
+@pytest.mark.parametrize("kind,T,E,K,bs", ROUTINGS[1:3])
+def test_expand_and_reduce_match_references(kind, T, E, K, bs, H, dtype, device):
+    indices = _routing(kind, T, E, K, device)
+    counts, offsets, rows = _layout(indices, E, bs)
+    pos = P.padded_positions(indices, counts, offsets)
+    src = torch.randn(T, H, device=device).to(dtype)
+    scale = torch.rand(T, K, device=device)
+    other = torch.randn(rows, H, device=device).to(dtype)
+    used = int(offsets[-1])
+
+    poisoned = torch.full((rows, H), float("nan"), dtype=dtype, device=device)
+    out, dot = P.expand(src, pos, rows, offsets, counts, scale=scale, other=other, out=poisoned)
+    ref_out, ref_dot = R.expand(src.double(), pos, rows, scale.double(), other.double())
+    assert out is poisoned
+    assert _err(out[:used], ref_out[:used]) < TOL[dtype]  # copies and zeroed padding rows
+    assert dot.dtype == torch.float32 and _err(dot, ref_dot) < TOL[dtype]
+
+    plain = P.expand(src, pos, rows, offsets, counts)
+    assert _err(plain[:used], R.expand(src.double(), pos, rows)[:used]) < TOL[dtype]
+
+    summed = P.reduce(other, pos, scale)
+    assert summed.dtype == dtype and _err(summed, R.reduce(other.double(), pos, scale.double())) < TOL[dtype]
+    assert _err(P.reduce(other, pos), R.reduce(other.double(), pos)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("kind,T,E,K,bs", ROUTINGS[:2] + ROUTINGS[3:4])
+def test_permute_unpermute_gradients(kind, T, E, K, bs, device):
+    """Values and gradients of x -> permute -> f -> unpermute(weights) against float64 torch indexing."""
+    H = 24
+    indices = _routing(kind, T, E, K, device)
+    counts, offsets, rows = _layout(indices, E, bs)
+    pos = P.padded_positions(indices, counts, offsets)
+    x = torch.randn(T, H, device=device, requires_grad=True)
+    w = torch.rand(T, K, device=device, requires_grad=True)
+    m = torch.randn(rows, H, device=device)  # a per-row factor between the two: the "experts"
+    dy = torch.randn(T, H, device=device)
+
+    x_pad = permute(x, pos, rows, offsets, counts)
+    y = unpermute(x_pad * m, pos, offsets, counts, w)
+    y.backward(dy)
+
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    gathered = x64[:, None, :] * m.double()[pos.long()]  # copy (t, j) times its row's factor
+    y64 = (w64[..., None] * gathered).sum(1)
+    y64.backward(dy.double())
+    assert _err(y, y64) < 1e-6
+    assert _err(x.grad, x64.grad) < 1e-6
+    assert _err(w.grad, w64.grad) < 1e-6
+    pad = torch.ones(rows, dtype=torch.bool, device=device)
+    pad[pos.flatten().long()] = False
+    pad[int(offsets[-1]):] = False  # rows past the used ones are undefined
+    assert int(pad.sum()) > 0 and (x_pad[pad] == 0).all()
+
+
+def test_unpermute_without_weights_and_without_weight_gradient(device):
+    indices = _routing("balanced", 11, 4, 2, device)
+    counts, offsets, rows = _layout(indices, 4, 16)
+    pos = P.padded_positions(indices, counts, offsets)
+    y_pad = torch.randn(rows, 8, device=device, requires_grad=True)
+    w = torch.rand(11, 2, device=device)  # no gradient wanted
+    unpermute(y_pad, pos, offsets, counts, w).sum().backward()
+    expected = torch.zeros(rows, 8, dtype=torch.float64)
+    expected[pos.flatten().long().cpu()] = w.double().flatten().cpu()[:, None].expand(-1, 8)
+    used = int(offsets[-1])
+    assert _err(y_pad.grad[:used], expected[:used]) < 1e-7
+    plain = unpermute(y_pad, pos, offsets, counts)
+    assert _err(plain, y_pad.detach().double()[pos.long()].sum(1)) < 1e-6
+
+
+def test_bad_arguments_raise_clear_errors(device):
+    indices = _routing("balanced", 5, 4, 2, device)
+    counts, offsets, rows = _layout(indices, 4, 16)
+    pos = P.padded_positions(indices, counts, offsets)
+    x = torch.randn(5, 8, device=device)
+    with pytest.raises(ValueError, match=r"pos must be \[6, top_k\]"):
+        P.expand(torch.randn(6, 8, device=device), pos, rows, offsets, counts)
+    with pytest.raises(ValueError, match="expert_offsets must be int32"):
+        P.expand(x, pos, rows, offsets.long(), counts)
+    with pytest.raises(ValueError, match="scale must match pos"):
+        P.reduce(torch.randn(rows, 8, device=device), pos, torch.ones(5, 3, device=device))
+    with pytest.raises(ValueError, match="out must be a row-major"):
+        P.expand(x, pos, rows, offsets, counts, out=torch.empty(rows + 1, 8, device=device))

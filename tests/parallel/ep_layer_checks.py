@@ -1,0 +1,134 @@
+"""Checks that run inside every process of a gloo group (see process_group.run_in_processes).
+
+Each rank draws its own tokens (a different number per rank), all ranks draw the same GLOBAL
+weights, and the expert-parallel layer is compared with the single-process layer (EP = 1, every
+expert local, tested against the float64 per-token loop in tests/moe) on this rank's tokens:
+output, input gradient and router gradient equal it; expert-weight gradients, gathered back to
+the global [E, f, h] tensors, equal the sum over the expert-parallel group of the single-process
+gradients (the all-to-all's backward brings every token's contribution to the owning rank).
+"""
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+from megatron_dmoe.moe import AuxLossScaler, MoELayer, get_moe_metrics
+from megatron_dmoe.parallel.distributed import init_distributed
+from megatron_dmoe.parallel.expert_layout import ExpertLayout
+from moe_reference import make_config, rel_err
+
+HIDDEN, FFN = 8, 12  # FFN divisible by 4: experts split over up to 4 ranks
+
+# name: settings (ep: expert-parallel size; E experts, top_k; dead: experts no token may choose).
+# All run in 4 processes: EP = 2 cases form two independent expert-parallel groups.
+LAYER_CASES = {
+    "ep2-E4-top2-rank1-idle": dict(ep=2, E=4, k=2, dead=[2, 3], aux=0.05, z=0.01),
+    "ep2-E4-top1-swiglu": dict(ep=2, E=4, k=1, activation="swiglu", dead=[1]),
+    "ep2-E2-top2-post-softmax": dict(ep=2, E=2, k=2, pre=False),
+    "ep2-E1-split2-sigmoid": dict(ep=2, E=1, k=1, score="sigmoid", aux=0.05),
+    "ep2-E4-top2-padding": dict(ep=2, E=4, k=2, padding=True, aux=0.05, z=0.01),
+    "ep2-E4-grouped-fp32-memopt-rank1-idle": dict(ep=2, E=4, k=2, backend="grouped", dtype=torch.float32,
+                                                  memory_optimized=True, activation="swiglu", dead=[2, 3]),
+    "ep4-E8-top2-rank3-idle": dict(ep=4, E=8, k=2, dead=[6, 7], aux=0.05, z=0.01),
+    "ep4-E4-top3-sigmoid-swiglu": dict(ep=4, E=4, k=3, score="sigmoid", renorm=True, activation="swiglu",
+                                       dead=[0]),
+    "ep4-E2-split2-top1-dead": dict(ep=4, E=2, k=1, dead=[1], aux=0.05),
+    "ep4-E2-split2-top2-swiglu": dict(ep=4, E=2, k=2, activation="swiglu"),
+    "ep4-E1-split4-sigmoid": dict(ep=4, E=1, k=1, score="sigmoid"),
+}
+
+
+def _draw_weights(case, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    E = case["E"]
+    router_w = (2.0 / HIDDEN**0.5) * torch.randn(E, HIDDEN, generator=g, dtype=torch.float64)
+    router_w[case.get("dead", []), 0] = -40.0  # every token has a large positive feature 0
+    w1, v1, w2 = (0.3 * torch.randn(E, FFN, HIDDEN, generator=g, dtype=torch.float64) for _ in range(3))
+    return [t.to(dtype) for t in (router_w, w1, v1, w2)]
+
+
+def _draw_tokens(seed, rank, dtype):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    s, b = 3 + 2 * rank, 2  # a different number of tokens on every rank
+    x = torch.randn(s, b, HIDDEN, generator=g, dtype=torch.float64)
+    x[..., 0] = x[..., 0].abs() + 1.0
+    out_grad = torch.randn(s, b, HIDDEN, generator=g, dtype=torch.float64)
+    padding = torch.rand(b, s, generator=g) < 0.3
+    return x.to(dtype), out_grad.to(dtype), padding
+
+
+def _build(case, ep, dtype, weights, layer_number):
+    config = make_config(
+        HIDDEN, FFN, case["E"], case["k"], activation=case.get("activation", "gelu"),
+        score_function=case.get("score", "softmax"), pre_softmax=case.get("pre", True), dtype=dtype,
+        moe_aux_loss_coeff=case.get("aux", 0.0), moe_z_loss_coeff=case.get("z", 0.0),
+        expert_model_parallel_size=ep,
+    )
+    layer = MoELayer(config, backend=case.get("backend", "reference"), renormalize=case.get("renorm", None),
+                     memory_optimized=case.get("memory_optimized", False), layer_number=layer_number)
+    router_w, w1, v1, w2 = weights
+    layout = layer.experts.layout
+    with torch.no_grad():
+        layer.router.weight.copy_(router_w)
+        layer.experts.w1.copy_(layout.local_slice(w1))
+        layer.experts.w2.copy_(layout.local_slice(w2))
+        if layer.experts.v1 is not None:
+            layer.experts.v1.copy_(layout.local_slice(v1))
+    return layer.train()
+
+
+def _run(layer, x, out_grad, padding):
+    x = x.clone().requires_grad_()
+    out, _ = layer(x, padding_mask=padding)
+    (out * out_grad).sum().backward()
+    return out.detach(), x.grad
+
+
+def _gather_global(local, layout: ExpertLayout, group):
+    parts = [torch.empty_like(local) for _ in range(layout.ep_size)]
+    dist.all_gather(parts, local.contiguous(), group=group)
+    return layout.assemble(parts)
+
+
+def check_layer_cases() -> None:
+    AuxLossScaler.set_loss_scale(1.0)
+    for seed, (name, case) in enumerate(sorted(LAYER_CASES.items())):
+        init_distributed("cpu", expert_model_parallel_size=case["ep"])
+        dtype = case.get("dtype", torch.float64)
+        tol = 1e-12 if dtype == torch.float64 else 2e-5
+        rank = dist.get_rank()
+        weights = _draw_weights(case, seed, dtype)
+        x, out_grad, padding = _draw_tokens(seed, rank, dtype)
+        padding = padding if case.get("padding") else None
+
+        get_moe_metrics().reset()
+        ep_layer = _build(case, case["ep"], dtype, weights, layer_number=1)
+        assert ep_layer.experts.w1.shape == ep_layer.experts.layout.local_shape(HIDDEN), name
+        out, dx = _run(ep_layer, x, out_grad, padding)
+        single = _build(case, 1, dtype, weights, layer_number=2)
+        ref_out, ref_dx = _run(single, x, out_grad, padding)
+
+        assert rel_err(out, ref_out) < tol, (name, rank, "output")
+        assert rel_err(dx, ref_dx) < tol, (name, rank, "input grad")
+        assert rel_err(ep_layer.router.weight.grad, single.router.weight.grad) < tol, (name, rank, "router grad")
+
+        group = ps.get_expert_model_parallel_group()
+        layout = ep_layer.experts.layout
+        for key in ("w1", "v1", "w2"):
+            local = getattr(ep_layer.experts, key)
+            if local is None:
+                continue
+            gathered = _gather_global(local.grad, layout, group)
+            expected = getattr(single.experts, key).grad.clone()
+            dist.all_reduce(expected, group=group)  # every token of the EP group reaches the owner
+            assert expected.abs().max() > 0, (name, key)
+            assert rel_err(gathered, expected) < tol, (name, rank, key)
+            # dead experts: no token, no gradient (and the case really has such experts)
+            for e in case.get("dead", []):
+                assert gathered[e].abs().max() == 0, (name, key, e)
+
+        # loads recorded by both layers reduce to the same global counts over all ranks
+        snapshot = get_moe_metrics().snapshot(group=ps.get_data_parallel_group())
+        assert snapshot["layers"][1]["load"] == snapshot["layers"][2]["load"], name
+        for e in case.get("dead", []):
+            assert snapshot["layers"][1]["load"][e] == 0, name
+        get_moe_metrics().reset()

@@ -1,0 +1,261 @@
+#!/usr/bin/env python
+"""Expert-parallel benchmark: token exchange against a raw all-to-all, and the MoE layer at EP sizes.
+
+For every expert-parallel size EP in --ep that divides the number of processes:
+  * dispatch + combine (ExpertParallelDispatcher, identity experts in between): time per call and
+    bytes each rank sends (two exchanges: tokens out, results back), against two raw
+    all_to_all_single calls moving the same bytes in equal splits. Bandwidth is reported as bus
+    bandwidth (nccl-tests' convention for all-to-all): bytes sent per rank / time * (EP-1)/EP;
+  * the MoE layer's forward + backward at a fixed number of tokens per process (--tokens), with
+    the experts spread over EP ranks (EP = 1: every process runs all experts, data parallel).
+Routing is uniform random (balanced on average). Times are medians over --iters calls after
+--warmup calls, of the slowest rank. Rank 0 prints a table and writes JSON (--out).
+
+  torchrun --standalone --nproc_per_node 4 tools/bench_ep.py --out ep.json
+  torchrun --standalone --nproc_per_node 2 tools/bench_ep.py --device cpu --tokens 256 \\
+      --hidden 64 --ffn 128 --experts 4 --out ep_cpu.json        # gloo, a smoke test on CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+# NVLink SHARP / multicast off for NCCL and torch's symmetric memory: on machines where the
+# fabric manager does not provide multicast these paths fail or hang. Set unless already set.
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+COLUMNS = [
+    ("ep", "EP", "{:d}"),
+    ("dispatch_combine_ms", "disp+comb ms", "{:.3f}"),
+    ("exchange_mb_per_rank", "MB/rank", "{:.2f}"),
+    ("dispatch_busbw_gbs", "busbw GB/s", "{:.2f}"),
+    ("raw_all_to_all_ms", "raw a2a ms", "{:.3f}"),
+    ("raw_busbw_gbs", "raw busbw GB/s", "{:.2f}"),
+    ("layer_fwd_bwd_ms", "layer fwd+bwd ms", "{:.3f}"),
+    ("layer_tokens_per_s", "tokens/s (all)", "{:.0f}"),
+]
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    env_text = " ".join(f"{k}={v}" for k, v in NCCL_ENV.items())
+    parser = argparse.ArgumentParser(
+        description="Time expert-parallel dispatch+combine against a raw all_to_all_single of the same "
+                    "bytes, and the dMoE layer's forward+backward at several expert-parallel sizes. "
+                    "Run it under torchrun (one process per GPU).",
+        epilog=f"NCCL environment: this tool sets {env_text} unless they are set already (NVLink "
+               f"multicast off); set them the same way for training runs. Example: torchrun "
+               f"--standalone --nproc_per_node 4 tools/bench_ep.py --out ep.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="cuda (NCCL) or cpu (gloo); auto picks cuda when available")
+    parser.add_argument("--tokens", type=int, default=8192, help="tokens per process (default 8192)")
+    parser.add_argument("--hidden", type=int, default=1024, help="hidden size (default 1024)")
+    parser.add_argument("--ffn", type=int, default=4096, help="expert ffn size (default 4096)")
+    parser.add_argument("--experts", type=int, default=64, help="number of experts (default 64)")
+    parser.add_argument("--top-k", type=int, default=1, help="experts per token (default 1)")
+    parser.add_argument("--ep", default="1,2,4", help="expert-parallel sizes, comma-separated (default 1,2,4); "
+                                                    "sizes that do not divide the process count are skipped")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="auto: bfloat16 on cuda, float32 on cpu")
+    parser.add_argument("--backend", default="auto", help="expert backend of the layer (default auto)")
+    parser.add_argument("--iters", type=int, default=20, help="timed calls (default 20)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    parser.add_argument("--out", type=Path, help="JSON file for the results (written by rank 0)")
+    args = parser.parse_args(argv)
+    try:
+        args.ep = sorted({int(x) for x in args.ep.split(",") if x.strip()})
+    except ValueError:
+        parser.error(f"--ep {args.ep!r}: give comma-separated integers such as 1,2,4")
+    for name in ("tokens", "hidden", "ffn", "experts", "top_k", "iters"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.top_k > args.experts:
+        parser.error(f"--top-k {args.top_k} exceeds --experts {args.experts}")
+    if not args.ep or min(args.ep) < 1:
+        parser.error("--ep needs sizes >= 1")
+    return args
+
+
+def format_table(rows: List[dict]) -> str:
+    """Fixed-width table of the result rows; '-' where a value does not apply (EP = 1 exchanges)."""
+    header = [title for _, title, _ in COLUMNS]
+    lines = [[fmt.format(row[key]) if row.get(key) is not None else "-" for key, _, fmt in COLUMNS] for row in rows]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
+    out = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    out += ["  ".join(v.rjust(w) for v, w in zip(line, widths)) for line in lines]
+    return "\n".join(out)
+
+
+def _timed(fn, args, device) -> float:
+    """Median seconds of fn() on this rank, then the largest median over all ranks."""
+    import torch
+    import torch.distributed as dist
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(args.warmup):
+        fn()
+    sync()
+    dist.barrier()
+    times = []
+    for _ in range(args.iters):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.item()
+
+
+def _random_routing(args, device, dtype, generator):
+    import torch
+
+    scores = torch.rand(args.tokens, args.experts, device=device, generator=generator)
+    weights, indices = torch.topk(scores, args.top_k, dim=-1)
+    return indices, weights.to(dtype)
+
+
+def bench_exchange(args, ep: int, device, dtype) -> dict:
+    """Dispatch + combine with identity experts, and two raw all-to-alls of the same bytes."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
+    from megatron_dmoe.parallel.expert_layout import ExpertLayout
+
+    group = ps.get_expert_model_parallel_group()
+    layout = ExpertLayout(args.experts, args.ffn, ep, ps.get_expert_model_parallel_rank())
+    dispatcher = ExpertParallelDispatcher(layout, group)
+    generator = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
+    x = torch.randn(args.tokens, args.hidden, device=device, dtype=dtype, generator=generator)
+    indices, weights = _random_routing(args, device, dtype, generator)
+
+    def dispatch_combine():
+        x_local, _, state = dispatcher.dispatch(x, indices, weights)
+        return dispatcher.combine(x_local, state)
+
+    seconds = _timed(dispatch_combine, args, device)
+    element = x.element_size()
+    rows = args.tokens * args.top_k * layout.shards_per_expert  # every assignment leaves once, comes back once
+    exchanged = 2 * rows * args.hidden * element
+
+    # the same bytes as one flat buffer in equal splits, out and back
+    count = -(-rows * args.hidden // ep) * ep
+    send = torch.randn(count, device=device, dtype=dtype, generator=generator)
+    recv = torch.empty_like(send)
+
+    def raw_pair():
+        dist.all_to_all_single(recv, send, group=group)
+        dist.all_to_all_single(send, recv, group=group)
+
+    raw_seconds = _timed(raw_pair, args, device)
+    raw_bytes = 2 * count * element
+    factor = (ep - 1) / ep
+    return {
+        "dispatch_combine_ms": 1e3 * seconds,
+        "exchange_bytes_per_rank": exchanged,
+        "exchange_mb_per_rank": exchanged / 2**20,
+        "dispatch_busbw_gbs": exchanged / seconds * factor / 1e9,
+        "raw_all_to_all_ms": 1e3 * raw_seconds,
+        "raw_bytes_per_rank": raw_bytes,
+        "raw_busbw_gbs": raw_bytes / raw_seconds * factor / 1e9,
+    }
+
+
+def bench_layer(args, ep: int, device, dtype) -> dict:
+    """Forward + backward of one MoE layer on --tokens tokens per process."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_dmoe.moe import MoELayer, get_moe_metrics
+
+    config = TransformerConfig(
+        num_layers=1, hidden_size=args.hidden, num_attention_heads=1, num_moe_experts=args.experts,
+        moe_router_topk=args.top_k, moe_ffn_hidden_size=args.ffn, moe_router_pre_softmax=True,
+        activation_func=F.gelu, params_dtype=dtype, use_cpu_initialization=device.type == "cpu",
+        expert_model_parallel_size=ep,
+    )
+    layer = MoELayer(config, backend=args.backend).to(device).train()
+    generator = torch.Generator(device=device).manual_seed(2000 + dist.get_rank())
+    x = torch.randn(args.tokens, 1, args.hidden, device=device, dtype=dtype, generator=generator).requires_grad_()
+    out_grad = torch.randn(args.tokens, 1, args.hidden, device=device, dtype=dtype, generator=generator)
+
+    def step():
+        out, _ = layer(x)
+        out.backward(out_grad)
+        get_moe_metrics().reset()
+
+    seconds = _timed(step, args, device)
+    return {
+        "layer_fwd_bwd_ms": 1e3 * seconds,
+        "layer_tokens_per_s": args.tokens * dist.get_world_size() / seconds,
+        "local_experts": layer.experts.layout.num_local_experts,
+        "local_ffn": layer.experts.layout.local_ffn_hidden_size,
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    args = parse_args(argv)
+    for key, value in NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+    import torch
+
+    from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed, seed_everything
+
+    env = init_distributed(args.device)
+    device = env.device
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        args.dtype, torch.bfloat16 if env.on_cuda else torch.float32)
+    world = env.world_size
+    results = {
+        "world_size": world, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+        "tokens_per_rank": args.tokens, "hidden": args.hidden, "ffn": args.ffn, "experts": args.experts,
+        "top_k": args.top_k, "iters": args.iters, "warmup": args.warmup,
+        "nccl_env": {k: os.environ.get(k) for k in NCCL_ENV} if env.on_cuda else None,
+        "rows": [], "skipped_ep": [],
+    }
+    try:
+        for ep in args.ep:
+            if world % ep or (args.experts % ep and ep % args.experts):
+                results["skipped_ep"].append(ep)
+                continue
+            init_distributed(args.device, expert_model_parallel_size=ep)  # rebuilds megatron's groups
+            seed_everything(1234, env)
+            row = {"ep": ep}
+            if ep > 1:
+                row.update(bench_exchange(args, ep, device, dtype))
+            row.update(bench_layer(args, ep, device, dtype))
+            results["rows"].append(row)
+        if env.is_main:
+            print(f"{world} processes on {device}, {results['dtype']}, {args.tokens} tokens/process, hidden "
+                  f"{args.hidden}, ffn {args.ffn}, {args.experts} experts, top-{args.top_k}")
+            print(format_table(results["rows"]))
+            if results["skipped_ep"]:
+                print(f"skipped EP sizes {results['skipped_ep']}: they must divide the {world} processes and "
+                      f"divide or be a multiple of {args.experts} experts")
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(results, indent=2) + "\n")
+                print(f"wrote {args.out}")
+    finally:
+        destroy_distributed()
+    return results
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
