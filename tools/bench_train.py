@@ -30,11 +30,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="dense,dmoe,capacity",
                    help=f"comma-separated names from {sorted(MODELS)} or config names (default: all three)")
-    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps per model (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation, allocator)")
+    p.add_argument("--steps", type=int, default=4, help="timed optimizer steps per model (default 4)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, allocator)")
     p.add_argument("--micro-batch-size", type=int, default=16, help="sequences per micro-batch (default 16)")
-    p.add_argument("--global-batch-size", type=int, default=None,
-                   help="sequences per step (default: one micro-batch)")
+    p.add_argument("--global-batch-size", type=int, default=128,
+                   help="sequences per optimizer step (default 128: 8 micro-batches of 16, so the "
+                        "optimizer step is amortised as in real training)")
     p.add_argument("--seq-length", type=int, default=1024, help="tokens per sequence (default 1024)")
     p.add_argument("--vocab-size", type=int, default=50257, help="vocabulary of the synthetic tokens")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
