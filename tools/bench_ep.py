@@ -241,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             row.update(bench_layer(args, ep, device, dtype))
             results["rows"].append(row)
         if env.is_main:
-            print(f"{world} processes ({device.type}, one device each), {results['dtype']}, {args.tokens} tokens/process, hidden "
+            print(f"{world} processes ({'one GPU each' if device.type == 'cuda' else 'CPU, gloo'}), {results['dtype']}, {args.tokens} tokens/process, hidden "
                   f"{args.hidden}, ffn {args.ffn}, {args.experts} experts, top-{args.top_k}")
             print(format_table(results["rows"]))
             if results["skipped_ep"]:
