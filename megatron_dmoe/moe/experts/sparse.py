@@ -66,6 +66,23 @@ def _bind_device(t: torch.Tensor) -> None:
         torch.cuda.set_device(t.device)
 
 
+
+def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1):
+    """Gradients through the up-projection(s) h1 = x w1^T (and h2 = x v1^T): dx, dw1, dv1."""
+    from dmoe_kernels import ops
+
+    E, f, h = w1.shape
+    dx = dw1 = dv1 = None
+    if need_x:
+        dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h))
+        if v1 is not None:
+            dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h))
+    if need_w1:
+        dw1 = ops.dsd(d_h1, topo, x, transpose=True).view(E, f, h)
+    if v1 is not None and need_v1:
+        dv1 = ops.dsd(d_h2, topo, x, transpose=True).view(E, f, h)
+    return dx, dw1, dv1
+
 class _SparseExpertMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized):
@@ -98,15 +115,7 @@ class _SparseExpertMLP(torch.autograd.Function):
         del a
         da = ops.sdd(dy, w2.reshape(E * f, h).t(), topo)
         d_h1, d_h2 = act.activation_backward(activation, da, h1, h2, topo.nnz)  # d_h1 reuses da
-        dx = dw1 = dv1 = None
-        if need_x:
-            dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h))
-            if v1 is not None:
-                dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h))
-        if need_w1:
-            dw1 = ops.dsd(d_h1, topo, x, transpose=True).view(E, f, h)
-        if v1 is not None and need_v1:
-            dv1 = ops.dsd(d_h2, topo, x, transpose=True).view(E, f, h)
+        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1)
         return dx, dw1, dv1, dw2, None, None, None
 
 
@@ -170,15 +179,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
         d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
         del a
         d_weights = row_dot[positions.long()].sum(-1).to(weights.dtype) if need_weights else None
-        dx = dw1 = dv1 = None
-        if need_x:
-            dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h))
-            if v1 is not None:
-                dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h))
-        if need_w1:
-            dw1 = ops.dsd(d_h1, topo, x, transpose=True).view(E, f, h)
-        if v1 is not None and need_v1:
-            dv1 = ops.dsd(d_h2, topo, x, transpose=True).view(E, f, h)
+        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1)
         return dx, dw1, dv1, dw2, d_weights, None, None, None, None, None
 
 
