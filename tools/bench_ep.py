@@ -2,18 +2,20 @@
 """Expert-parallel benchmark: token exchange against a raw all-to-all, and the MoE layer at EP sizes.
 
 For every expert-parallel size EP in --ep that divides the number of processes:
-  * dispatch + combine (ExpertParallelDispatcher, identity experts in between): time per call and
-    bytes each rank sends (two exchanges: tokens out, results back), against two raw
-    all_to_all_single calls moving the same bytes in equal splits. Bandwidth is reported as bus
-    bandwidth (nccl-tests' convention for all-to-all): bytes sent per rank / time * (EP-1)/EP;
+  * dispatch + combine (ExpertParallelDispatcher, identity experts in between) at each message
+    size of --exchange-mib (MiB each rank sends per exchange): time per call against two raw
+    all_to_all_single calls moving the same bytes in equal splits. Bandwidth is bus bandwidth
+    (nccl-tests' convention for all-to-all): bytes sent per rank / time * (EP-1)/EP, and the
+    ratio of the two is the exchange's efficiency;
   * the MoE layer's forward + backward at a fixed number of tokens per process (--tokens), with
     the experts spread over EP ranks (EP = 1: every process runs all experts, data parallel).
-Routing is uniform random (balanced on average). Times are medians over --iters calls after
---warmup calls, of the slowest rank. Rank 0 prints a table and writes JSON (--out).
+Routing is uniform random (balanced on average). Calls run back to back (the dispatch's own
+host synchronisation for the split sizes included); each time is the mean over --iters calls
+after --warmup calls, of the slowest rank. Rank 0 prints two tables and writes JSON (--out).
 
   torchrun --standalone --nproc_per_node 4 tools/bench_ep.py --out ep.json
   torchrun --standalone --nproc_per_node 2 tools/bench_ep.py --device cpu --tokens 256 \\
-      --hidden 64 --ffn 128 --experts 4 --out ep_cpu.json        # gloo, a smoke test on CPU
+      --hidden 64 --ffn 128 --experts 4 --exchange-mib 0.25 --out ep_cpu.json   # gloo smoke test
 """
 from __future__ import annotations
 
@@ -30,13 +32,18 @@ from typing import List, Optional, Sequence
 # fabric manager does not provide multicast these paths fail or hang. Set unless already set.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-COLUMNS = [
+EXCHANGE_COLUMNS = [
     ("ep", "EP", "{:d}"),
+    ("exchange_mib_per_rank", "MiB/rank", "{:g}"),
     ("dispatch_combine_ms", "disp+comb ms", "{:.3f}"),
-    ("exchange_mb_per_rank", "MB/rank", "{:.2f}"),
-    ("dispatch_busbw_gbs", "busbw GB/s", "{:.2f}"),
-    ("raw_all_to_all_ms", "raw a2a ms", "{:.3f}"),
-    ("raw_busbw_gbs", "raw busbw GB/s", "{:.2f}"),
+    ("dispatch_busbw_gbs", "busbw GB/s", "{:.1f}"),
+    ("raw_all_to_all_ms", "raw 2x a2a ms", "{:.3f}"),
+    ("raw_busbw_gbs", "raw busbw GB/s", "{:.1f}"),
+    ("efficiency", "disp/raw", "{:.1%}"),
+]
+LAYER_COLUMNS = [
+    ("ep", "EP", "{:d}"),
+    ("local_experts", "local experts", "{:d}"),
     ("layer_fwd_bwd_ms", "layer fwd+bwd ms", "{:.3f}"),
     ("layer_tokens_per_s", "tokens/s (all)", "{:.0f}"),
 ]
@@ -57,6 +64,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="cuda (NCCL) or cpu (gloo); auto picks cuda when available")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per process (default 8192)")
     parser.add_argument("--hidden", type=int, default=1024, help="hidden size (default 1024)")
+    parser.add_argument("--exchange-mib", default="16,64,256",
+                        help="message sizes of the dispatch+combine measurement: MiB each rank sends per "
+                             "exchange, comma-separated (default 16,64,256)")
     parser.add_argument("--ffn", type=int, default=4096, help="expert ffn size (default 4096)")
     parser.add_argument("--experts", type=int, default=64, help="number of experts (default 64)")
     parser.add_argument("--top-k", type=int, default=1, help="experts per token (default 1)")
@@ -76,6 +86,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for name in ("tokens", "hidden", "ffn", "experts", "top_k", "iters"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    try:
+        args.exchange_mib = [float(x) for x in args.exchange_mib.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--exchange-mib {args.exchange_mib!r}: give comma-separated numbers such as 64,256")
+    if not args.exchange_mib or min(args.exchange_mib) <= 0:
+        parser.error("--exchange-mib needs sizes > 0")
     if args.top_k > args.experts:
         parser.error(f"--top-k {args.top_k} exceeds --experts {args.experts}")
     if not args.ep or min(args.ep) < 1:
@@ -83,10 +99,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def format_table(rows: List[dict]) -> str:
-    """Fixed-width table of the result rows; '-' where a value does not apply (EP = 1 exchanges)."""
-    header = [title for _, title, _ in COLUMNS]
-    lines = [[fmt.format(row[key]) if row.get(key) is not None else "-" for key, _, fmt in COLUMNS] for row in rows]
+def format_table(rows: List[dict], columns=EXCHANGE_COLUMNS) -> str:
+    """Fixed-width table of the result rows; '-' where a value is missing."""
+    header = [title for _, title, _ in columns]
+    lines = [[fmt.format(row[key]) if row.get(key) is not None else "-" for key, _, fmt in columns] for row in rows]
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
     out = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
     out += ["  ".join(v.rjust(w) for v, w in zip(line, widths)) for line in lines]
@@ -94,7 +110,7 @@ def format_table(rows: List[dict]) -> str:
 
 
 def _timed(fn, args, device) -> float:
-    """Median seconds of fn() on this rank, then the largest median over all ranks."""
+    """Mean seconds per call of fn() run back to back on this rank, then the largest over all ranks."""
     import torch
     import torch.distributed as dist
 
@@ -106,27 +122,25 @@ def _timed(fn, args, device) -> float:
         fn()
     sync()
     dist.barrier()
-    times = []
+    sync()
+    start = time.perf_counter()
     for _ in range(args.iters):
-        sync()
-        start = time.perf_counter()
         fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.item()
+    sync()
+    seconds = torch.tensor([(time.perf_counter() - start) / args.iters], dtype=torch.float64, device=device)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return seconds.item()
 
 
-def _random_routing(args, device, dtype, generator):
+def _random_routing(args, tokens, device, dtype, generator):
     import torch
 
-    scores = torch.rand(args.tokens, args.experts, device=device, generator=generator)
+    scores = torch.rand(tokens, args.experts, device=device, generator=generator)
     weights, indices = torch.topk(scores, args.top_k, dim=-1)
     return indices, weights.to(dtype)
 
 
-def bench_exchange(args, ep: int, device, dtype) -> dict:
+def bench_exchange(args, ep: int, device, dtype, mib: float) -> dict:
     """Dispatch + combine with identity experts, and two raw all-to-alls of the same bytes."""
     import torch
     import torch.distributed as dist
@@ -138,17 +152,19 @@ def bench_exchange(args, ep: int, device, dtype) -> dict:
     group = ps.get_expert_model_parallel_group()
     layout = ExpertLayout(args.experts, args.ffn, ep, ps.get_expert_model_parallel_rank())
     dispatcher = ExpertParallelDispatcher(layout, group)
+    element = torch.empty((), dtype=dtype).element_size()
+    copies = args.top_k * layout.shards_per_expert  # rows each token sends
+    tokens = max(1, round(mib * 2**20 / (args.hidden * element * copies)))
     generator = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
-    x = torch.randn(args.tokens, args.hidden, device=device, dtype=dtype, generator=generator)
-    indices, weights = _random_routing(args, device, dtype, generator)
+    x = torch.randn(tokens, args.hidden, device=device, dtype=dtype, generator=generator)
+    indices, weights = _random_routing(args, tokens, device, dtype, generator)
 
     def dispatch_combine():
         x_local, _, state = dispatcher.dispatch(x, indices, weights)
         return dispatcher.combine(x_local, state)
 
     seconds = _timed(dispatch_combine, args, device)
-    element = x.element_size()
-    rows = args.tokens * args.top_k * layout.shards_per_expert  # every assignment leaves once, comes back once
+    rows = tokens * copies  # every assignment leaves once, comes back once
     exchanged = 2 * rows * args.hidden * element
 
     # the same bytes as one flat buffer in equal splits, out and back
@@ -163,14 +179,18 @@ def bench_exchange(args, ep: int, device, dtype) -> dict:
     raw_seconds = _timed(raw_pair, args, device)
     raw_bytes = 2 * count * element
     factor = (ep - 1) / ep
+    busbw, raw_busbw = exchanged / seconds * factor / 1e9, raw_bytes / raw_seconds * factor / 1e9
     return {
+        "ep": ep,
+        "exchange_mib_per_rank": exchanged / 2 / 2**20,
+        "tokens_per_rank": tokens,
         "dispatch_combine_ms": 1e3 * seconds,
         "exchange_bytes_per_rank": exchanged,
-        "exchange_mb_per_rank": exchanged / 2**20,
-        "dispatch_busbw_gbs": exchanged / seconds * factor / 1e9,
+        "dispatch_busbw_gbs": busbw,
         "raw_all_to_all_ms": 1e3 * raw_seconds,
         "raw_bytes_per_rank": raw_bytes,
-        "raw_busbw_gbs": raw_bytes / raw_seconds * factor / 1e9,
+        "raw_busbw_gbs": raw_busbw,
+        "efficiency": busbw / raw_busbw,
     }
 
 
@@ -201,6 +221,7 @@ def bench_layer(args, ep: int, device, dtype) -> dict:
 
     seconds = _timed(step, args, device)
     return {
+        "ep": ep,
         "layer_fwd_bwd_ms": 1e3 * seconds,
         "layer_tokens_per_s": args.tokens * dist.get_world_size() / seconds,
         "local_experts": layer.experts.layout.num_local_experts,
@@ -226,8 +247,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "tokens_per_rank": args.tokens, "hidden": args.hidden, "ffn": args.ffn, "experts": args.experts,
         "top_k": args.top_k, "iters": args.iters, "warmup": args.warmup,
         "nccl_env": {k: os.environ.get(k) for k in NCCL_ENV} if env.on_cuda else None,
-        "rows": [], "skipped_ep": [],
+        "exchange_mib": args.exchange_mib, "exchange": [], "layer": [], "skipped_ep": [],
     }
+    if env.on_cuda:
+        results["gpu"] = torch.cuda.get_device_name(device)
+        results["versions"] = {"torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
     try:
         for ep in args.ep:
             if world % ep or (args.experts % ep and ep % args.experts):
@@ -235,15 +259,18 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 continue
             init_distributed(args.device, expert_model_parallel_size=ep)  # rebuilds megatron's groups
             seed_everything(1234, env)
-            row = {"ep": ep}
             if ep > 1:
-                row.update(bench_exchange(args, ep, device, dtype))
-            row.update(bench_layer(args, ep, device, dtype))
-            results["rows"].append(row)
+                results["exchange"] += [bench_exchange(args, ep, device, dtype, mib) for mib in args.exchange_mib]
+            results["layer"].append(bench_layer(args, ep, device, dtype))
         if env.is_main:
-            print(f"{world} processes ({'one GPU each' if device.type == 'cuda' else 'CPU, gloo'}), {results['dtype']}, {args.tokens} tokens/process, hidden "
-                  f"{args.hidden}, ffn {args.ffn}, {args.experts} experts, top-{args.top_k}")
-            print(format_table(results["rows"]))
+            where = f"one {results['gpu']} each" if env.on_cuda else "CPU, gloo"
+            print(f"{world} processes ({where}), {results['dtype']}, {args.experts} experts, top-{args.top_k}, "
+                  f"hidden {args.hidden}")
+            if results["exchange"]:
+                print("\ndispatch + combine (identity experts) vs two raw all_to_all_single of the same bytes")
+                print(format_table(results["exchange"], EXCHANGE_COLUMNS))
+            print(f"\nMoE layer forward + backward, {args.tokens} tokens/process, ffn {args.ffn}")
+            print(format_table(results["layer"], LAYER_COLUMNS))
             if results["skipped_ep"]:
                 print(f"skipped EP sizes {results['skipped_ep']}: they must divide the {world} processes and "
                       f"divide or be a multiple of {args.experts} experts")

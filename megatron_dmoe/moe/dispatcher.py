@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -28,6 +28,11 @@ class TokenDispatcher(abc.ABC):
     @abc.abstractmethod
     def combine(self, y_perm: torch.Tensor, state: Any) -> torch.Tensor:
         """Expert outputs in x_perm's layout -> y [T, h] = sum_j weights[t, j] * expert output."""
+
+    def counts_by_source(self, state: Any) -> Optional[torch.Tensor]:
+        """[sources, experts] when x_perm holds one run of expert groups per source rank instead of
+        rows grouped by expert (see moe/experts/arrival.py); None when grouped by expert."""
+        return None
 
 
 def weighted_sum(y_assign: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

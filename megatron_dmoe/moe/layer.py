@@ -109,7 +109,8 @@ class MoELayer(MegatronModule):
         elif self.token_dropping:
             y = dispatcher.combine(self.experts.forward_batched(x_perm), state)
         else:
-            y = dispatcher.combine(self.experts(x_perm, tokens_per_expert), state)
+            counts_by_source = dispatcher.counts_by_source(state)
+            y = dispatcher.combine(self.experts(x_perm, tokens_per_expert, counts_by_source), state)
         y = self._attach_aux_losses(y, routing, valid)
         return y.view(s, b, h), None
 

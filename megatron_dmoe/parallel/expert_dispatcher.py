@@ -1,16 +1,20 @@
-"""Expert-parallel token dispatch: permute locally, exchange with all-to-all, regroup by local expert.
+"""Expert-parallel token dispatch: sort rows by destination, exchange them with all-to-all.
 
 dispatch:
   1. each assignment (token, expert e) becomes S assignments to the virtual experts of e (see
      ExpertLayout; S = 1 unless experts are split over ranks), all with the assignment's weight;
-  2. local permutation into rows grouped by virtual expert (DroplessDispatcher); since each rank
-     owns consecutive virtual experts, the rows for rank i are one contiguous block;
-  3. counts per virtual expert are exchanged first (all_to_all on the device), then their sums
-     come to the host once (the split sizes), then the rows (variable-split all_to_all);
-  4. received rows arrive grouped by source rank, then by local expert; a stable sort regroups
-     them by local expert (source order kept), which is the layout the expert MLPs take.
-combine runs the same steps backwards and sums the k*S weighted outputs of each token: that sum
-adds the partial outputs of split experts. Autograd flows through both exchanges.
+  2. counts per virtual expert are exchanged first (all_to_all on the device) and their sums start
+     their way to the host (the split sizes of the row exchange);
+  3. meanwhile one pass copies the rows into virtual-expert order; each rank owns consecutive
+     virtual experts, so the rows for rank i form one contiguous block;
+  4. the rows travel (variable-split all_to_all) and arrive as one run of local-expert groups per
+     source rank. They are NOT regrouped here: the experts take them in arrival order
+     (`ExpertMLP(..., counts_by_source=...)`), and the block-sparse backend writes them straight
+     into its padded buffer, the copy it makes in a single-GPU layer too.
+combine sends the outputs back and sums the k*S weighted outputs of each token in one pass: that
+sum adds the partial outputs of split experts. Autograd flows through both exchanges.
+
+On CUDA the two passes are the fused Triton permutation kernels; elsewhere torch gathers.
 """
 from __future__ import annotations
 
@@ -19,17 +23,22 @@ from typing import List, Optional
 
 import torch
 
-from megatron_dmoe.moe.dispatcher import DroplessDispatcher, DroplessState, TokenDispatcher
+from megatron_dmoe.moe.dispatcher import TokenDispatcher, weighted_sum
+from megatron_dmoe.moe.experts.arrival import compact_offsets
+from megatron_dmoe.moe.router import count_assignments
 from megatron_dmoe.parallel.all_to_all import differentiable_all_to_all, exchange_counts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
 
 @dataclass
 class ExpertParallelState:
-    local: DroplessState  # un-permutation of this rank's own assignments
+    positions: torch.Tensor  # [T, k*S]: row of the sorted send buffer holding copy (t, j)
+    weights: torch.Tensor  # [T, k*S]
+    offsets: Optional[torch.Tensor]  # int32 [V + 1] group starts of the send buffer (fused kernels)
+    counts: torch.Tensor  # [V] rows per virtual expert in the send buffer
     send_splits: List[int]  # rows this rank sent to each rank
     recv_splits: List[int]  # rows each rank sent to this rank
-    ungroup: Optional[torch.Tensor]  # [received rows]: expert-grouped row of each received row; None = same order
+    counts_by_source: torch.Tensor  # [ranks, local experts]: rows received per source and expert
 
 
 def expand_to_virtual_experts(indices: torch.Tensor, weights: torch.Tensor, shards: int):
@@ -41,42 +50,80 @@ def expand_to_virtual_experts(indices: torch.Tensor, weights: torch.Tensor, shar
     return virtual, weights.repeat_interleave(shards, dim=1)
 
 
+class _HostCopy:
+    """A small device tensor on its way to the host: on CUDA an asynchronous copy into pinned
+    memory and an event, so work queued after it keeps the GPU busy while the host waits."""
+
+    def __init__(self, t: torch.Tensor):
+        self.event = None
+        if t.is_cuda:
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = t
+
+    def tolist(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+def _sorted_positions(virtual: torch.Tensor) -> torch.Tensor:
+    """[T, K] row of each copy when copies are sorted by virtual expert, token order kept."""
+    flat = virtual.reshape(-1)
+    order = torch.sort(flat.to(torch.int32), stable=True).indices
+    positions = torch.empty_like(order)
+    positions[order] = torch.arange(order.numel(), device=order.device)
+    return positions.view(virtual.shape)
+
+
 class ExpertParallelDispatcher(TokenDispatcher):
-    """dispatch -> (rows of this rank's local experts grouped by local expert, counts per local
-    expert [num_local_experts], state). `group` is the expert-parallel process group."""
+    """dispatch -> (received rows, rows per local expert [num_local_experts], state); the rows come
+    as one run of local-expert groups per source rank (state.counts_by_source). `group` is the
+    expert-parallel process group."""
 
     def __init__(self, layout: ExpertLayout, group):
         self.layout = layout
         self.group = group
-        self.local = DroplessDispatcher(layout.num_virtual_experts)
 
     def dispatch(self, x, indices, weights):
         layout = self.layout
         ranks, per_rank = layout.ep_size, layout.num_local_experts
         virtual, virtual_weights = expand_to_virtual_experts(indices, weights, layout.shards_per_expert)
-        x_sorted, counts, local_state = self.local.dispatch(x, virtual, virtual_weights)
+        counts = count_assignments(virtual, layout.num_virtual_experts)
+        counts_by_rank = counts.view(ranks, per_rank)
+        received = exchange_counts(counts_by_rank, self.group)  # [source rank, local expert]
+        # the one device-to-host copy (split sizes of the row exchange), overlapped with the sort
+        sizes = _HostCopy(torch.cat([counts_by_rank.sum(1), received.sum(1)]))
 
-        counts = counts.view(ranks, per_rank)
-        received = exchange_counts(counts, self.group)  # [source rank, local expert]
-        # the one device-to-host copy: split sizes of the row exchange
-        sizes = torch.cat([counts.sum(1), received.sum(1)]).tolist()
-        send_splits, recv_splits = sizes[:ranks], sizes[ranks:]
+        positions = _sorted_positions(virtual)
+        offsets = None
+        if x.is_cuda:
+            from dmoe_kernels.permute_functional import permute
+
+            offsets = compact_offsets(counts)
+            x_sorted = permute(x, positions, positions.numel(), offsets, counts)
+        else:
+            source_row = torch.empty_like(positions.reshape(-1))
+            source_row[positions.reshape(-1)] = torch.arange(positions.numel(), device=x.device)
+            x_sorted = x.index_select(0, source_row // positions.shape[1])
+
+        split_sizes = sizes.tolist()
+        send_splits, recv_splits = split_sizes[:ranks], split_sizes[ranks:]
         x_recv = differentiable_all_to_all(x_sorted, recv_splits, send_splits, self.group)
+        state = ExpertParallelState(positions, virtual_weights, offsets, counts, send_splits, recv_splits, received)
+        return x_recv, received.sum(0), state
 
-        ungroup = None
-        if per_rank > 1:
-            # local expert of every received row, then a stable sort: grouped by expert, source order kept
-            expert_ids = torch.arange(per_rank, device=x.device).repeat(ranks)
-            row_expert = torch.repeat_interleave(expert_ids, received.reshape(-1), output_size=x_recv.shape[0])
-            regroup = torch.argsort(row_expert, stable=True)
-            ungroup = torch.empty_like(regroup)
-            ungroup[regroup] = torch.arange(regroup.numel(), device=regroup.device)
-            x_recv = x_recv.index_select(0, regroup)
-        tokens_per_local_expert = received.sum(0)
-        return x_recv, tokens_per_local_expert, ExpertParallelState(local_state, send_splits, recv_splits, ungroup)
+    def counts_by_source(self, state: ExpertParallelState) -> torch.Tensor:
+        return state.counts_by_source
 
-    def combine(self, y_local, state: ExpertParallelState):
-        if state.ungroup is not None:
-            y_local = y_local.index_select(0, state.ungroup)
-        y_sorted = differentiable_all_to_all(y_local, state.send_splits, state.recv_splits, self.group)
-        return self.local.combine(y_sorted, state.local)
+    def combine(self, y_recv, state: ExpertParallelState):
+        """Outputs in arrival order -> y [T, h] = sum over copies of weight * output."""
+        y_sorted = differentiable_all_to_all(y_recv, state.send_splits, state.recv_splits, self.group)
+        if state.offsets is not None:
+            from dmoe_kernels.permute_functional import unpermute
+
+            return unpermute(y_sorted, state.positions, state.offsets, state.counts, state.weights)
+        return weighted_sum(y_sorted.index_select(0, state.positions.reshape(-1)), state.weights)

@@ -22,21 +22,24 @@ def test_expert_parallel_layer_state_and_benchmark_in_four_processes(tmp_path):
 
     results = json.loads(out.read_text())
     assert results["world_size"] == 4 and results["skipped_ep"] == [3]
-    rows = {row["ep"]: row for row in results["rows"]}
-    assert sorted(rows) == [1, 2, 4]
-    assert (rows[1]["local_experts"], rows[2]["local_experts"], rows[4]["local_experts"]) == (2, 1, 1)
-    assert rows[4]["local_ffn"] == 8  # 2 experts over 4 ranks: half an FFN each
-    for ep in (2, 4):
-        # every assignment (24 tokens x top-1 x ffn shards) goes out and comes back: 4-byte floats, hidden 8
-        shards = 2 if ep == 4 else 1
-        assert rows[ep]["exchange_bytes_per_rank"] == 2 * 24 * shards * 8 * 4
-        assert rows[ep]["raw_bytes_per_rank"] >= rows[ep]["exchange_bytes_per_rank"]
-        for key in ("dispatch_combine_ms", "dispatch_busbw_gbs", "raw_all_to_all_ms", "raw_busbw_gbs"):
-            assert rows[ep][key] > 0, (ep, key)
-    assert "dispatch_combine_ms" not in rows[1]
-    assert all(row["layer_fwd_bwd_ms"] > 0 and row["layer_tokens_per_s"] > 0 for row in rows.values())
-    table = load_bench().format_table(results["rows"]).splitlines()
-    assert len(table) == 4 and "disp+comb ms" in table[0] and table[1].split()[:2] == ["1", "-"]
+    layer = {row["ep"]: row for row in results["layer"]}
+    assert sorted(layer) == [1, 2, 4]
+    assert (layer[1]["local_experts"], layer[2]["local_experts"], layer[4]["local_experts"]) == (2, 1, 1)
+    assert layer[4]["local_ffn"] == 8  # 2 experts over 4 ranks: half an FFN each
+    assert all(row["layer_fwd_bwd_ms"] > 0 and row["layer_tokens_per_s"] > 0 for row in layer.values())
+    exchange = [(row["ep"], row["exchange_bytes_per_rank"]) for row in results["exchange"]]
+    # every row (a token copy to each FFN shard: 12 tokens x 2 shards at EP = 4) goes out and comes
+    # back: 24 or 48 rows of 8 float32 values; EP = 1 exchanges nothing
+    assert exchange == [(ep, 2 * rows * 8 * 4) for ep in (2, 4) for rows in (24, 48)]
+    assert [row["tokens_per_rank"] for row in results["exchange"]] == [24, 48, 12, 24]
+    for row in results["exchange"]:
+        assert row["raw_bytes_per_rank"] >= row["exchange_bytes_per_rank"]
+        for key in ("dispatch_combine_ms", "dispatch_busbw_gbs", "raw_all_to_all_ms", "raw_busbw_gbs", "efficiency"):
+            assert row[key] > 0, (row["ep"], key)
+    bench = load_bench()
+    table = bench.format_table(results["exchange"]).splitlines()
+    assert len(table) == 5 and "disp+comb ms" in table[0] and table[1].split()[0] == "2"
+    assert len(bench.format_table(results["layer"], bench.LAYER_COLUMNS).splitlines()) == 4
 
 
 def test_benchmark_help_names_the_nccl_environment():

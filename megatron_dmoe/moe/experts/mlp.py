@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from .activations import activate, activate_backward
+from .arrival import arrival_positions, compact_offsets, group_rows, ungroup_rows
 from .gemm import GroupedGemm
 
 
@@ -27,6 +28,17 @@ class ExpertBackend(abc.ABC):
     @abc.abstractmethod
     def mlp(self, x, tokens_per_expert, w1, v1, w2, activation: str, memory_optimized: bool) -> torch.Tensor:
         """x [N, h] grouped by expert, tokens_per_expert [E] -> [N, h]."""
+
+    def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation: str, memory_optimized: bool):
+        """x [N, h] as runs of expert groups, one run per source (counts_by_source [R, E], see
+        arrival.py) -> [N, h] in the same order. Regrouped by expert around `mlp`, unless the rows
+        are grouped already (one source or one expert)."""
+        tokens_per_expert = counts_by_source.sum(0)
+        if 1 in counts_by_source.shape:
+            return self.mlp(x, tokens_per_expert, w1, v1, w2, activation, memory_optimized)
+        positions = arrival_positions(counts_by_source, compact_offsets(tokens_per_expert), x.shape[0])
+        y = self.mlp(group_rows(x, positions), tokens_per_expert, w1, v1, w2, activation, memory_optimized)
+        return ungroup_rows(y, positions)
 
 
 class GemmBackend(ExpertBackend):

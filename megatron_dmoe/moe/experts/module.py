@@ -54,12 +54,20 @@ class ExpertMLP(torch.nn.Module):
         opts = self.options
         return resolve_backend(opts.backend, x.device, x.dtype, opts.hidden_size, self.layout.local_ffn_hidden_size)
 
-    def forward(self, x_perm: torch.Tensor, tokens_per_expert: torch.Tensor) -> torch.Tensor:
-        """x_perm [N, h] grouped by local expert (in order), tokens_per_expert [local experts] -> [N, h]."""
+    def forward(self, x_perm: torch.Tensor, tokens_per_expert: torch.Tensor,
+                counts_by_source: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x_perm [N, h] grouped by local expert (in order), tokens_per_expert [local experts] -> [N, h].
+
+        With counts_by_source [ranks, local experts], x_perm holds instead one run of expert groups
+        per source rank (the expert-parallel exchange's order) and the output keeps that order.
+        """
         opts = self.options
-        return self.backend_for(x_perm).mlp(
-            x_perm, tokens_per_expert, self.w1, self.v1, self.w2, opts.activation, opts.memory_optimized
-        )
+        backend = self.backend_for(x_perm)
+        if counts_by_source is not None:
+            return backend.mlp_in_arrival_order(
+                x_perm, counts_by_source, self.w1, self.v1, self.w2, opts.activation, opts.memory_optimized
+            )
+        return backend.mlp(x_perm, tokens_per_expert, self.w1, self.v1, self.w2, opts.activation, opts.memory_optimized)
 
     def forward_batched(self, x_buf: torch.Tensor) -> torch.Tensor:
         """x_buf [E, capacity, h] (the token-dropping baseline) -> [E, capacity, h], by torch.bmm."""

@@ -20,9 +20,10 @@ every size comes from host-known bounds, counts stay on the device.
                           combine in one autograd function (no expert output kept for the
                           router-weight gradient)
   sparse_expert_mlp       the experts alone, padded buffer in and out
-  SparseBackend.mlp       the registry's interface: rows grouped by expert without padding (as the
-                          expert-parallel dispatcher delivers them), padded and un-padded around
-                          sparse_expert_mlp by the fused permutation kernels
+  SparseBackend.mlp       the registry's interface: rows grouped by expert without padding, or
+                          (mlp_in_arrival_order) as the expert-parallel exchange delivers them,
+                          padded and un-padded around sparse_expert_mlp by the fused permutation
+                          kernels
 """
 from __future__ import annotations
 
@@ -224,17 +225,24 @@ class SparseBackend(ExpertBackend):
         return None
 
     def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized):
-        """Rows grouped by expert WITHOUT padding (as the expert-parallel dispatcher delivers them):
-        copied into a padded buffer and back by the fused permutation kernels. The layer without
-        expert parallelism permutes straight into the padded buffer instead (padded_dispatch.py)."""
+        """Rows grouped by expert WITHOUT padding: copied into a padded buffer and back by the fused
+        permutation kernels. The layer without expert parallelism permutes straight into the
+        padded buffer instead (padded_dispatch.py)."""
+        return self.mlp_in_arrival_order(x, tokens_per_expert.view(1, -1), w1, v1, w2, activation, memory_optimized)
+
+    def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation, memory_optimized):
+        """Rows as the expert-parallel exchange delivers them (runs of expert groups, one per source
+        rank): one kernel writes each row to its expert's block-padded group, one brings the
+        outputs back in arrival order."""
         import dmoe_kernels as dk
-        from dmoe_kernels.permute import grouped_positions
         from dmoe_kernels.permute_functional import permute, unpermute
 
+        from .arrival import arrival_positions
+
         num_rows, f = x.shape[0], w1.shape[1]
-        bs = block_size_for(f, self.block_size)
-        topo = dk.Topology.for_experts(tokens_per_expert, num_rows, f, bs)
-        pos = grouped_positions(tokens_per_expert, topo.expert_offsets, num_rows)
+        tokens_per_expert = counts_by_source.sum(0)
+        topo = dk.Topology.for_experts(tokens_per_expert, num_rows, f, block_size_for(f, self.block_size))
+        pos = arrival_positions(counts_by_source, topo.expert_offsets, num_rows)
         x_pad = permute(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert)
         y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized)
         return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert)
