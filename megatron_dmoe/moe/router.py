@@ -68,6 +68,35 @@ def count_assignments(indices: torch.Tensor, num_experts: int, valid: Optional[t
     return counts.scatter_add_(0, indices.reshape(-1), ones.reshape(-1))
 
 
+class _HalfInputLogits(torch.autograd.Function):
+    """fp32 logits of bf16/fp16 x and weight from one tensor-core GEMM with fp32 output: the same
+    values as an fp32 GEMM of the upcast operands (products of half values are exact in fp32),
+    without the fp32 copy of x that the upcast would write and keep for backward. Backward runs
+    in the inputs' precision with fp32 accumulation, as megatron's default router does."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return torch.mm(x, weight.t(), out_dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_half = grad.to(x.dtype)
+        dx = torch.mm(grad_half, weight) if ctx.needs_input_grad[0] else None
+        dw = torch.mm(grad_half.t(), x, out_dtype=torch.float32).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return dx, dw
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[T, E] logits in fp32 (fp64 for fp64 inputs) of x [T, h] and the router weight [E, h]."""
+    half = (torch.float16, torch.bfloat16)
+    if x.is_cuda and x.dtype in half and weight.dtype == x.dtype:
+        return _HalfInputLogits.apply(x, weight)
+    compute_dtype = torch.promote_types(x.dtype, torch.float32)
+    return F.linear(x.to(compute_dtype), weight.to(compute_dtype))
+
+
 class TopKRouter(torch.nn.Module):
     """Router weight [E, h] (logits computed in fp32) and, optionally, the expert-bias state."""
 
@@ -100,13 +129,12 @@ class TopKRouter(torch.nn.Module):
     def forward(self, x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> Routing:
         """x [T, h]; valid [T] bool (False marks padding tokens, left out of the counts)."""
         opts = self.options
-        compute_dtype = torch.promote_types(x.dtype, torch.float32)
-        x = x.to(compute_dtype)
         if self.training and opts.input_jitter_eps:
-            # drawn in fp32: bf16 resolves steps of only 2**-7 around 1
+            # in fp32: bf16 resolves steps of only 2**-7 around 1
             eps = opts.input_jitter_eps
+            x = x.to(torch.promote_types(x.dtype, torch.float32))
             x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
-        logits = F.linear(x, self.weight.to(compute_dtype))
+        logits = router_logits(x, self.weight)
         indices, weights, scores = route(
             logits,
             opts.top_k,

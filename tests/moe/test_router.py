@@ -194,3 +194,24 @@ def test_layer_rejects_expert_parallelism_without_groups_and_bad_shapes():
         layer(torch.randn(3, 2, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="padding_mask"):
         layer(torch.randn(3, 2, 16, dtype=torch.float64), padding_mask=torch.zeros(3, 2, dtype=torch.bool))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_input_logits_equal_an_fp32_gemm_of_the_upcast_operands(dtype):
+    """The tensor-core path: forward as exact as fp32 on the same half values; gradients within
+    half precision of the float64 ones."""
+    from megatron_dmoe.moe.router import router_logits
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(1000, 256, device="cuda", generator=g).to(dtype).requires_grad_()
+    w = (0.05 * torch.randn(24, 256, device="cuda", generator=g)).to(dtype).requires_grad_()
+    logits = router_logits(x, w)
+    assert logits.dtype == torch.float32
+    expected = x.detach().double() @ w.detach().double().t()
+    assert ((logits.double() - expected).norm() / expected.norm()).item() < 1e-6
+    grad = torch.randn(logits.shape, device="cuda", generator=g)
+    dx, dw = torch.autograd.grad(logits, [x, w], grad)
+    assert dx.dtype == dtype and dw.dtype == dtype
+    for got, want in ((dx, grad.double() @ w.detach().double()), (dw, grad.double().t() @ x.detach().double())):
+        assert ((got.double() - want).norm() / want.norm()).item() < 1e-2
