@@ -44,6 +44,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides applied to every model, e.g. moe.backend=grouped")
     p.add_argument("--no-matmul", action="store_true", help="skip the bf16 matmul reference (MFU left out)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="after timing, profile one more step of each model (torch.profiler, CUDA only): "
+                        "report GPU busy time against the step's wall time (a large gap means the host "
+                        "cannot issue work fast enough), and write DIR/<model>_kernels.txt (kernels by "
+                        "GPU time) and DIR/<model>_trace.json (chrome://tracing)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     return p.parse_args(argv)
 
@@ -113,6 +118,8 @@ def bench_model(name: str, args, env) -> dict:
         loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device)
     sync()
     seconds = (time.perf_counter() - start) / args.steps
+    profile = profile_step(name, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device),
+                           sync) if args.profile and env.on_cuda else None
     tokens_per_s = gbs * cfg.model.seq_length / seconds
     flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(args.vocab_size, cfg))
     result = {
@@ -124,12 +131,39 @@ def bench_model(name: str, args, env) -> dict:
         "final_loss": float(loss),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if env.on_cuda else None,
         "params": sum(p.numel() for p in model.parameters()),
+        "profile": profile,
     }
     del model, optimizer
     gc.collect()
     if env.on_cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def profile_step(name: str, out_dir: str, step, sync) -> dict:
+    """One step under torch.profiler: wall time, summed kernel time and the kernels by GPU time."""
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        step()
+        sync()
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.self_device_time_total for e in kernels)
+    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    lines = [f"{'GPU ms':>9s} {'%':>6s} {'calls':>7s}  kernel"]
+    lines += [f"{e.self_device_time_total / 1e3:9.2f} {100 * e.self_device_time_total / max(busy_us, 1):6.1f} "
+              f"{e.count:7d}  {e.key[:140]}" for e in kernels]
+    (out / f"{name}_kernels.txt").write_text("\n".join(lines) + "\n")
+    prof.export_chrome_trace(str(out / f"{name}_trace.json"))
+    return {"wall_ms": wall * 1e3, "gpu_busy_ms": busy_us / 1e3, "kernel_launches": sum(e.count for e in kernels),
+            "top_kernels": [(e.key[:100], e.self_device_time_total / 1e3, e.count) for e in kernels[:15]]}
 
 
 def print_table(results: list, peak: float | None) -> None:
@@ -162,6 +196,12 @@ def main(argv=None) -> None:
         if peak:
             print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s (MFU denominator)")
         print_table(results, peak)
+        for r in results:
+            if r.get("profile"):
+                prof = r["profile"]
+                print(f"profile {r['model']}: step {prof['wall_ms']:.1f} ms wall (profiled), kernels "
+                      f"{prof['gpu_busy_ms']:.1f} ms GPU ({100 * prof['gpu_busy_ms'] / prof['wall_ms']:.0f} % busy), "
+                      f"{prof['kernel_launches']} launches; kernels by GPU time in {args.profile}/{r['model']}_kernels.txt")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"matmul_tflops": peak, "versions": versions, "args": vars(args), "results": results},
