@@ -128,7 +128,7 @@ def sdd(
     _check_launchable(kernel, a.device)
     K = a.shape[1]
     regular = topology.blocks_per_row
-    cfg = config or sdd_config(topology.block_size, regular, K, a.device)
+    cfg = config or sdd_config(topology.block_size, regular, K, a.device, dtype)
     nb = cfg.blocks_per_program
     if nb > 1 and not (regular and regular % nb == 0):
         raise ValueError(
@@ -197,7 +197,7 @@ def dsd(
     _check_launchable(kernel, b.device)
     bs = topology.block_size
     out_block_rows = s_rows // bs
-    cfg = config or dsd_config(bs, N, transpose, b.device, bool(topology.blocks_per_row))
+    cfg = config or dsd_config(bs, N, transpose, b.device, bool(topology.blocks_per_row), dtype)
     if bs % cfg.block_k != 0:
         raise ValueError(f"{op}: block_k={cfg.block_k} must divide the block size {bs}")
     num_programs = out_block_rows * triton.cdiv(N, cfg.block_n)

@@ -48,8 +48,21 @@ def _is_hopper_or_newer(device: torch.device) -> bool:
     return _capability_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
 
 
-def sdd_config(block_size: int, blocks_per_row, K: int, device: torch.device) -> SddConfig:
-    """Config of SDD for a topology (block size, regular row length or None) and inner width K."""
+# fp32 operands take twice the shared memory of 16-bit ones per tile: the 16-bit Hopper configs
+# (pipelines tuned to fill the 227 KB) do not fit, so fp32 gets single-block tiles, half the K
+# step and 3 stages (about 160 KB). fp32 on a GPU serves checks, not speed.
+_FP32_SDD = SddConfig(blocks_per_program=1, block_k=32, group_m=8, num_warps=4, num_stages=3)
+_FP32_DSD = DsdConfig(block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
+
+
+def sdd_config(block_size: int, blocks_per_row, K: int, device: torch.device,
+               dtype: torch.dtype = torch.bfloat16) -> SddConfig:
+    """Config of SDD for a topology (block size, regular row length or None), inner width K and
+    operand dtype."""
+    if device.type == "cuda" and dtype == torch.float32:
+        block_k = min(_FP32_SDD.block_k, block_size)
+        return SddConfig(**{**_FP32_SDD.__dict__, "block_k": block_k,
+                            "persistent": bool(blocks_per_row) and _is_hopper_or_newer(device)})
     if device.type != "cuda":
         # Interpreter: small tiles keep tests quick; the same kernels as on a GPU otherwise.
         nb = 2 if blocks_per_row and blocks_per_row % 2 == 0 else 1
@@ -67,8 +80,13 @@ def sdd_config(block_size: int, blocks_per_row, K: int, device: torch.device) ->
     return SddConfig(blocks_per_program=nb, block_k=block_k, group_m=8, num_warps=8, num_stages=3)
 
 
-def dsd_config(block_size: int, N: int, transpose: bool, device: torch.device, regular: bool = False) -> DsdConfig:
-    """Config of DSD (and DDS through it) for a block size, output width N and orientation."""
+def dsd_config(block_size: int, N: int, transpose: bool, device: torch.device, regular: bool = False,
+               dtype: torch.dtype = torch.bfloat16) -> DsdConfig:
+    """Config of DSD (and DDS through it) for a block size, output width N, orientation and dtype."""
+    if device.type == "cuda" and dtype == torch.float32:
+        block_k = min(_FP32_DSD.block_k, block_size)
+        return DsdConfig(**{**_FP32_DSD.__dict__, "block_k": block_k,
+                            "persistent": regular and _is_hopper_or_newer(device)})
     if device.type != "cuda":
         return DsdConfig(block_n=32, block_k=min(block_size, 16), group_m=2, persistent=regular)
     block_k = 64 if block_size >= 64 else block_size

@@ -1,4 +1,4 @@
-"""bf16 checks on a GPU at training block sizes: dMoE topologies from counts, poisoned outputs.
+"""bf16 (and fp32) checks on a GPU at training block sizes: dMoE topologies from counts, poisoned outputs.
 
 Relative error against a float64 reference within bf16 tolerance; every output is first filled with
 NaN so that an unwritten block or element fails the test. The topology build and the products must
@@ -47,8 +47,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # fp32: its own configs (shared memory)
 @pytest.mark.parametrize("routing, E, num_routed, ffn, d, bs", CASES)
-def test_six_products_bf16(routing, E, num_routed, ffn, d, bs):
+def test_six_products(routing, E, num_routed, ffn, d, bs, dtype):
     dev = torch.device("cuda")
     counts = _counts(routing, E, num_routed, dev)
     torch.cuda.set_sync_debug_mode("error")
@@ -57,7 +58,8 @@ def test_six_products_bf16(routing, E, num_routed, ffn, d, bs):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     rows = topo.shape[0]
-    bf = torch.bfloat16
+    bf = dtype
+    tol = BF16_TOL if dtype == torch.bfloat16 else 1e-5
     x = torch.randn(rows, d, device=dev, dtype=bf)
     dy = torch.randn(rows, d, device=dev, dtype=bf)
     w1 = torch.randn(E * ffn, d, device=dev, dtype=bf)
@@ -81,12 +83,12 @@ def test_six_products_bf16(routing, E, num_routed, ffn, d, bs):
 
     x64, dy64, w164, w264 = (t.double() for t in (x, dy, w1, w2))
     a64 = a.double()
-    assert _rel_err(h[:n], ref.sdd(x64, w164.t(), topo)[:n]) < BF16_TOL
-    assert _rel_err(da[:n], ref.sdd(dy64, w264.t(), topo)[:n]) < BF16_TOL
-    assert _rel_err(y, ref.dsd(a64, topo, w264)) < BF16_TOL
-    assert _rel_err(dx, ref.dsd(a64, topo, w164)) < BF16_TOL
-    assert _rel_err(dw2, ref.dsd(a64, topo, dy64, transpose=True)) < BF16_TOL
-    assert _rel_err(dw1, ref.dsd(a64, topo, x64, transpose=True)) < BF16_TOL
+    assert _rel_err(h[:n], ref.sdd(x64, w164.t(), topo)[:n]) < tol
+    assert _rel_err(da[:n], ref.sdd(dy64, w264.t(), topo)[:n]) < tol
+    assert _rel_err(y, ref.dsd(a64, topo, w264)) < tol
+    assert _rel_err(dx, ref.dsd(a64, topo, w164)) < tol
+    assert _rel_err(dw2, ref.dsd(a64, topo, dy64, transpose=True)) < tol
+    assert _rel_err(dw1, ref.dsd(a64, topo, x64, transpose=True)) < tol
 
 
 @pytest.mark.parametrize("transpose", [False, True])
