@@ -124,10 +124,30 @@ def _param_groups(model_chunks: List[torch.nn.Module]) -> List[dict]:
     ]
 
 
+def _fuse_torch_adam(optimizer: MegatronOptimizer) -> None:
+    """Run torch's Adam(W) as its fused CUDA kernel where megatron fell back to it (no TE or apex).
+
+    megatron builds it with torch's default multi-tensor (foreach) implementation, which makes
+    several passes over the fp32 master weights and moments; the fused kernel makes one. With
+    experts that is most of the optimizer step (3.7B parameters in the Small dMoE). Set before the
+    first step, as the step counters are created on the device for the fused kernel.
+    """
+    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(chained, "optimizer", None)
+        if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            continue  # TE's or apex's fused Adam, or another optimizer
+        params = [p for group in inner.param_groups for p in group["params"]]
+        if params and all(p.is_cuda and p.is_floating_point() for p in params) and not inner.state:
+            for group in inner.param_groups:
+                group["foreach"], group["fused"] = False, True
+
+
 def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
     config = optimizer_config(cfg)
     if on_cuda:
-        return get_megatron_optimizer(config, model_chunks)
+        optimizer = get_megatron_optimizer(config, model_chunks)
+        _fuse_torch_adam(optimizer)
+        return optimizer
     adam = torch.optim.AdamW(
         _param_groups(model_chunks),
         lr=config.lr,
