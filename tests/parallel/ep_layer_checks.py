@@ -1,4 +1,4 @@
-"""Checks that run inside every process of a gloo group (see process_group.run_in_processes).
+"""Checks that run inside every process of a process group (see process_group.run_in_processes).
 
 Each rank draws its own tokens (a different number per rank), all ranks draw the same GLOBAL
 weights, and the expert-parallel layer is compared with the single-process layer (EP = 1, every
@@ -6,6 +6,8 @@ expert local, tested against the float64 per-token loop in tests/moe) on this ra
 output, input gradient and router gradient equal it; expert-weight gradients, gathered back to
 the global [E, f, h] tensors, equal the sum over the expert-parallel group of the single-process
 gradients (the all-to-all's backward brings every token's contribution to the owning rank).
+The defaults are the CPU (gloo) setting; the device, sizes and tolerances are parameters, and a
+case may name its backend and dtype.
 """
 import torch
 import torch.distributed as dist
@@ -17,6 +19,8 @@ from megatron_dmoe.parallel.expert_layout import ExpertLayout
 from moe_reference import make_config, rel_err
 
 HIDDEN, FFN = 8, 12  # FFN divisible by 4: experts split over up to 4 ranks
+# relative error allowed per dtype: the two layers differ only in summation order
+TOLERANCES = {torch.float64: 1e-12, torch.float32: 2e-5}
 
 # name: settings (ep: expert-parallel size; E experts, top_k; dead: experts no token may choose).
 # All run in 4 processes: EP = 2 cases form two independent expert-parallel groups.
@@ -37,28 +41,28 @@ LAYER_CASES = {
 }
 
 
-def _draw_weights(case, seed, dtype):
+def _draw_weights(case, seed, dtype, hidden, ffn):
     g = torch.Generator().manual_seed(seed)
     E = case["E"]
-    router_w = (2.0 / HIDDEN**0.5) * torch.randn(E, HIDDEN, generator=g, dtype=torch.float64)
+    router_w = (2.0 / hidden**0.5) * torch.randn(E, hidden, generator=g, dtype=torch.float64)
     router_w[case.get("dead", []), 0] = -40.0  # every token has a large positive feature 0
-    w1, v1, w2 = (0.3 * torch.randn(E, FFN, HIDDEN, generator=g, dtype=torch.float64) for _ in range(3))
+    w1, v1, w2 = (0.3 * torch.randn(E, ffn, hidden, generator=g, dtype=torch.float64) for _ in range(3))
     return [t.to(dtype) for t in (router_w, w1, v1, w2)]
 
 
-def _draw_tokens(seed, rank, dtype):
+def _draw_tokens(seed, rank, dtype, hidden, device):
     g = torch.Generator().manual_seed(seed * 100 + rank)
     s, b = 3 + 2 * rank, 2  # a different number of tokens on every rank
-    x = torch.randn(s, b, HIDDEN, generator=g, dtype=torch.float64)
+    x = torch.randn(s, b, hidden, generator=g, dtype=torch.float64)
     x[..., 0] = x[..., 0].abs() + 1.0
-    out_grad = torch.randn(s, b, HIDDEN, generator=g, dtype=torch.float64)
+    out_grad = torch.randn(s, b, hidden, generator=g, dtype=torch.float64)
     padding = torch.rand(b, s, generator=g) < 0.3
-    return x.to(dtype), out_grad.to(dtype), padding
+    return x.to(device, dtype), out_grad.to(device, dtype), padding.to(device)
 
 
-def _build(case, ep, dtype, weights, layer_number):
+def _build(case, ep, dtype, weights, layer_number, hidden, ffn, device):
     config = make_config(
-        HIDDEN, FFN, case["E"], case["k"], activation=case.get("activation", "gelu"),
+        hidden, ffn, case["E"], case["k"], activation=case.get("activation", "gelu"),
         score_function=case.get("score", "softmax"), pre_softmax=case.get("pre", True), dtype=dtype,
         moe_aux_loss_coeff=case.get("aux", 0.0), moe_z_loss_coeff=case.get("z", 0.0),
         expert_model_parallel_size=ep,
@@ -73,7 +77,7 @@ def _build(case, ep, dtype, weights, layer_number):
         layer.experts.w2.copy_(layout.local_slice(w2))
         if layer.experts.v1 is not None:
             layer.experts.v1.copy_(layout.local_slice(v1))
-    return layer.train()
+    return layer.to(device).train()
 
 
 def _run(layer, x, out_grad, padding):
@@ -89,22 +93,26 @@ def _gather_global(local, layout: ExpertLayout, group):
     return layout.assemble(parts)
 
 
-def check_layer_cases() -> None:
+def check_layer_cases(cases=LAYER_CASES, device="cpu", hidden=HIDDEN, ffn=FFN, tolerances=TOLERANCES) -> None:
+    """Every case in `cases` (settings as in LAYER_CASES; each may name "backend" and "dtype"), on
+    `device`, with `hidden`/`ffn` sizes; `tolerances` maps dtypes to the relative error allowed."""
     AuxLossScaler.set_loss_scale(1.0)
-    for seed, (name, case) in enumerate(sorted(LAYER_CASES.items())):
-        init_distributed("cpu", expert_model_parallel_size=case["ep"])
+    for seed, (name, case) in enumerate(sorted(cases.items())):
+        if not ps.model_parallel_is_initialized() or ps.get_expert_model_parallel_world_size() != case["ep"]:
+            # new groups only when EP changes (names start with it): each NCCL group holds buffers
+            init_distributed(device, expert_model_parallel_size=case["ep"])
         dtype = case.get("dtype", torch.float64)
-        tol = 1e-12 if dtype == torch.float64 else 2e-5
+        tol = tolerances[dtype]
         rank = dist.get_rank()
-        weights = _draw_weights(case, seed, dtype)
-        x, out_grad, padding = _draw_tokens(seed, rank, dtype)
+        weights = _draw_weights(case, seed, dtype, hidden, ffn)
+        x, out_grad, padding = _draw_tokens(seed, rank, dtype, hidden, device)
         padding = padding if case.get("padding") else None
 
         get_moe_metrics().reset()
-        ep_layer = _build(case, case["ep"], dtype, weights, layer_number=1)
-        assert ep_layer.experts.w1.shape == ep_layer.experts.layout.local_shape(HIDDEN), name
+        ep_layer = _build(case, case["ep"], dtype, weights, 1, hidden, ffn, device)
+        assert ep_layer.experts.w1.shape == ep_layer.experts.layout.local_shape(hidden), name
         out, dx = _run(ep_layer, x, out_grad, padding)
-        single = _build(case, 1, dtype, weights, layer_number=2)
+        single = _build(case, 1, dtype, weights, 2, hidden, ffn, device)
         ref_out, ref_dx = _run(single, x, out_grad, padding)
 
         assert rel_err(out, ref_out) < tol, (name, rank, "output")

@@ -1,9 +1,11 @@
-"""Run a function in N fresh CPU processes joined by a gloo process group.
+"""Run a function in N fresh processes joined by one process group: gloo between CPU processes, or
+NCCL with one GPU per process.
 
 Processes are spawned (not forked), so none inherits the test process's torch.distributed state.
-Each runs `fn(*args)` with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT) set, so
-`init_distributed("cpu", ...)` joins them into one gloo group; an exception in any process fails
-the caller with that process's traceback.
+Each gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK = RANK, MASTER_ADDR/PORT), joins the
+default group with `init_distributed(device)` and runs `fn(*args)`; `fn` re-initialises megatron's
+groups with its own sizes through `init_distributed(device, ...)`. An exception in any process
+fails the caller with that process's traceback.
 """
 import os
 import socket
@@ -13,6 +15,9 @@ import time
 import torch
 import torch.multiprocessing as mp
 
+# NVLink multicast stays off: a program that uses it can take a shared host's GPUs out of service.
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -20,12 +25,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, world_size, port, fn, args):
+def _entry(rank, world_size, port, device, fn, args):
     torch.set_num_threads(1)  # several processes share two cores
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    from megatron_dmoe.parallel.distributed import destroy_distributed
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), **NCCL_ENV)
+    from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
 
+    init_distributed(device)  # on CUDA: GPU LOCAL_RANK, NCCL
     fn(*args)  # an exception ends this process at once; the parent then stops the others
     destroy_distributed()
     # Success: leave without interpreter finalisation, which takes seconds per process with torch
@@ -35,12 +41,13 @@ def _entry(rank, world_size, port, fn, args):
     os._exit(0)
 
 
-def run_in_processes(world_size: int, fn, *args, timeout: float = 300.0) -> None:
+def run_in_processes(world_size: int, fn, *args, timeout: float = 300.0, device: str = "cpu") -> None:
     """fn must be importable by name (defined at module level in this folder's helper modules).
 
-    A deadlock (a collective some rank never joins) fails after `timeout` seconds instead of hanging.
+    device: 'cpu' (gloo) or 'cuda' (NCCL; needs `world_size` GPUs). A deadlock (a collective some
+    rank never joins) fails after `timeout` seconds instead of hanging.
     """
-    context = mp.start_processes(_entry, args=(world_size, _free_port(), fn, args), nprocs=world_size,
+    context = mp.start_processes(_entry, args=(world_size, _free_port(), device, fn, args), nprocs=world_size,
                                  start_method="spawn", join=False)
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1.0):

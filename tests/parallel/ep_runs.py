@@ -1,0 +1,81 @@
+"""dmoe-train runs for the expert-parallel tests and comparisons of their logged steps, shared by
+the CPU (gloo) and the GPU (NCCL) tests."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from megatron_dmoe.training.checkpoint import LATEST, checkpoint_dir
+from process_group import NCCL_ENV
+from train_helpers import SMALL, train_command
+
+EP_KEY = "parallel.expert_model_parallel_size"
+
+
+def train(nproc, run_dir, *args, device=None):
+    """dmoe-train in `nproc` processes (torchrun for more than one); `device` ('cpu' or 'cuda', one
+    GPU per process) overrides training.device, else the config's choice stands."""
+    if device is not None:
+        args = (*args, f"training.device={device}")
+    if nproc == 1:
+        cmd = train_command(run_dir, *args)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **NCCL_ENV)
+    else:
+        # --standalone: a rendezvous on a free port, so concurrent runs on one machine cannot collide
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               "-m", "megatron_dmoe", *args, "--run-dir", str(run_dir)]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **NCCL_ENV)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, (nproc, args, result.stderr[-3000:])
+
+
+def records(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return {rec["step"]: rec for rec in map(json.loads, lines)}
+
+
+def assert_same_steps(expected, actual, steps, keys=("loss", "grad_norm")):
+    for step in steps:
+        for key in keys:
+            a, b = expected[step][key], actual[step][key]
+            # same samples and weights: only float32 reduction order differs
+            assert abs(a - b) <= 1e-4 * abs(a), (step, key, a, b)
+
+
+def assert_same_expert_loads(expected, actual, assignments):
+    """Loads of every expert summed over all ranks: each layer's total is `assignments` (tokens x
+    top-k); a routing near-tie flipped by reduction-order noise may move one assignment, a lost
+    reduction halves them."""
+    for step in expected:
+        for a, b in zip(expected[step]["expert_load"], actual[step]["expert_load"]):
+            assert sum(a) == sum(b) == assignments and sum(abs(x - y) for x, y in zip(a, b)) <= 2, (step, a, b)
+
+
+def check_ep4_checkpoint_continues_at_ep2_and_ep1(tmp_path, corpus_cache, *extra, device=None):
+    """2 experts over 4 ranks (each FFN split in two) -> whole experts on 2 ranks -> one process.
+
+    5 steps at EP = 4 in 4 processes, saved at step 3; that checkpoint resumed at EP = 2 in 2
+    processes and at EP = 1 in one gives the EP = 4 run's losses and grad norms at steps 4 and 5:
+    weights, Adam moments and the step count all travelled (step 5 depends on the moments).
+    `extra`: more overrides for every run.
+    """
+    args = SMALL + ["moe.num_experts=2", "moe.top_k=1", "training.micro_batch_size=2", "training.train_iters=5",
+                    "training.eval_interval=0", f"data.cache_dir={corpus_cache}", *extra]
+    train(4, tmp_path / "ep4", *args, f"{EP_KEY}=4", "checkpoint.save_interval=3", "checkpoint.keep_last=0",
+          device=device)
+    reference = records(tmp_path / "ep4")
+    assert sorted(reference) == [1, 2, 3, 4, 5]
+
+    saved = tmp_path / "ep4" / "checkpoints"
+    for ep in (2, 1):
+        run_dir = tmp_path / f"from_ep4_at_ep{ep}"
+        # the EP = 4 run as it stood at step 3: its config and that checkpoint
+        shutil.copytree(checkpoint_dir(saved, 3), checkpoint_dir(run_dir / "checkpoints", 3))
+        (run_dir / "checkpoints" / LATEST).write_text("3")
+        shutil.copy(tmp_path / "ep4" / "config.yaml", run_dir / "config.yaml")
+        train(ep, run_dir, "--resume", f"{EP_KEY}={ep}", "checkpoint.save_interval=0", device=device)
+        continued = records(run_dir)
+        assert sorted(continued) == [4, 5], (ep, sorted(continued))
+        assert_same_steps(reference, continued, [4, 5])
