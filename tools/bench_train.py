@@ -154,7 +154,9 @@ def profile_step(name: str, out_dir: str, step, sync) -> dict:
         step()
         sync()
         wall = time.perf_counter() - start
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # user annotations (the optimizer's step range, say) appear as device events too: not kernels
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False) and not e.key.startswith("Optimizer.")]
     busy_us = sum(e.self_device_time_total for e in kernels)
     kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
     lines = [f"{'GPU ms':>9s} {'%':>6s} {'calls':>7s}  kernel"]
