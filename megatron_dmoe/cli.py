@@ -114,13 +114,16 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         par.pipeline_model_parallel_size,
         par.expert_model_parallel_size,
     )
+    failed = True
     try:
         run_dir = ns.run_dir or default_run_dir(config_name or "tiny")
         result = train(cfg, env, run_dir, resume=ns.resume)
+        failed = False
     except (DataError, CheckpointError) as err:
         return _fail(str(err))
     finally:
-        destroy_distributed()
+        # after a failure the other ranks may never arrive: abort instead of waiting for them
+        destroy_distributed(abort=failed)
     if env.is_main:
         summary = f"run directory: {result.run_dir} (step {result.iteration}"
         if result.val_loss is not None:

@@ -92,13 +92,16 @@ def test_padding_tokens_are_not_counted():
 def test_snapshot_all_reduces_over_a_group(tmp_path):
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp_path, 'store')}", rank=0, world_size=1)
+    # a one-process group: this process's own if an earlier test left one, else a fresh one
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp_path, 'store')}", rank=0, world_size=1)
     try:
+        assert dist.get_world_size() == 1
         m = MoEMetrics()
         m.record(1, lb_loss=torch.tensor(0.5), tokens_per_expert=torch.tensor([3, 1]))
         snap = m.snapshot(group=dist.group.WORLD)
         assert snap["layers"][1] == {"lb_loss": 0.5, "load": [3.0, 1.0], "load_imbalance": 1.5}
     finally:
-        dist.destroy_process_group()
+        if created:
+            dist.destroy_process_group()
