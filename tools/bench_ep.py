@@ -77,6 +77,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--backend", default="auto", help="expert backend of the layer (default auto)")
     parser.add_argument("--iters", type=int, default=20, help="timed calls (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="also profile --iters dispatch+combine calls per size on rank 0 (torch.profiler): "
+                             "per call the wall time, the host's wait for the split sizes and the GPU's "
+                             "kernel time, and DIR/exchange_ep<EP>_<MiB>MiB.txt with the CPU ops and kernels")
     parser.add_argument("--out", type=Path, help="JSON file for the results (written by rank 0)")
     args = parser.parse_args(argv)
     try:
@@ -132,6 +136,41 @@ def _timed(fn, args, device) -> float:
     return seconds.item()
 
 
+def _profile(fn, args, device, name: str) -> Optional[dict]:
+    """Profile --iters calls of fn on every rank, report rank 0's: where a call's time goes."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - start
+    if dist.get_rank() != 0:
+        return None
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)]
+    waits = sum(e.self_cpu_time_total for e in events if e.key in ("cudaEventSynchronize", "cudaStreamSynchronize",
+                                                                      "cudaDeviceSynchronize"))
+    args.profile.mkdir(parents=True, exist_ok=True)
+    table = events.table(sort_by="self_cpu_time_total", row_limit=30)
+    if kernels:
+        table += "\n" + events.table(sort_by="self_device_time_total", row_limit=20)
+    (args.profile / f"{name}.txt").write_text(table + "\n")
+    n = args.iters
+    return {"wall_ms_per_call": 1e3 * wall / n, "host_wait_ms_per_call": waits / 1e3 / n,
+            "gpu_kernel_ms_per_call": sum(e.self_device_time_total for e in kernels) / 1e3 / n,
+            "launches_per_call": sum(e.count for e in kernels) / n}
+
+
 def _random_routing(args, tokens, device, dtype, generator):
     import torch
 
@@ -164,6 +203,7 @@ def bench_exchange(args, ep: int, device, dtype, mib: float) -> dict:
         return dispatcher.combine(x_local, state)
 
     seconds = _timed(dispatch_combine, args, device)
+    profile = _profile(dispatch_combine, args, device, f"exchange_ep{ep}_{mib:g}MiB") if args.profile else None
     rows = tokens * copies  # every assignment leaves once, comes back once
     exchanged = 2 * rows * args.hidden * element
 
@@ -191,6 +231,7 @@ def bench_exchange(args, ep: int, device, dtype, mib: float) -> dict:
         "raw_bytes_per_rank": raw_bytes,
         "raw_busbw_gbs": raw_busbw,
         "efficiency": busbw / raw_busbw,
+        "profile": profile,
     }
 
 
@@ -269,6 +310,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             if results["exchange"]:
                 print("\ndispatch + combine (identity experts) vs two raw all_to_all_single of the same bytes")
                 print(format_table(results["exchange"], EXCHANGE_COLUMNS))
+                for row in results["exchange"]:
+                    prof = row.get("profile")
+                    if prof:
+                        print(f"profile EP {row['ep']} {row['exchange_mib_per_rank']:g} MiB (rank 0, per call): "
+                              f"{prof['wall_ms_per_call']:.3f} ms wall, host waits {prof['host_wait_ms_per_call']:.3f} ms "
+                              f"for the split sizes/sync, kernels {prof['gpu_kernel_ms_per_call']:.3f} ms GPU, "
+                              f"{prof['launches_per_call']:.0f} launches")
             print(f"\nMoE layer forward + backward, {args.tokens} tokens/process, ffn {args.ffn}")
             print(format_table(results["layer"], LAYER_COLUMNS))
             if results["skipped_ep"]:
