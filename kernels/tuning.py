@@ -8,7 +8,7 @@ the raw ops (the benchmark does, to sweep).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -60,9 +60,8 @@ def sdd_config(block_size: int, blocks_per_row, K: int, device: torch.device,
     """Config of SDD for a topology (block size, regular row length or None), inner width K and
     operand dtype."""
     if device.type == "cuda" and dtype == torch.float32:
-        block_k = min(_FP32_SDD.block_k, block_size)
-        return SddConfig(**{**_FP32_SDD.__dict__, "block_k": block_k,
-                            "persistent": bool(blocks_per_row) and _is_hopper_or_newer(device)})
+        return replace(_FP32_SDD, block_k=min(_FP32_SDD.block_k, block_size),
+                       persistent=bool(blocks_per_row) and _is_hopper_or_newer(device))
     if device.type != "cuda":
         # Interpreter: small tiles keep tests quick; the same kernels as on a GPU otherwise.
         nb = 2 if blocks_per_row and blocks_per_row % 2 == 0 else 1
@@ -84,9 +83,8 @@ def dsd_config(block_size: int, N: int, transpose: bool, device: torch.device, r
                dtype: torch.dtype = torch.bfloat16) -> DsdConfig:
     """Config of DSD (and DDS through it) for a block size, output width N, orientation and dtype."""
     if device.type == "cuda" and dtype == torch.float32:
-        block_k = min(_FP32_DSD.block_k, block_size)
-        return DsdConfig(**{**_FP32_DSD.__dict__, "block_k": block_k,
-                            "persistent": regular and _is_hopper_or_newer(device)})
+        return replace(_FP32_DSD, block_k=min(_FP32_DSD.block_k, block_size),
+                       persistent=regular and _is_hopper_or_newer(device))
     if device.type != "cuda":
         return DsdConfig(block_n=32, block_k=min(block_size, 16), group_m=2, persistent=regular)
     block_k = 64 if block_size >= 64 else block_size

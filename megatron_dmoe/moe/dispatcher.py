@@ -45,6 +45,16 @@ def weighted_sum(y_assign: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return y.squeeze(1)
 
 
+def sort_by_expert(indices: torch.Tensor):
+    """Routed copies [T, k] sorted by expert, token order kept within an expert: (order [T*k], the
+    copy at each sorted row; positions [T, k], the sorted row of each copy)."""
+    # int32 keys: half the radix-sort passes of int64 (expert ids are small)
+    order = torch.sort(indices.reshape(-1).to(torch.int32), stable=True).indices
+    positions = torch.empty_like(order)
+    positions[order] = torch.arange(order.numel(), device=order.device)
+    return order, positions.view(indices.shape)
+
+
 @dataclass
 class DroplessState:
     inverse_order: torch.Tensor  # [T*k]: row of x_perm that holds assignment (t, j)
@@ -59,14 +69,10 @@ class DroplessDispatcher(TokenDispatcher):
         self.num_experts = num_experts
 
     def dispatch(self, x, indices, weights):
-        top_k = indices.shape[1]
-        flat = indices.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        x_perm = x.index_select(0, order // top_k)
+        order, positions = sort_by_expert(indices)
+        x_perm = x.index_select(0, order // indices.shape[1])
         tokens_per_expert = count_assignments(indices, self.num_experts)
-        inverse_order = torch.empty_like(order)
-        inverse_order[order] = torch.arange(order.numel(), device=order.device)
-        return x_perm, tokens_per_expert, DroplessState(inverse_order, weights)
+        return x_perm, tokens_per_expert, DroplessState(positions.reshape(-1), weights)
 
     def combine(self, y_perm, state: DroplessState):
         return weighted_sum(y_perm.index_select(0, state.inverse_order), state.weights)

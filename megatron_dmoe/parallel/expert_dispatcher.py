@@ -23,7 +23,7 @@ from typing import List, Optional
 
 import torch
 
-from megatron_dmoe.moe.dispatcher import TokenDispatcher, weighted_sum
+from megatron_dmoe.moe.dispatcher import TokenDispatcher, sort_by_expert, weighted_sum
 from megatron_dmoe.moe.experts.arrival import compact_offsets
 from megatron_dmoe.moe.router import count_assignments
 from megatron_dmoe.parallel.all_to_all import differentiable_all_to_all, exchange_counts
@@ -70,15 +70,6 @@ class _HostCopy:
         return self.host.tolist()
 
 
-def _sorted_positions(virtual: torch.Tensor) -> torch.Tensor:
-    """[T, K] row of each copy when copies are sorted by virtual expert, token order kept."""
-    flat = virtual.reshape(-1)
-    order = torch.sort(flat.to(torch.int32), stable=True).indices
-    positions = torch.empty_like(order)
-    positions[order] = torch.arange(order.numel(), device=order.device)
-    return positions.view(virtual.shape)
-
-
 class ExpertParallelDispatcher(TokenDispatcher):
     """dispatch -> (received rows, rows per local expert [num_local_experts], state); the rows come
     as one run of local-expert groups per source rank (state.counts_by_source). `group` is the
@@ -98,7 +89,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
         # the one device-to-host copy (split sizes of the row exchange), overlapped with the sort
         sizes = _HostCopy(torch.cat([counts_by_rank.sum(1), received.sum(1)]))
 
-        positions = _sorted_positions(virtual)
+        order, positions = sort_by_expert(virtual)
         offsets = None
         if x.is_cuda:
             from dmoe_kernels.permute_functional import permute
@@ -106,9 +97,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
             offsets = compact_offsets(counts)
             x_sorted = permute(x, positions, positions.numel(), offsets, counts)
         else:
-            source_row = torch.empty_like(positions.reshape(-1))
-            source_row[positions.reshape(-1)] = torch.arange(positions.numel(), device=x.device)
-            x_sorted = x.index_select(0, source_row // positions.shape[1])
+            x_sorted = x.index_select(0, order // positions.shape[1])
 
         split_sizes = sizes.tolist()
         send_splits, recv_splits = split_sizes[:ranks], split_sizes[ranks:]
