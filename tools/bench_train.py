@@ -43,6 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides applied to every model, e.g. moe.backend=grouped")
+    p.add_argument("--cuda-graphs", choices=("off", "on", "both"), default="off",
+                   help="capture the transformer layers as CUDA graphs (training.cuda_graphs): off, on, "
+                        "or both (each model twice; rows of graphed runs are marked '+graphs')")
     p.add_argument("--no-matmul", action="store_true", help="skip the bf16 matmul reference (MFU left out)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="after timing, profile one more step of each model (torch.profiler, CUDA only): "
@@ -81,13 +84,14 @@ def synthetic_batches(cfg, vocab_size: int, device: torch.device, count: int = 4
         yield from batches
 
 
-def bench_model(name: str, args, env) -> dict:
+def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
     from megatron_dmoe.config import load_config, resolve, validate
     from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
     from megatron_dmoe.parallel.distributed import seed_everything
     from megatron_dmoe.training.flops import model_flops_per_token
     from megatron_dmoe.training.model_setup import wrap_for_training
     from megatron_dmoe.training.optim import build_optimizer
+    from megatron_dmoe.training.cuda_graphs import release_layer_graphs
     from megatron_dmoe.training.step import train_step
 
     gbs = args.global_batch_size or args.micro_batch_size
@@ -98,11 +102,12 @@ def bench_model(name: str, args, env) -> dict:
         f"training.bf16={'true' if args.precision == 'bf16' else 'false'}",
         f"training.device={env.device.type}",
         "training.lr_warmup_iters=0",
+        f"training.cuda_graphs={'true' if cuda_graphs else 'false'}",
         *args.set,
     ]
     cfg = resolve(load_config(MODELS.get(name, name), overrides))
     validate(cfg, world_size=env.world_size)
-    seed_everything(cfg.training.seed, env)
+    seed_everything(cfg.training.seed, env, cuda_graphs=cfg.training.cuda_graphs)
     model = wrap_for_training(build_gpt_model(cfg, vocab_size=args.vocab_size, on_cuda=env.on_cuda))
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
     micro_batches = gbs // (args.micro_batch_size * env.world_size)
@@ -118,12 +123,14 @@ def bench_model(name: str, args, env) -> dict:
         loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device)
     sync()
     seconds = (time.perf_counter() - start) / args.steps
-    profile = profile_step(name, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device),
+    label = name + ("+graphs" if cuda_graphs else "")
+    profile = profile_step(label, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device),
                            sync) if args.profile and env.on_cuda else None
     tokens_per_s = gbs * cfg.model.seq_length / seconds
     flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(args.vocab_size, cfg))
     result = {
-        "model": name,
+        "model": label,
+        "cuda_graphs": cuda_graphs,
         "config": MODELS.get(name, name),
         "ms_per_step": seconds * 1e3,
         "tokens_per_s": tokens_per_s / env.world_size,
@@ -134,6 +141,8 @@ def bench_model(name: str, args, env) -> dict:
         "profile": profile,
     }
     del model, optimizer
+    if cuda_graphs:
+        release_layer_graphs()
     gc.collect()
     if env.on_cuda:
         torch.cuda.empty_cache()
@@ -169,15 +178,19 @@ def profile_step(name: str, out_dir: str, step, sync) -> dict:
 
 
 def print_table(results: list, peak: float | None) -> None:
-    dense = next((r for r in results if r["model"] == "dense"), None)
-    header = f"{'model':10s} {'params':>8s} {'ms/step':>9s} {'tokens/s':>11s} {'TFLOP/s':>8s} {'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}"
+    def dense_for(r):  # the dense run of the same mode (eager or graphed), else any dense run
+        same = [d for d in results if d["model"].split("+")[0] == "dense" and d["cuda_graphs"] == r["cuda_graphs"]]
+        return (same or [d for d in results if d["model"].split("+")[0] == "dense"] or [None])[0]
+
+    header = f"{'model':16s} {'params':>8s} {'ms/step':>9s} {'tokens/s':>11s} {'TFLOP/s':>8s} {'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}"
     print(header)
     print("-" * len(header))
     for r in results:
         mfu = f"{100 * r['tflops_per_gpu'] / peak:5.1f}%" if peak else "   n/a"
+        dense = dense_for(r)
         rel = f"{r['tokens_per_s'] / dense['tokens_per_s']:8.2f}x" if dense else "      n/a"
         mem = f"{r['peak_memory_gib']:9.1f}" if r["peak_memory_gib"] is not None else "      n/a"
-        print(f"{r['model']:10s} {r['params'] / 1e6:7.0f}M {r['ms_per_step']:9.1f} {r['tokens_per_s']:11,.0f} "
+        print(f"{r['model']:16s} {r['params'] / 1e6:7.0f}M {r['ms_per_step']:9.1f} {r['tokens_per_s']:11,.0f} "
               f"{r['tflops_per_gpu']:8.1f} {mfu} {rel} {mem}")
 
 
@@ -188,7 +201,9 @@ def main(argv=None) -> None:
     env = init_distributed(args.device)
     try:
         peak = None if (args.no_matmul or not env.on_cuda) else matmul_tflops(env.device)
-        results = [bench_model(name.strip(), args, env) for name in args.models.split(",")]
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
+        results = [bench_model(name.strip(), args, env, graphs) for graphs in modes
+                   for name in args.models.split(",")]
     finally:
         destroy_distributed()
     if env.is_main:

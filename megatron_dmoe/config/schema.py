@@ -88,6 +88,9 @@ class TrainingConfig:
     eval_iters: int = 5
     recompute_granularity: Optional[str] = None  # None | full | selective
     use_distributed_optimizer: bool = False
+    # Capture each transformer layer's forward and backward as CUDA graphs after the first step
+    # (megatron-core's local implementation): removes the host's launch overhead. CUDA only.
+    cuda_graphs: bool = False
     device: str = "auto"  # auto | cpu | cuda
 
 

@@ -457,6 +457,8 @@ class _Checker:
                              "(megatron-core's distributed optimizer allocates on the GPU), which "
                              "is not available here; set it to false")
 
+        self._check_cuda_graphs()
+
         for key in ("training.bf16", "training.fp16"):
             if ok(key, "training.device") and v(key):
                 device = v("training.device")
@@ -464,6 +466,33 @@ class _Checker:
                     self.problem(key, "true needs CUDA (megatron-core's mixed-precision optimizer "
                                  "keeps fp32 master weights on the GPU); on CPU train in fp32 "
                                  "(set it to false)")
+
+    def _check_cuda_graphs(self) -> None:
+        """Layers captured as CUDA graphs must issue the same work every step without the host
+        reading device values: no expert-parallel exchange (its split sizes come to the host), no
+        reference experts (they read the counts), no recompute or pipeline schedule around them."""
+        v, ok, key = self.v, self.ok, "training.cuda_graphs"
+        if not ok(key) or not v(key):
+            return
+        fix = "or set training.cuda_graphs: false"
+        if ok("training.device") and v("training.device") == "cpu":
+            self.problem(key, "true needs CUDA, but training.device is cpu; set it to false")
+            return
+        if not self.env.cuda:
+            self.problem(key, "true needs CUDA, which is not available here; set it to false")
+            return
+        if ok(EP_KEY) and v(EP_KEY) > 1:
+            self.problem(key, f"true cannot capture the expert-parallel exchange ({EP_KEY} = {v(EP_KEY)}: "
+                         f"its split sizes are read on the host); use {EP_KEY}: 1 {fix}")
+        if ok(PP_KEY) and v(PP_KEY) > 1:
+            self.problem(key, f"true is not supported with {PP_KEY} = {v(PP_KEY)}; use 1 {fix}")
+        if ok("training.recompute_granularity") and v("training.recompute_granularity") is not None:
+            self.problem(key, "true is not supported with activation recompute "
+                         f"(training.recompute_granularity: {v('training.recompute_granularity')}); "
+                         f"set it to null {fix}")
+        if ok("moe.num_experts", "moe.backend") and v("moe.num_experts") > 0 and v("moe.backend") == "reference":
+            self.problem(key, "true cannot capture moe.backend: reference (it reads the expert counts "
+                         f"on the host); use sparse, grouped or auto {fix}")
 
     def check_data(self) -> None:
         if self.ok("data.data_path"):

@@ -60,6 +60,9 @@ class AuxLossScaler(torch.autograd.Function):
     """
 
     loss_scale = 1.0
+    # One 0-dim fp32 tensor per device holding loss_scale, updated in place: a backward captured
+    # in a CUDA graph reads the scale from this address on every replay.
+    _scale_buffers: dict = {}
 
     @staticmethod
     def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor):
@@ -71,12 +74,24 @@ class AuxLossScaler(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         (aux_loss,) = ctx.saved_tensors
-        scale = AuxLossScaler.loss_scale
-        if isinstance(scale, torch.Tensor):
-            scale = scale.to(device=aux_loss.device, dtype=aux_loss.dtype)
-        return grad_output, torch.ones_like(aux_loss) * scale
+        scale = AuxLossScaler._scale_on(aux_loss.device)
+        return grad_output, torch.ones_like(aux_loss) * scale.to(aux_loss.dtype)
+
+    @classmethod
+    def _scale_on(cls, device: torch.device) -> torch.Tensor:
+        buffer = cls._scale_buffers.get(device)
+        if buffer is None:
+            buffer = torch.zeros((), dtype=torch.float32, device=device)
+            buffer.copy_(torch.as_tensor(cls.loss_scale, dtype=torch.float32).reshape(()))
+            cls._scale_buffers[device] = buffer
+        return buffer
 
     @classmethod
     def set_loss_scale(cls, scale) -> None:
         """Gradient the aux losses get per unit of their value: a float or a 0-dim tensor."""
         cls.loss_scale = scale
+        for buffer in cls._scale_buffers.values():
+            if isinstance(scale, torch.Tensor):
+                buffer.copy_(scale.detach().reshape(()), non_blocking=True)
+            else:
+                buffer.fill_(float(scale))

@@ -13,16 +13,34 @@ import torch
 
 
 class _LayerRecord:
+    """Running sums on the device, updated in place: a forward captured in a CUDA graph replays
+    the same additions into the same buffers, so replays are counted like eager calls (counts are
+    device tensors for that reason too)."""
+
     __slots__ = ("lb_sum", "lb_count", "z_sum", "z_count", "load")
 
     def __init__(self):
-        self.lb_sum = self.z_sum = self.load = None
-        self.lb_count = self.z_count = 0
+        self.lb_sum = self.lb_count = self.z_sum = self.z_count = self.load = None
+
+    def zero_(self) -> None:
+        for name in self.__slots__:
+            t = getattr(self, name)
+            if t is not None:
+                t.zero_()
 
 
-def _add(total, value):
+def _accumulate(total: Optional[torch.Tensor], value: torch.Tensor) -> torch.Tensor:
     value = value.detach()
-    return value.clone() if total is None else total + value
+    if total is None or total.shape != value.shape or total.device != value.device:  # first, or a new model
+        total = torch.zeros(value.shape, dtype=torch.float64 if value.is_floating_point() else value.dtype,
+                            device=value.device)
+    return total.add_(value)
+
+
+def _count(total: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    if total is None or total.device != like.device:
+        total = torch.zeros((), dtype=torch.float64, device=like.device)
+    return total.add_(1)
 
 
 class MoEMetrics:
@@ -38,14 +56,16 @@ class MoEMetrics:
     ) -> None:
         rec = self._layers.setdefault(layer_number, _LayerRecord())
         if lb_loss is not None:
-            rec.lb_sum, rec.lb_count = _add(rec.lb_sum, lb_loss), rec.lb_count + 1
+            rec.lb_sum, rec.lb_count = _accumulate(rec.lb_sum, lb_loss), _count(rec.lb_count, lb_loss)
         if z_loss is not None:
-            rec.z_sum, rec.z_count = _add(rec.z_sum, z_loss), rec.z_count + 1
+            rec.z_sum, rec.z_count = _accumulate(rec.z_sum, z_loss), _count(rec.z_count, z_loss)
         if tokens_per_expert is not None:
-            rec.load = _add(rec.load, tokens_per_expert)
+            rec.load = _accumulate(rec.load, tokens_per_expert)
 
     def reset(self) -> None:
-        self._layers.clear()
+        """Zero every sum in place (CUDA graphs hold these buffers' addresses)."""
+        for rec in self._layers.values():
+            rec.zero_()
 
     def snapshot(self, group=None) -> dict:
         """Python floats of everything recorded since the last reset.
@@ -70,9 +90,9 @@ class MoEMetrics:
                 torch.stack(
                     [
                         _scalar(r.lb_sum, device),
-                        torch.tensor(float(r.lb_count), dtype=torch.float64, device=device),
+                        _scalar(r.lb_count, device),
                         _scalar(r.z_sum, device),
-                        torch.tensor(float(r.z_count), dtype=torch.float64, device=device),
+                        _scalar(r.z_count, device),
                     ]
                 )
             )
@@ -89,6 +109,12 @@ class MoEMetrics:
         for n, r in zip(numbers, records):
             lb_sum, lb_count, z_sum, z_count = values[pos : pos + 4]
             pos += 4
+            load = None
+            if r.load is not None:
+                load = values[pos : pos + r.load.numel()]
+                pos += r.load.numel()
+            if not (lb_count or z_count or (load and any(load))):
+                continue  # nothing recorded since the last reset
             layer: dict = {}
             if lb_count:
                 layer["lb_loss"] = lb_sum / lb_count
@@ -96,15 +122,15 @@ class MoEMetrics:
             if z_count:
                 layer["z_loss"] = z_sum / z_count
                 zs.append(layer["z_loss"])
-            if r.load is not None:
-                load = values[pos : pos + r.load.numel()]
-                pos += r.load.numel()
+            if load is not None:
                 layer["load"] = load
                 mean = sum(load) / len(load)
                 if mean > 0:
                     layer["load_imbalance"] = max(load) / mean
                     imbalances.append(layer["load_imbalance"])
             result["layers"][n] = layer
+        if not result["layers"]:
+            return {}
         if lbs:
             result["lb_loss"] = sum(lbs) / len(lbs)
         if zs:

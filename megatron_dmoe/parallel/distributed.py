@@ -90,8 +90,9 @@ def init_distributed(
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=torch_device)
 
 
-def seed_everything(seed: int, env: DistEnv) -> None:
-    """Megatron-LM's seeding: one seed per pipeline stage, named streams for TP/EP regions."""
+def seed_everything(seed: int, env: DistEnv, cuda_graphs: bool = False) -> None:
+    """Megatron-LM's seeding: one seed per pipeline stage, named streams for TP/EP regions.
+    cuda_graphs: use megatron's graph-safe CUDA generators (its CUDA-graph layers require them)."""
     seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     random.seed(seed)
     np.random.seed(seed)
@@ -99,7 +100,7 @@ def seed_everything(seed: int, env: DistEnv) -> None:
     if env.on_cuda:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+        model_parallel_cuda_manual_seed(seed, use_cudagraphable_rng=cuda_graphs, force_reset_rng=True)
     else:
         from megatron_dmoe.model.cpu_compat import seed_rng_trackers
 

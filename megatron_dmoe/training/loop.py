@@ -66,7 +66,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
         save_config(cfg, run_dir / CONFIG_FILE, versions=software_versions())
     dist.barrier()
 
-    seed_everything(tr.seed, env)
+    seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
     model = build_gpt_model(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda)
     model = wrap_for_training(model, tr.use_distributed_optimizer)
     optimizer = build_optimizer(cfg, [model], env.on_cuda)

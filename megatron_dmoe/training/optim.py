@@ -21,6 +21,7 @@ from megatron.core.transformer.module import param_is_not_shared
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.transformer_config import params_dtype
+from megatron_dmoe.training.multi_tensor import use_foreach_multi_tensor_ops
 
 
 def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
@@ -145,6 +146,7 @@ def _fuse_torch_adam(optimizer: MegatronOptimizer) -> None:
 def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
     config = optimizer_config(cfg)
     if on_cuda:
+        use_foreach_multi_tensor_ops()
         optimizer = get_megatron_optimizer(config, model_chunks)
         _fuse_torch_adam(optimizer)
         return optimizer

@@ -9,6 +9,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 
 from megatron_dmoe.moe.aux_loss import AuxLossScaler
+from megatron_dmoe.training.cuda_graphs import capture_layer_graphs, eager_layers
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
@@ -38,6 +39,7 @@ def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, d
         loss = micro_batch_loss(model, batch)
         optimizer.scale_loss(loss / num_micro_batches).backward()
         losses.append(loss.detach())
+    capture_layer_graphs(model)  # after the first step, with training.cuda_graphs
     finalize_model_grads([model])
     applied, grad_norm, _ = optimizer.step()
     return torch.stack(losses).mean(), grad_norm, applied
@@ -48,8 +50,9 @@ def evaluate(model, data: Iterator[dict], num_batches: int, num_micro_batches: i
     """Mean loss over `num_batches` global batches, averaged over data-parallel ranks."""
     model.eval()
     total = torch.zeros(1, dtype=torch.float64, device=device)
-    for _ in range(num_batches * num_micro_batches):
-        total += micro_batch_loss(model, _to_device(next(data), device)).double()
+    with eager_layers(model):
+        for _ in range(num_batches * num_micro_batches):
+            total += micro_batch_loss(model, _to_device(next(data), device)).double()
     model.train()
     total /= num_batches * num_micro_batches
     dist.all_reduce(total, group=ps.get_data_parallel_group())

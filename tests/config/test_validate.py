@@ -185,6 +185,25 @@ CASES = {
     "fp16_on_cpu_device": (
         {"training.fp16": True, "training.device": "cpu"}, None, EVERYTHING, "training.fp16",
         ["needs CUDA", "set it to false"]),
+    "cuda_graphs_on_cpu_device": (
+        {"training.cuda_graphs": True, "training.device": "cpu"}, None, EVERYTHING,
+        "training.cuda_graphs", ["needs CUDA", "training.device is cpu", "set it to false"]),
+    "cuda_graphs_without_cuda": (
+        {"training.cuda_graphs": True}, None, BARE_CPU, "training.cuda_graphs",
+        ["needs CUDA, which is not available here"]),
+    "cuda_graphs_with_expert_parallel": (
+        {"training.cuda_graphs": True, "parallel.expert_model_parallel_size": 2}, 2, EVERYTHING,
+        "training.cuda_graphs", ["expert-parallel exchange", "expert_model_parallel_size = 2",
+                                 "set training.cuda_graphs: false"]),
+    "cuda_graphs_with_recompute": (
+        {"training.cuda_graphs": True, "training.recompute_granularity": "full"}, None, EVERYTHING,
+        "training.cuda_graphs", ["activation recompute", "recompute_granularity: full"]),
+    "cuda_graphs_with_reference_experts": (
+        {"training.cuda_graphs": True, "moe.backend": "reference"}, None, EVERYTHING,
+        "training.cuda_graphs", ["moe.backend: reference", "use sparse, grouped or auto"]),
+    "cuda_graphs_with_pipeline": (
+        {"training.cuda_graphs": True, "parallel.pipeline_model_parallel_size": 2}, 2, EVERYTHING,
+        "training.cuda_graphs", ["pipeline_model_parallel_size = 2"]),
     "data_path_without_weights": (
         {"data.data_path": ["a", "b"]}, None, EVERYTHING, "data.data_path",
         ["item 1 ('a') should be a weight", "[weight, prefix, weight, prefix, ...]"]),
@@ -250,6 +269,7 @@ VALID = {
     "fp16_with_loss_scale": ({"training.fp16": True, "training.loss_scale": 128.0}, None, EVERYTHING),
     "recompute_full": ({"training.recompute_granularity": "full"}, None, BARE_CPU),
     "gqa": ({"model.num_query_groups": 2}, None, BARE_CPU),
+    "cuda_graphs": ({"training.cuda_graphs": True, "training.bf16": True}, None, EVERYTHING),
     "gpu_everything": ({"training.device": "cuda", "training.bf16": True,
                         "training.use_distributed_optimizer": True,
                         "model.transformer_impl": "transformer_engine"}, None, EVERYTHING),

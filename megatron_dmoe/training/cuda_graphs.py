@@ -1,0 +1,52 @@
+"""Transformer layers as CUDA graphs (`training.cuda_graphs`), through megatron-core's local
+implementation: during the first training step every layer runs eagerly and records the order of
+its forward and backward; after that step's micro-batches `capture_layer_graphs` captures them all
+into one memory pool, and later steps replay them, so the host issues one graph launch per layer
+and direction instead of every kernel.
+
+What the layers do besides computing must be graph-safe: the MoE metrics and the aux-loss scale
+live in device buffers updated in place (moe/metrics.py, moe/aux_loss.py).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+
+def _uses_layer_graphs(model: torch.nn.Module) -> bool:
+    return getattr(getattr(model, "config", None), "cuda_graph_impl", "none") == "local"
+
+
+def capture_layer_graphs(model: torch.nn.Module) -> None:
+    """Capture the layers recorded since the graphs were last released (a no-op once captured, or
+    when the model does not use layer graphs). Call after a step's backward passes."""
+    if _uses_layer_graphs(model):
+        from megatron.core.transformer.cuda_graphs import create_cudagraphs
+
+        create_cudagraphs()
+
+
+def release_layer_graphs() -> None:
+    """Drop every captured graph and megatron's global capture record (before building another
+    model in this process)."""
+    from megatron.core.transformer.cuda_graphs import CudaGraphManager, delete_cuda_graphs
+
+    if CudaGraphManager.global_mempool is not None:
+        delete_cuda_graphs()
+
+
+@contextlib.contextmanager
+def eager_layers(model: torch.nn.Module) -> Iterator[None]:
+    """Run the layers eagerly inside the block (evaluation): a replayed training graph would
+    record MoE metrics and router load for forwards that are not training."""
+    hidden = {m: m._modules["cudagraph_manager"] for m in list(model.modules())
+              if m._modules.get("cudagraph_manager") is not None}
+    for module in hidden:
+        delattr(module, "cudagraph_manager")  # megatron's layers check hasattr before using it
+    try:
+        yield
+    finally:
+        for module, manager in hidden.items():
+            module.cudagraph_manager = manager
