@@ -6,6 +6,9 @@ offsets (the transposed view's offsets), reading each block as is or transposed:
 materialised. The reduction over the blocks and over the BLOCK_K slices inside a block is one flat
 loop, so the software pipeline keeps loads in flight across block boundaries. Rows without blocks
 store zeros. Programs are ordered in groups of GROUP_M tile rows for L2 reuse of B.
+
+ACCUMULATE adds the product to C instead (C += S @ B): the tile's old values are read, widened to
+fp32, added to the accumulator and stored in C's dtype (fp32 for a weight gradient's main_grad).
 """
 import triton
 import triton.language as tl
@@ -19,6 +22,7 @@ def dsd_kernel(
     stride_bk, stride_bn, stride_cm, stride_cn,
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     TRANS_S: tl.constexpr, REGULAR: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACCUMULATE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -88,6 +92,11 @@ def dsd_kernel(
 
     c_ptrs = (c_ptr + tm.to(tl.int64) * BS * stride_cm
               + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn)
+    if ACCUMULATE:
+        if EVEN_N:
+            acc += tl.load(c_ptrs).to(tl.float32)
+        else:
+            acc += tl.load(c_ptrs, mask=n_mask, other=0.0).to(tl.float32)
     if EVEN_N:
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty))
     else:

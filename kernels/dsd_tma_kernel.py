@@ -10,9 +10,47 @@ as loop-invariant, so FLATTEN can fuse the tile and K loops; the rows past the u
 filled with zeros. For S^T @ B (weight gradients) the trip count of a tile is the number of blocks
 of the expert that owns its column: uneven, so the compiler cannot fuse the loops (fusing them by
 hand, with the tile bookkeeping inside one loop, measured slower on an H200: tools/kernel_notes.md).
+
+ACCUMULATE (C += the product, for weight gradients added straight into an fp32 main_grad) reads and
+writes C through plain pointers (c_ptr, stride_cm) instead of the TMA store: staging an fp32
+[128, 256] tile in shared memory would not fit beside the pipeline's buffers. c_desc is then unused
+(None), and the rows past the used ones are left as they are (they gain nothing).
 """
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _add_part(c_ptr, stride_cm, N, row0, col0, part, BS: tl.constexpr, WIDTH: tl.constexpr):
+    rows = row0.to(tl.int64) + tl.arange(0, BS)
+    cols = col0 + tl.arange(0, WIDTH)
+    ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
+    mask = cols[None, :] < N
+    old = tl.load(ptrs, mask=mask, other=0.0)
+    tl.store(ptrs, (old.to(tl.float32) + part).to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_halves(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, WIDTH: tl.constexpr):
+    left, right = tl.split(tl.permute(tl.reshape(acc, (BS, 2, WIDTH // 2)), (0, 2, 1)))
+    _add_part(c_ptr, stride_cm, N, row0, col0, left, BS, WIDTH // 2)
+    _add_part(c_ptr, stride_cm, N, row0, col0 + WIDTH // 2, right, BS, WIDTH // 2)
+
+
+@triton.jit
+def add_tile_to_output(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """C[row0 : row0 + BS, col0 : col0 + BLOCK_N] += acc through pointers, in fp32, stored in C's
+    dtype. Rows are whole blocks (never past the end); columns past N are masked. In column strips
+    of at most 64: the layout conversion between the accumulator and the loaded C goes through
+    shared memory, and a whole fp32 [128, 256] tile (128 KB) would not fit beside the pipeline."""
+    if BLOCK_N > 128:
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BS, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _add_halves(c_ptr, stride_cm, N, row0, col0, left, BS, BLOCK_N // 2)
+        _add_halves(c_ptr, stride_cm, N, row0, col0 + BLOCK_N // 2, right, BS, BLOCK_N // 2)
+    elif BLOCK_N > 64:
+        _add_halves(c_ptr, stride_cm, N, row0, col0, acc, BS, BLOCK_N)
+    else:
+        _add_part(c_ptr, stride_cm, N, row0, col0, acc, BS, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs"])
@@ -23,6 +61,7 @@ def dsd_tma_kernel(
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     TRANS_S: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -61,8 +100,11 @@ def dsd_tma_kernel(
                 s = s_desc.load([blk * BS, kk])
             b = b_desc.load([first * BS + i * BLOCK_K, tn * BLOCK_N])
             acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
-        c_desc.store([tm * BS, tn * BLOCK_N], acc.to(OUT_DTYPE))
-    if not TRANS_S:
+        if ACCUMULATE:
+            add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N)
+        else:
+            c_desc.store([tm * BS, tn * BLOCK_N], acc.to(OUT_DTYPE))
+    if not TRANS_S and not ACCUMULATE:
         zeros = tl.zeros((BS, BLOCK_N), dtype=OUT_DTYPE)
         for t in range(pid, (out_block_rows - busy_rows) * num_n, num_programs):
             c_desc.store([(busy_rows + t // num_n) * BS, (t % num_n) * BLOCK_N], zeros)

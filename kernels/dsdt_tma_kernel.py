@@ -13,9 +13,14 @@ multiplies, and at a tile's last step a second branch stores the result. The sof
 can then prefetch the next tile's operands while the current tile finishes. A tile of an expert
 without tokens takes one step that reads out of bounds (TMA returns zeros) and stores zeros.
 Tiles are dealt to programs round-robin in GROUP_M-swizzled order for L2 reuse.
+
+ACCUMULATE adds each tile to C (C += S^T @ B) through plain pointers (c_ptr, stride_cm) rather than
+the TMA store, as in dsd_tma_kernel; c_desc is then unused (None).
 """
 import triton
 import triton.language as tl
+
+from .dsd_tma_kernel import add_tile_to_output
 
 
 @triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs", "s_rows", "b_rows"])
@@ -25,6 +30,7 @@ def dsdt_tma_kernel(
     N, out_block_rows, blocks_per_row, num_programs, s_rows, b_rows,
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_CHUNK: tl.constexpr = 64,
+    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     KSTEPS: tl.constexpr = BS // BLOCK_K
@@ -77,5 +83,8 @@ def dsdt_tma_kernel(
         b = b_desc.load([b_row, tn * BLOCK_N])
         acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
         if ki == steps - 1:
-            c_desc.store([tm * BS, tn * BLOCK_N], acc.to(OUT_DTYPE))
+            if ACCUMULATE:
+                add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N)
+            else:
+                c_desc.store([tm * BS, tn * BLOCK_N], acc.to(OUT_DTYPE))
             acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)

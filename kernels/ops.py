@@ -1,7 +1,8 @@
 """Raw block-sparse products (no autograd): argument checks, config choice and kernel launches.
 
   sdd(a, b, topology)                   sparse  = a @ b at the topology's blocks
-  dsd(data, topology, b)                dense   = S @ b        (transpose=True: S^T @ b)
+  dsd(data, topology, b)                dense   = S @ b        (transpose=True: S^T @ b;
+                                        accumulate=True: out += the product)
   dds(a, data, topology)                dense   = a @ S        (transpose=True: a @ S^T)
 
 Dense operands may be any strided view (a transposed weight, for instance); sparse data must be
@@ -99,6 +100,28 @@ def _dot_precision(dtype: torch.dtype, device: torch.device) -> str:
     return "tf32"  # ignored for 16-bit operands
 
 
+def _check_accumulation_target(op: str, out: Optional[torch.Tensor], shape, dtype: torch.dtype,
+                               device: torch.device) -> None:
+    """out of an accumulating product: given, of the product's shape, fp32 or the operands' dtype,
+    on the operands' device, row-major with unit inner stride (each element written by one program)."""
+    if out is None:
+        raise ValueError(f"{op}: accumulate=True adds into out; pass the tensor to accumulate into as out")
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{op}: out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{op}: out must have shape {tuple(shape)} to accumulate into, got {tuple(out.shape)}")
+    if out.dtype not in (dtype, torch.float32):
+        raise TypeError(f"{op}: out has dtype {out.dtype}; accumulation takes float32 or the operands' {dtype}")
+    if out.device != device:
+        raise ValueError(f"{op}: out is on {out.device} but the operands are on {device}")
+    rows, cols = shape
+    if (cols > 1 and out.stride(1) != 1) or (rows > 1 and out.stride(0) < cols):
+        raise ValueError(
+            f"{op}: out must be row-major with unit inner stride to accumulate into, got strides "
+            f"{tuple(out.stride())}; pass a contiguous tensor (or a row slice of one)"
+        )
+
+
 def sdd(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -177,8 +200,15 @@ def dsd(
     transpose: bool = False,
     out: Optional[torch.Tensor] = None,
     config: Optional[DsdConfig] = None,
+    accumulate: bool = False,
 ) -> torch.Tensor:
-    """Dense S @ b (S^T @ b when transpose) for the sparse S = (data, topology)."""
+    """Dense S @ b (S^T @ b when transpose) for the sparse S = (data, topology).
+
+    accumulate=True adds the product to out (required) in the kernel's epilogue: out += S @ b, the
+    fp32 accumulator added to out's old values before the store. out is then float32 (a weight
+    gradient's fp32 main_grad under 16-bit operands) or the operands' dtype, row-major with unit
+    inner stride.
+    """
     op = "dsd"
     _check_2d(op, "b", b)
     topology.check_data(data, "data")
@@ -188,7 +218,9 @@ def dsd(
         raise ValueError(f"{op}: b has {b.shape[0]} rows but {which} has {s_cols} columns")
     dtype = _check_operands(topology, op, data=data, b=b)
     N = b.shape[1]
-    if out is None:
+    if accumulate:
+        _check_accumulation_target(op, out, (s_rows, N), dtype, b.device)
+    elif out is None:
         out = torch.empty((s_rows, N), dtype=dtype, device=b.device)
     elif tuple(out.shape) != (s_rows, N) or out.dtype != dtype:
         raise ValueError(f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}")
@@ -208,29 +240,36 @@ def dsd(
     else:
         offsets, indices, positions = topology.offsets, topology.column_indices, topology.column_indices
     regular = topology.blocks_per_row
-    if cfg.persistent and regular and _tma_ready(b) and _tma_ready(out) and topology.max_blocks > 0:
+    # Accumulation reads and writes out through pointers, so out needs no TMA layout then.
+    if cfg.persistent and regular and _tma_ready(b) and (accumulate or _tma_ready(out)) and topology.max_blocks > 0:
         s_block = [cfg.block_k, bs] if transpose else [bs, cfg.block_k]
         grid = min(_num_programs(b.device, cfg.programs_per_sm), num_programs)
+        if accumulate:
+            epilogue = dict(c_ptr=out, stride_cm=out.stride(0), ACCUMULATE=True)
+            c_desc = None
+        else:
+            epilogue = {}
+            c_desc = _descriptor(out, [bs, cfg.block_n])
         if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
             _dsdt_tma_module.dsdt_tma_kernel[(grid,)](
                 _descriptor(data.view(-1, bs), s_block), _descriptor(b, [cfg.block_k, cfg.block_n]),
-                _descriptor(out, [bs, cfg.block_n]),
+                c_desc,
                 offsets, indices, positions,
                 N, out_block_rows, regular, grid, data.shape[0] * bs, b.shape[0],
                 BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                 OUT_DTYPE=_TL_DTYPE[dtype], DOT_PRECISION=_dot_precision(dtype, b.device),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             )
             return out
         _dsd_tma_module.dsd_tma_kernel[(grid,)](
             _descriptor(data.view(-1, bs), s_block), _descriptor(b, [cfg.block_k, cfg.block_n]),
-            _descriptor(out, [bs, cfg.block_n]),
+            c_desc,
             offsets, indices, positions, topology.nnz,
             N, out_block_rows, regular, grid,
             BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             TRANS_S=transpose, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
             DOT_PRECISION=_dot_precision(dtype, b.device),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
         )
         return out
     kernel[(num_programs,)](
@@ -242,6 +281,7 @@ def dsd(
         TRANS_S=transpose, REGULAR=bool(topology.blocks_per_row), EVEN_N=(N % cfg.block_n == 0),
         DOT_PRECISION=_dot_precision(dtype, b.device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"ACCUMULATE": True} if accumulate else {}),
     )
     return out
 

@@ -62,6 +62,11 @@ class MoEMetrics:
         if tokens_per_expert is not None:
             rec.load = _accumulate(rec.load, tokens_per_expert)
 
+    def tensors(self):
+        """Every accumulator, for callers that must save and restore them in place."""
+        return [t for rec in self._layers.values() for name in _LayerRecord.__slots__
+                if (t := getattr(rec, name)) is not None]
+
     def reset(self) -> None:
         """Zero every sum in place (CUDA graphs hold these buffers' addresses)."""
         for rec in self._layers.values():

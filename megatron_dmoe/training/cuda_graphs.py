@@ -21,11 +21,25 @@ def _uses_layer_graphs(model: torch.nn.Module) -> bool:
 
 def capture_layer_graphs(model: torch.nn.Module) -> None:
     """Capture the layers recorded since the graphs were last released (a no-op once captured, or
-    when the model does not use layer graphs). Call after a step's backward passes."""
-    if _uses_layer_graphs(model):
-        from megatron.core.transformer.cuda_graphs import create_cudagraphs
+    when the model does not use layer graphs). Call after a step's backward passes.
 
-        create_cudagraphs()
+    Before capturing, megatron runs each layer forward and backward on zero inputs to warm up; the
+    state layers update in place (MoE metrics, router load counters, any module buffer) is put
+    back afterwards, so those runs do not count as training."""
+    if not _uses_layer_graphs(model):
+        return
+    from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord, create_cudagraphs
+
+    if not _CudagraphGlobalRecord.cudagraph_record:
+        return  # captured already, or nothing recorded
+    from megatron_dmoe.moe import get_moe_metrics
+
+    state = [*get_moe_metrics().tensors(), *model.buffers()]
+    saved = [t.clone() for t in state]
+    create_cudagraphs()
+    with torch.no_grad():
+        for t, value in zip(state, saved):
+            t.copy_(value)
 
 
 def release_layer_graphs() -> None:

@@ -14,4 +14,10 @@ def wrap_for_training(model, use_distributed_optimizer: bool = False) -> Distrib
         overlap_grad_reduce=False,
         use_distributed_optimizer=use_distributed_optimizer,
     )
-    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+    # Gradients are reduced from the whole buffer after backward (no overlap), so no parameter needs
+    # its backward hook to fire: kernels may add weight gradients into main_grad outside autograd
+    # (the sparse experts do; see moe/experts/sparse.py).
+    for param in ddp.module.parameters():
+        param.main_grad_only = not ddp_config.overlap_grad_reduce
+    return ddp

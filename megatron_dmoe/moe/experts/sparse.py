@@ -12,6 +12,17 @@ SwiGLU runs two SDDs on the same topology rather than one over [w1; v1] interlea
 both do the same FLOPs at the same tile shapes, and the interleaved form would need a copy of both
 weights every step (2*E*f*h elements read and written) and a split of their gradients.
 
+Weight gradients are added straight into a weight's fp32 `main_grad` (the buffer megatron-core's
+DistributedDataParallel gives every parameter) by the DSD^T kernel's epilogue, in one of two ways:
+- parameters marked `main_grad_only` (our training wrapper marks them when DDP reduces the whole
+  buffer after backward, so no per-parameter hook is needed) enter the autograd function detached
+  and their gradient never exists as a tensor: nothing to clone out of a CUDA graph, nothing for a
+  hook to add (`_grad_owners`);
+- otherwise, megatron-core's gradient-accumulation-fusion convention: the weight is flagged
+  `grad_added_to_main_grad`, DDP's hook skips its add and drops the placeholder gradient (eager
+  only; see `_weight_grad`).
+A caller turns fusion off for one parameter with `param.fuse_wgrad_accumulation = False`.
+
 Saved for backward: x, the pre-activation(s) and the activation; memory-optimised mode drops the
 activation and recomputes it (one element-wise pass) in backward. Nothing is copied to the host:
 every size comes from host-known bounds, counts stay on the device.
@@ -68,7 +79,79 @@ def _bind_device(t: torch.Tensor) -> None:
 
 
 
-def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1):
+def _fusable_main_grad(weight: torch.Tensor, outside_autograd: bool = False) -> Optional[torch.Tensor]:
+    """weight.main_grad when the weight gradient may be added into it by the kernel, else None.
+
+    Fused when the weight carries a main_grad of its own shape, contiguous, on its device, in fp32
+    or the weight's dtype, unless the parameter says `fuse_wgrad_accumulation = False`. Any other
+    main_grad is left to DDP's hook, which adds the returned gradient itself.
+
+    With the flag convention (not outside_autograd), not while a CUDA graph is captured: a replay
+    runs no Python, so nothing would set the flag, and megatron's layer graphs restore it only under
+    config.gradient_accumulation_fusion (which its own linear layers would then require apex for);
+    DDP would add the placeholder.
+    """
+    main_grad = getattr(weight, "main_grad", None)
+    if main_grad is None or not getattr(weight, "fuse_wgrad_accumulation", True):
+        return None
+    if not outside_autograd and weight.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    if (
+        main_grad.shape != weight.shape
+        or not main_grad.is_contiguous()
+        or main_grad.device != weight.device
+        or main_grad.dtype not in (torch.float32, weight.dtype)
+    ):
+        return None
+    return main_grad
+
+
+def _grad_owners(x: torch.Tensor, *weights):
+    """(weights to pass to the autograd function, owners): a weight marked `main_grad_only` with a
+    fusable main_grad enters detached and is its own owner, whose main_grad the backward adds to;
+    any other weight enters as is, owner None. Only when x needs a gradient, so that the backward
+    runs at all."""
+    fuse = torch.is_grad_enabled() and x.requires_grad
+    owners = tuple(
+        w if fuse and w is not None and w.requires_grad and getattr(w, "main_grad_only", False)
+        and _fusable_main_grad(w, outside_autograd=True) is not None else None
+        for w in weights
+    )
+    inputs = tuple(w.detach() if o is not None else w for w, o in zip(weights, owners))
+    return inputs, owners
+
+
+def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tensor] = None):
+    """Gradient of an expert weight, S^T @ b for S = (data, topo): added into owner.main_grad
+    (returns None: the weight entered detached), or else:
+
+    With a fusable main_grad (see _fusable_main_grad) the product is added into it in the kernel's
+    epilogue (fp32 accumulator + old main_grad, one pass), the weight is flagged
+    `grad_added_to_main_grad`, and the autograd gradient returned is a placeholder, as in
+    megatron-core's gradient-accumulation fusion: uninitialised, which DDP's hook drops unread
+    because of the flag; zeros when the parameter asks for `zero_out_wgrad` (the hook then adds it).
+    Unfused, a weight with a main_grad gets the flag cleared, so that the hook adds the real
+    gradient even after an earlier fused backward (a graph capture, or a toggled opt-out).
+    """
+    from dmoe_kernels import ops
+
+    E, f, h = weight.shape
+    if owner is not None:
+        ops.dsd(data, topo, b, transpose=True, out=owner.main_grad.view(E * f, h), accumulate=True)
+        return None
+    main_grad = _fusable_main_grad(weight)
+    if main_grad is None:
+        if getattr(weight, "main_grad", None) is not None:
+            weight.grad_added_to_main_grad = False
+        return ops.dsd(data, topo, b, transpose=True).view(E, f, h)
+    ops.dsd(data, topo, b, transpose=True, out=main_grad.view(E * f, h), accumulate=True)
+    weight.grad_added_to_main_grad = True
+    if getattr(weight, "zero_out_wgrad", False):
+        return torch.zeros_like(weight)
+    return torch.empty_like(weight)
+
+
+def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners):
     """Gradients through the up-projection(s) h1 = x w1^T (and h2 = x v1^T): dx, dw1, dv1."""
     from dmoe_kernels import ops
 
@@ -78,15 +161,15 @@ def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1):
         dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h))
         if v1 is not None:
             dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h))
-    if need_w1:
-        dw1 = ops.dsd(d_h1, topo, x, transpose=True).view(E, f, h)
-    if v1 is not None and need_v1:
-        dv1 = ops.dsd(d_h2, topo, x, transpose=True).view(E, f, h)
+    if need_w1 or owners[0] is not None:
+        dw1 = _weight_grad(d_h1, topo, x, w1, owners[0])
+    if v1 is not None and (need_v1 or owners[1] is not None):
+        dv1 = _weight_grad(d_h2, topo, x, v1, owners[1])
     return dx, dw1, dv1
 
 class _SparseExpertMLP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized):
+    def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized, owners):
         from dmoe_kernels import activation as act, ops
 
         E, f, h = w1.shape
@@ -95,7 +178,7 @@ class _SparseExpertMLP(torch.autograd.Function):
         a = act.activation_forward(activation, h1, h2, topology.nnz)
         y = ops.dsd(a, topology, w2.reshape(E * f, h))
         ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a)
-        ctx.topology, ctx.activation = topology, activation
+        ctx.topology, ctx.activation, ctx.owners = topology, activation, owners
         return y
 
     @staticmethod
@@ -108,16 +191,17 @@ class _SparseExpertMLP(torch.autograd.Function):
         _bind_device(dy)
         dy = dy.contiguous()
         need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
+        owners = ctx.owners
         dw2 = None
-        if need_w2:
+        if need_w2 or owners[2] is not None:
             if a is None:  # memory-optimised: recompute the activation instead of having kept it
                 a = act.activation_forward(activation, h1, h2, topo.nnz)
-            dw2 = ops.dsd(a, topo, dy, transpose=True).view(E, f, h)
+            dw2 = _weight_grad(a, topo, dy, w2, owners[2])
         del a
         da = ops.sdd(dy, w2.reshape(E * f, h).t(), topo)
         d_h1, d_h2 = act.activation_backward(activation, da, h1, h2, topo.nnz)  # d_h1 reuses da
-        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1)
-        return dx, dw1, dv1, dw2, None, None, None
+        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners)
+        return dx, dw1, dv1, dw2, None, None, None, None
 
 
 def sparse_expert_mlp(x_pad, w1, v1, w2, topology, activation: str, memory_optimized: bool = False) -> torch.Tensor:
@@ -132,7 +216,8 @@ def sparse_expert_mlp(x_pad, w1, v1, w2, topology, activation: str, memory_optim
             f"the topology is {topology.shape} but the experts need [{x_pad.shape[0]} rows, {E} experts x "
             f"{f} ffn]; build it from this layer's counts with ffn_hidden_size={f}"
         )
-    return _SparseExpertMLP.apply(x_pad, w1, v1, w2, topology, activation, memory_optimized)
+    (w1, v1, w2), owners = _grad_owners(x_pad, w1, v1, w2)
+    return _SparseExpertMLP.apply(x_pad, w1, v1, w2, topology, activation, memory_optimized, owners)
 
 
 class _SparseExpertsCombine(torch.autograd.Function):
@@ -143,7 +228,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
     memory_optimized), positions and weights; as a dense MLP keeps x, h and act(h)."""
 
     @staticmethod
-    def forward(ctx, x, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized):
+    def forward(ctx, x, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized, owners):
         from dmoe_kernels import activation as act, ops
         from dmoe_kernels.permute import reduce
 
@@ -153,7 +238,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
         a = act.activation_forward(activation, h1, h2, topology.nnz)
         y = reduce(ops.dsd(a, topology, w2.reshape(E * f, h)), positions, weights)
         ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a, weights, positions, counts)
-        ctx.topology, ctx.activation = topology, activation
+        ctx.topology, ctx.activation, ctx.owners = topology, activation, owners
         return y
 
     @staticmethod
@@ -169,10 +254,11 @@ class _SparseExpertsCombine(torch.autograd.Function):
         need_x, need_w1, need_v1, need_w2, need_weights = ctx.needs_input_grad[:5]
         if a is None:  # memory-optimised: recompute the activation instead of having kept it
             a = act.activation_forward(activation, h1, h2, topo.nnz)
+        owners = ctx.owners
         dw2 = None
-        if need_w2:
+        if need_w2 or owners[2] is not None:
             dy_weighted = expand(dy, positions, rows, offsets, counts, scale=weights)
-            dw2 = ops.dsd(a, topo, dy_weighted, transpose=True).view(E, f, h)
+            dw2 = _weight_grad(a, topo, dy_weighted, w2, owners[2])
             del dy_weighted
         da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
         row_weights = torch.zeros(rows, dtype=weights.dtype, device=weights.device)
@@ -180,8 +266,8 @@ class _SparseExpertsCombine(torch.autograd.Function):
         d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
         del a
         d_weights = row_dot[positions.long()].sum(-1).to(weights.dtype) if need_weights else None
-        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1)
-        return dx, dw1, dv1, dw2, d_weights, None, None, None, None, None
+        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners)
+        return dx, dw1, dv1, dw2, d_weights, None, None, None, None, None, None
 
 
 def sparse_experts_combine(x_pad, w1, v1, w2, weights, topology, positions, counts, activation: str,
@@ -194,8 +280,9 @@ def sparse_experts_combine(x_pad, w1, v1, w2, weights, topology, positions, coun
             f"the topology is {topology.shape} but the experts need the dMoE topology of [{x_pad.shape[0]} rows, "
             f"{E} experts x {f} ffn]; build it with Topology.for_experts from this layer's counts"
         )
+    (w1, v1, w2), owners = _grad_owners(x_pad, w1, v1, w2)
     return _SparseExpertsCombine.apply(
-        x_pad, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized
+        x_pad, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized, owners
     )
 
 

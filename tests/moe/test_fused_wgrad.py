@@ -1,0 +1,275 @@
+"""The sparse backend adds expert weight gradients straight into an fp32 `main_grad`: outside autograd
+for parameters marked `main_grad_only` (our DDP wrapper's), else megatron-core's gradient-accumulation
+fusion convention (flag the weight for megatron's DDP, return a placeholder); a parameter opts out
+with `fuse_wgrad_accumulation = False`. Checked against the same call on weights without main_grad,
+and through megatron-core's DistributedDataParallel over two micro-batches.
+
+On CPU the kernels run through Triton's interpreter (fp32, fp16)."""
+import pytest
+import torch
+
+from megatron_dmoe.moe.experts.sparse import sparse_expert_mlp, sparse_experts_combine
+from megatron_dmoe.moe.padded_dispatch import PaddedDispatcher
+from moe_reference import make_config
+
+T, E, K, HIDDEN, FFN, BS = 24, 4, 2, 32, 32, 16
+DEAD = 2  # an expert that gets no token: its gradient is zero and must still be added (as zero)
+
+
+def _routing(seed):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(T, E, generator=g)
+    scores[:, DEAD] = -1.0
+    indices = scores.topk(K, dim=-1).indices
+    weights = torch.rand(T, K, generator=g)
+    return torch.randn(T, HIDDEN, generator=g), indices, weights
+
+
+def _problem(seed, activation, dtype):
+    """Padded buffer, routing state and weights (w1, v1 or None, w2) for one call."""
+    x, indices, weights = _routing(seed)
+    x_pad, _, state = PaddedDispatcher(E, FFN, block_size=BS).dispatch(x.to(dtype), indices, weights.to(dtype))
+    g = torch.Generator().manual_seed(seed + 1)
+    w1, v1, w2 = (0.3 * torch.randn(E, FFN, HIDDEN, generator=g) for _ in range(3))
+    v1 = v1 if activation == "swiglu" else None
+    return x_pad.detach(), state, [None if w is None else w.to(dtype) for w in (w1, v1, w2)]
+
+
+def _call(kind, x_pad, state, params, activation, memory_optimized=False):
+    w1, v1, w2 = params
+    if kind == "expert_mlp":
+        return sparse_expert_mlp(x_pad, w1, v1, w2, state.topology, activation, memory_optimized)
+    return sparse_experts_combine(x_pad, w1, v1, w2, state.weights, state.topology, state.positions, state.counts,
+                                  activation, memory_optimized)
+
+
+def _leaf_params(weights, main_grad_dtype=None, seed=0, **attributes):
+    """Parameters from weights; with main_grad_dtype, each gets a random main_grad (and attributes)."""
+    g = torch.Generator().manual_seed(seed)
+    params = []
+    for w in weights:
+        if w is None:
+            params.append(None)
+            continue
+        p = torch.nn.Parameter(w.clone())
+        if main_grad_dtype is not None:
+            p.main_grad = torch.randn(w.shape, generator=g).to(main_grad_dtype)
+            p.grad_added_to_main_grad = False
+            for key, value in attributes.items():
+                setattr(p, key, value)
+        params.append(p)
+    return params
+
+
+def _backward(kind, x_pad, state, params, activation, out_grad, memory_optimized=False):
+    x = x_pad.clone().requires_grad_()
+    y = _call(kind, x, state, params, activation, memory_optimized)
+    y.backward(out_grad.to(y.dtype))
+    return y, x.grad
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+CASES = [
+    ("expert_mlp", "gelu", False, torch.float32),
+    ("expert_mlp", "swiglu", True, torch.float16),
+    ("combine", "swiglu", False, torch.float32),
+    ("combine", "gelu", True, torch.float16),
+]
+
+
+@pytest.mark.parametrize("kind, activation, memory_optimized, dtype", CASES,
+                         ids=[f"{k}-{a}-{'memopt-' if m else ''}{str(d)[6:]}" for k, a, m, d in CASES])
+def test_weight_gradients_are_added_into_main_grad(kind, activation, memory_optimized, dtype):
+    x_pad, state, weights = _problem(11, activation, dtype)
+    rows = T if kind == "combine" else x_pad.shape[0]
+    out_grad = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(3))
+
+    plain = _leaf_params(weights)
+    y_plain, dx_plain = _backward(kind, x_pad, state, plain, activation, out_grad, memory_optimized)
+    fused = _leaf_params(weights, torch.float32, seed=5)
+    old = [None if p is None else p.main_grad.clone() for p in fused]
+    y_fused, dx_fused = _backward(kind, x_pad, state, fused, activation, out_grad, memory_optimized)
+
+    assert torch.equal(y_fused, y_plain) and torch.equal(dx_fused, dx_plain)
+    # fp32 operands: the same fp32 sum; fp16: the unfused gradient was rounded to fp16, the fused one not
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    for name, p, q, m0 in zip(("w1", "v1", "w2"), fused, plain, old):
+        if p is None:
+            continue
+        assert p.grad_added_to_main_grad is True, name
+        assert p.main_grad.dtype == torch.float32 and p.grad.shape == p.shape, name
+        assert _rel(p.main_grad - m0, q.grad) < tol, name
+        assert torch.equal(p.main_grad[DEAD], m0[DEAD]), name  # an expert without tokens adds zero
+
+
+@pytest.mark.parametrize("kind, activation, memory_optimized, dtype", CASES,
+                         ids=[f"{k}-{a}-{'memopt-' if m else ''}{str(d)[6:]}" for k, a, m, d in CASES])
+def test_main_grad_only_weights_get_their_gradient_outside_autograd(kind, activation, memory_optimized, dtype):
+    x_pad, state, weights = _problem(21, activation, dtype)
+    rows = T if kind == "combine" else x_pad.shape[0]
+    out_grad = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(7))
+    plain = _leaf_params(weights)
+    y_plain, dx_plain = _backward(kind, x_pad, state, plain, activation, out_grad, memory_optimized)
+    fused = _leaf_params(weights, torch.float32, seed=9, main_grad_only=True)
+    old = [None if p is None else p.main_grad.clone() for p in fused]
+    y_fused, dx_fused = _backward(kind, x_pad, state, fused, activation, out_grad, memory_optimized)
+
+    assert torch.equal(y_fused, y_plain) and torch.equal(dx_fused, dx_plain)
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    for name, p, q, m0 in zip(("w1", "v1", "w2"), fused, plain, old):
+        if p is None:
+            continue
+        assert p.grad is None, name  # no gradient tensor ever existed: autograd saw the weight detached
+        assert p.grad_added_to_main_grad is False, name  # no hook fires, no flag needed
+        assert _rel(p.main_grad - m0, q.grad) < tol, name
+
+
+def test_main_grad_only_falls_back_when_the_input_needs_no_gradient():
+    """Detached weights get a gradient only if backward runs, which needs x to require one."""
+    x_pad, state, weights = _problem(22, "gelu", torch.float32)
+    out_grad = torch.randn(x_pad.shape[0], HIDDEN, generator=torch.Generator().manual_seed(8))
+    plain = _leaf_params(weights)
+    y = _call("expert_mlp", x_pad, state, plain, "gelu")
+    y.backward(out_grad)
+    params = _leaf_params(weights, torch.float32, seed=10, main_grad_only=True)
+    old = [None if p is None else p.main_grad.clone() for p in params]
+    y = _call("expert_mlp", x_pad, state, params, "gelu")  # x_pad does not require grad
+    y.backward(out_grad)
+    for p, q, m0 in zip(params, plain, old):
+        if p is not None:
+            # the flag convention instead: added by the kernel, placeholder handed to autograd
+            assert p.grad_added_to_main_grad is True and p.grad is not None
+            assert _rel(p.main_grad - m0, q.grad) < 1e-6
+
+
+def test_main_grad_in_the_weights_dtype_is_accumulated_too():
+    x_pad, state, weights = _problem(12, "gelu", torch.float16)
+    out_grad = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(4))
+    plain = _leaf_params(weights)
+    _backward("combine", x_pad, state, plain, "gelu", out_grad)
+    fused = _leaf_params(weights, torch.float16, seed=6)
+    old = [None if p is None else p.main_grad.clone() for p in fused]
+    _backward("combine", x_pad, state, fused, "gelu", out_grad)
+    for p, q, m0 in zip(fused, plain, old):
+        if p is not None:
+            assert p.main_grad.dtype == torch.float16 and p.grad_added_to_main_grad
+            expected = m0.double() + q.grad.double()
+            assert _rel(p.main_grad, expected) < 2e-3
+
+
+@pytest.mark.parametrize("how", ["opt-out", "non-contiguous-main-grad", "other-dtype-main-grad"])
+def test_unfused_weights_keep_main_grad_and_get_the_real_gradient(how):
+    x_pad, state, weights = _problem(13, "swiglu", torch.float32)
+    out_grad = torch.randn(x_pad.shape[0], HIDDEN, generator=torch.Generator().manual_seed(5))
+    plain = _leaf_params(weights)
+    _backward("expert_mlp", x_pad, state, plain, "swiglu", out_grad)
+    if how == "opt-out":
+        params = _leaf_params(weights, torch.float32, seed=7, fuse_wgrad_accumulation=False)
+    else:
+        params = _leaf_params(weights, torch.float32, seed=7)
+        for p in params:
+            if how == "non-contiguous-main-grad":
+                p.main_grad = p.main_grad.transpose(1, 2).contiguous().transpose(1, 2)
+            else:
+                p.main_grad = p.main_grad.double()
+    old = [p.main_grad.clone() for p in params]
+    for p in params:
+        p.grad_added_to_main_grad = True  # as an earlier fused micro-batch left it: must be cleared
+    _backward("expert_mlp", x_pad, state, params, "swiglu", out_grad)
+    for p, q, m0 in zip(params, plain, old):
+        assert torch.equal(p.main_grad, m0)
+        assert p.grad_added_to_main_grad is False
+        assert torch.equal(p.grad, q.grad)
+
+
+def test_zero_out_wgrad_gets_a_zero_placeholder():
+    """megatron's `zero_out_wgrad` parameters have DDP add the returned gradient anyway: it must be zero."""
+    x_pad, state, weights = _problem(14, "gelu", torch.float32)
+    out_grad = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(6))
+    params = _leaf_params(weights, torch.float32, seed=8, zero_out_wgrad=True)
+    old = [None if p is None else p.main_grad.clone() for p in params]
+    _backward("combine", x_pad, state, params, "gelu", out_grad)
+    for p, m0 in zip(params, old):
+        if p is not None:
+            assert p.grad_added_to_main_grad and torch.count_nonzero(p.grad) == 0
+            assert not torch.equal(p.main_grad, m0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_megatron_ddp_accumulates_two_micro_batches(cpu_dist, dtype):
+    """megatron-core's DDP (fp32 grad buffers) around the layer: after two micro-batches, the expert
+    weights' main_grad is the sum of the two reference gradients, added by the kernels alone."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from megatron_dmoe.moe import MoELayer
+
+    config = make_config(HIDDEN, FFN, E, K, activation="swiglu", dtype=torch.float32)
+    layer = MoELayer(config, backend="sparse", block_size=BS).to(dtype)
+    reference = MoELayer(config, backend="sparse", block_size=BS).to(dtype)
+    reference.load_state_dict(layer.state_dict())
+    ddp = DistributedDataParallel(
+        config=config,
+        ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False),
+        module=layer,
+    )
+    g = torch.Generator().manual_seed(9)
+    batches = [(torch.randn(8, 3, HIDDEN, generator=g).to(dtype), torch.randn(8, 3, HIDDEN, generator=g).to(dtype))
+               for _ in range(2)]
+
+    expected = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in reference.named_parameters()}
+    for x, dy in batches:
+        reference.zero_grad(set_to_none=True)
+        out, _ = reference(x)
+        out.backward(dy)
+        for name, p in reference.named_parameters():
+            expected[name] += p.grad.double()
+
+    ddp.zero_grad_buffer()
+    experts = dict(layer.experts.named_parameters())
+    for x, dy in batches:
+        out, _ = ddp(x)
+        out.backward(dy)
+        for name, p in experts.items():
+            assert p.grad_added_to_main_grad and p.grad is None, name  # DDP's hook dropped the placeholder
+    ddp.finish_grad_sync()
+
+    tol = 1e-5 if dtype == torch.float32 else 3e-3
+    for name, p in layer.named_parameters():
+        assert p.main_grad.dtype == torch.float32
+        assert _rel(p.main_grad, expected[name]) < tol, name
+    ddp.zero_grad_buffer()
+    assert all(not p.grad_added_to_main_grad for p in experts.values())
+
+
+@pytest.mark.gpu
+def test_no_fusion_while_a_cuda_graph_is_captured():
+    """A graph replay runs no Python: nothing would flag the weight, so DDP would add the
+    placeholder. Under capture the real gradient is returned and main_grad is left to DDP."""
+    import dmoe_kernels as dk
+    from megatron_dmoe.moe.experts.sparse import _weight_grad
+
+    device = torch.device("cuda")
+    g = torch.Generator().manual_seed(15)
+    counts = torch.tensor([9, 0, 30, 5])
+    topology = dk.Topology.for_experts(counts.to(device), int(counts.sum()), FFN, BS)
+    data = torch.randn(topology.data_shape(), generator=g).to(device)
+    b = torch.randn(topology.shape[0], HIDDEN, generator=g).to(device)
+    weight = torch.randn(E, FFN, HIDDEN, generator=g).to(device)
+    expected = _weight_grad(data, topology, b, _leaf_params([weight])[0])  # unfused; compiles the kernels
+    w1 = _leaf_params([weight], torch.float32, seed=9)[0]
+    w1.main_grad = w1.main_grad.to(device)
+    w1.grad_added_to_main_grad = True
+    m0 = w1.main_grad.clone()
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grad = _weight_grad(data, topology, b, w1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert w1.grad_added_to_main_grad is False
+    assert torch.equal(w1.main_grad, m0)
+    assert _rel(grad, expected) < 1e-5
