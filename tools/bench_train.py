@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import time
 
 import torch
@@ -52,6 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "report GPU busy time against the step's wall time (a large gap means the host "
                         "cannot issue work fast enough), and write DIR/<model>_kernels.txt (kernels by "
                         "GPU time) and DIR/<model>_trace.json (chrome://tracing)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every model in this process (default on CUDA: each model in a fresh child "
+                        "process, so that one model's memory and captured graphs cannot crowd the next)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     return p.parse_args(argv)
 
@@ -149,6 +153,33 @@ def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
     return result
 
 
+def bench_in_child(name: str, cuda_graphs: bool, args) -> dict:
+    """bench_model in a fresh process (its own CUDA context): the same arguments for one model."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/result.json"
+        argv = [sys.executable, __file__, "--models", name, "--cuda-graphs", "on" if cuda_graphs else "off",
+                "--in-process", "--no-matmul", "--out", out, "--steps", str(args.steps),
+                "--warmup", str(args.warmup), "--micro-batch-size", str(args.micro_batch_size),
+                "--global-batch-size", str(args.global_batch_size), "--seq-length", str(args.seq_length),
+                "--vocab-size", str(args.vocab_size), "--precision", args.precision, "--device", args.device]
+        if args.set:
+            argv += ["--set", *args.set]
+        if args.profile:
+            argv += ["--profile", args.profile]
+        # a one-process run of its own, even when this process was started by torchrun
+        launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("TORCHELASTIC")}
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"benchmarking {name} (cuda graphs {cuda_graphs}) failed:\n{done.stdout[-4000:]}")
+        with open(out) as f:
+            return json.load(f)["results"][0]
+
+
 def profile_step(name: str, out_dir: str, step, sync) -> dict:
     """One step under torch.profiler: wall time, summed kernel time and the kernels by GPU time."""
     from pathlib import Path
@@ -202,8 +233,11 @@ def main(argv=None) -> None:
     try:
         peak = None if (args.no_matmul or not env.on_cuda) else matmul_tflops(env.device)
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
-        results = [bench_model(name.strip(), args, env, graphs) for graphs in modes
-                   for name in args.models.split(",")]
+        runs = [(name.strip(), graphs) for graphs in modes for name in args.models.split(",")]
+        if env.on_cuda and env.world_size == 1 and len(runs) > 1 and not args.in_process:
+            results = [bench_in_child(name, graphs, args) for name, graphs in runs]
+        else:
+            results = [bench_model(name, args, env, graphs) for name, graphs in runs]
     finally:
         destroy_distributed()
     if env.is_main:

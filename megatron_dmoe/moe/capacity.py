@@ -66,7 +66,7 @@ class CapacityDispatcher(TokenDispatcher):
         # which token fills each buffer row; unused rows read an appended zero row (index T)
         row_token = torch.full((trash + 1,), num_tokens, dtype=torch.int64, device=device)
         row_token[slot_sorted] = order // top_k
-        row_token[trash] = num_tokens
+        row_token[trash:].fill_(num_tokens)  # a fill kernel (an indexed scalar store copies from the host)
         x_ext = torch.cat([x, x.new_zeros(1, x.shape[1])])
         x_buf = x_ext.index_select(0, row_token[:trash]).view(E, capacity, x.shape[1])
         return x_buf, counts.clamp(max=capacity), CapacityState(slot, weights, capacity)

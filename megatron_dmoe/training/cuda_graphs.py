@@ -34,7 +34,8 @@ def capture_layer_graphs(model: torch.nn.Module) -> None:
         return  # captured already, or nothing recorded
     from megatron_dmoe.moe import get_moe_metrics
 
-    state = [*get_moe_metrics().tensors(), *model.buffers()]
+    # nn.Module.buffers: megatron's DDP wrapper has a `buffers` attribute of its own (its grad buffers)
+    state = [*get_moe_metrics().tensors(), *torch.nn.Module.buffers(model)]
     saved = [t.clone() for t in state]
     create_cudagraphs()
     with torch.no_grad():
