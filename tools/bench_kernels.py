@@ -17,6 +17,7 @@ per-expert dense matmuls (exact for balanced routing whose groups fill whole blo
 
   python tools/bench_kernels.py --out results.json [--cases paper-small,olmoe] [--block-size 128]
                                 [--sweep]   # also time a few configs per product; report the best
+  python tools/bench_kernels.py --wgrad-accumulate   # weight gradients added into fp32 main_grad
 """
 from __future__ import annotations
 
@@ -208,6 +209,50 @@ def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bf
     return result
 
 
+def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """A weight gradient (dw1 = dh^T @ x) as training needs it: added into an fp32 gradient buffer
+    (megatron's main_grad) once per micro-batch. Fused (the kernel's epilogue reads, adds, writes)
+    against the bf16 product plus a separate add, and against the dense-equivalent matmul plus its
+    add (a dense MLP of the same FLOPs has an E times smaller weight, so an E times smaller buffer)."""
+    T, d, f, E, k = CASES[name]
+    Tk = T * k
+    n, dev = Tk // E, torch.device("cuda")
+    counts = torch.full((E,), n, device=dev, dtype=torch.int32)
+    topo = dk.Topology.for_experts(counts, Tk, f, bs)
+    x = torch.randn(topo.shape[0], d, device=dev).to(dtype)
+    dh = torch.randn(*topo.data_shape(), device=dev).to(dtype)
+    main_grad = torch.zeros(E * f, d, device=dev)
+    dense_grad = torch.zeros(f, d, device=dev)
+    gdh = grouped(dh, E, n, bs, f // bs).reshape(Tk, f)
+
+    def fused():
+        dk.ops.dsd(dh, topo, x, transpose=True, out=main_grad, accumulate=True)
+
+    def unfused():
+        main_grad.add_(dk.ops.dsd(dh, topo, x, transpose=True))
+
+    def dense():
+        dense_grad.add_(gdh.t() @ x[:Tk])
+
+    fused()
+    once = main_grad.clone()
+    main_grad.zero_()
+    unfused()
+    err = rel_err(once, main_grad)
+    if err > 1e-2:
+        raise SystemExit(f"{name}: fused accumulation differs from the unfused sum (rel err {err:.3g})")
+    ms = {label: do_bench(fn, warmup=10, rep=100, return_mode="median")
+          for label, fn in (("fused", fused), ("unfused", unfused), ("dense", dense))}
+    gbytes = main_grad.numel() * 8 / 1e9  # fp32 read + write
+    result = {"case": name, **{f"{k}_ms": v for k, v in ms.items()}, "main_grad_gb_moved": gbytes,
+              "fused_gb_per_s": gbytes / (ms["fused"] * 1e-3), "rel_err": err}
+    log(f"  {name} dw1 into fp32 main_grad: fused {ms['fused']:.3f} ms, bf16 + add {ms['unfused']:.3f} ms, "
+        f"dense-equiv + add {ms['dense']:.3f} ms ({result['fused_gb_per_s']:.0f} GB/s of main_grad traffic fused)")
+    del x, dh, main_grad, dense_grad, gdh
+    torch.cuda.empty_cache()
+    return result
+
+
 def print_table(results, out=sys.stdout):
     print(f"\n{'case':<13} {'product':<8} {'ours':>7} {'best':>7} {'dense':>7} {'ratio':>6} {'best/dense':>10}", file=out)
     for res in results:
@@ -229,6 +274,9 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--repeats", type=int, default=3, help="alternating timing rounds per product")
     parser.add_argument("--profile-host", action="store_true", help="cProfile the host side of two products")
+    parser.add_argument("--wgrad-accumulate", action="store_true",
+                        help="instead of the six products: the weight gradient added into an fp32 gradient "
+                             "buffer (fused epilogue vs bf16 product + add vs dense-equivalent + add)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA GPU")
@@ -241,6 +289,17 @@ def main(argv=None):
            "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "dtype": args.dtype}
     log(f"environment: {env}")
     results = []
+    if args.wgrad_accumulate:
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+        results = [run_wgrad_accumulate(name, args.block_size, log, dtype) for name in names]
+        print(f"\n{'case':<13} {'fused ms':>9} {'bf16+add':>9} {'dense+add':>10} {'fused GB/s':>11}")
+        for r in results:
+            print(f"{r['case']:<13} {r['fused_ms']:9.3f} {r['unfused_ms']:9.3f} {r['dense_ms']:10.3f} "
+                  f"{r['fused_gb_per_s']:11.0f}")
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump({"environment": env, "wgrad_accumulate": results}, fh, indent=1)
+        return
     for name in names:
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
         results.append(run_case(name, args.block_size, args.sweep, log, dtype, args.repeats, args.profile_host))
