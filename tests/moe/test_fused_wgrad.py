@@ -81,16 +81,19 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("mode", ["flag", "main_grad_only"])
 @pytest.mark.parametrize("kind, activation, memory_optimized, dtype", CASES,
                          ids=[f"{k}-{a}-{'memopt-' if m else ''}{str(d)[6:]}" for k, a, m, d in CASES])
-def test_weight_gradients_are_added_into_main_grad(kind, activation, memory_optimized, dtype):
+def test_weight_gradients_are_added_into_main_grad(kind, activation, memory_optimized, dtype, mode):
+    """flag: megatron's convention (placeholder gradient, grad_added_to_main_grad set);
+    main_grad_only: the weights enter detached and no gradient tensor ever exists."""
     x_pad, state, weights = _problem(11, activation, dtype)
     rows = T if kind == "combine" else x_pad.shape[0]
     out_grad = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(3))
 
     plain = _leaf_params(weights)
     y_plain, dx_plain = _backward(kind, x_pad, state, plain, activation, out_grad, memory_optimized)
-    fused = _leaf_params(weights, torch.float32, seed=5)
+    fused = _leaf_params(weights, torch.float32, seed=5, main_grad_only=mode == "main_grad_only")
     old = [None if p is None else p.main_grad.clone() for p in fused]
     y_fused, dx_fused = _backward(kind, x_pad, state, fused, activation, out_grad, memory_optimized)
 
@@ -100,32 +103,13 @@ def test_weight_gradients_are_added_into_main_grad(kind, activation, memory_opti
     for name, p, q, m0 in zip(("w1", "v1", "w2"), fused, plain, old):
         if p is None:
             continue
-        assert p.grad_added_to_main_grad is True, name
-        assert p.main_grad.dtype == torch.float32 and p.grad.shape == p.shape, name
+        if mode == "flag":
+            assert p.grad_added_to_main_grad is True and p.grad.shape == p.shape, name
+        else:
+            assert p.grad is None and p.grad_added_to_main_grad is False, name  # autograd never saw it
+        assert p.main_grad.dtype == torch.float32, name
         assert _rel(p.main_grad - m0, q.grad) < tol, name
         assert torch.equal(p.main_grad[DEAD], m0[DEAD]), name  # an expert without tokens adds zero
-
-
-@pytest.mark.parametrize("kind, activation, memory_optimized, dtype", CASES,
-                         ids=[f"{k}-{a}-{'memopt-' if m else ''}{str(d)[6:]}" for k, a, m, d in CASES])
-def test_main_grad_only_weights_get_their_gradient_outside_autograd(kind, activation, memory_optimized, dtype):
-    x_pad, state, weights = _problem(21, activation, dtype)
-    rows = T if kind == "combine" else x_pad.shape[0]
-    out_grad = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(7))
-    plain = _leaf_params(weights)
-    y_plain, dx_plain = _backward(kind, x_pad, state, plain, activation, out_grad, memory_optimized)
-    fused = _leaf_params(weights, torch.float32, seed=9, main_grad_only=True)
-    old = [None if p is None else p.main_grad.clone() for p in fused]
-    y_fused, dx_fused = _backward(kind, x_pad, state, fused, activation, out_grad, memory_optimized)
-
-    assert torch.equal(y_fused, y_plain) and torch.equal(dx_fused, dx_plain)
-    tol = 1e-6 if dtype == torch.float32 else 2e-3
-    for name, p, q, m0 in zip(("w1", "v1", "w2"), fused, plain, old):
-        if p is None:
-            continue
-        assert p.grad is None, name  # no gradient tensor ever existed: autograd saw the weight detached
-        assert p.grad_added_to_main_grad is False, name  # no hook fires, no flag needed
-        assert _rel(p.main_grad - m0, q.grad) < tol, name
 
 
 def test_main_grad_only_falls_back_when_the_input_needs_no_gradient():
