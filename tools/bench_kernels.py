@@ -33,14 +33,8 @@ from triton.testing import do_bench
 import dmoe_kernels as dk
 from dmoe_kernels import DsdConfig, SddConfig
 
-CASES = {
-    # name: (T, d, f, experts, top_k)
-    "paper-small": (16384, 768, 3072, 64, 1),
-    "paper-medium": (16384, 1024, 4096, 64, 1),
-    "olmoe": (16384, 2048, 1024, 64, 8),
-    "mixtral": (16384, 4096, 14336, 8, 2),
-    "dsv3-local": (8192, 7168, 2048, 32, 8),
-}
+from bench_moe import CASES  # one table of cases for the layer and its products (run from tools/)
+
 PRODUCTS = ["fwd_sdd", "fwd_dsd", "bwd_sdd", "bwd_dw2", "bwd_dx", "bwd_dw1"]
 FORM = {"fwd_sdd": "sdd", "bwd_sdd": "sdd", "fwd_dsd": "dsd", "bwd_dx": "dsd", "bwd_dw2": "dsdt", "bwd_dw1": "dsdt"}
 

@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 
-CASES = {
+CASES = {  # also the cases of tools/bench_kernels.py
     # name: (T tokens, d model width, f expert width, E experts, k top-k)
     "paper-small": (16384, 768, 3072, 64, 1),
     "paper-medium": (16384, 1024, 4096, 64, 1),

@@ -153,27 +153,21 @@ def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
     return result
 
 
-def bench_in_child(name: str, cuda_graphs: bool, args) -> dict:
-    """bench_model in a fresh process (its own CUDA context): the same arguments for one model."""
+def bench_in_child(name: str, cuda_graphs: bool, argv: list) -> dict:
+    """bench_model in a fresh process (its own CUDA context): this run's own arguments, then the one
+    model and mode (argparse keeps the last value of an option)."""
     import subprocess
     import sys
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/result.json"
-        argv = [sys.executable, __file__, "--models", name, "--cuda-graphs", "on" if cuda_graphs else "off",
-                "--in-process", "--no-matmul", "--out", out, "--steps", str(args.steps),
-                "--warmup", str(args.warmup), "--micro-batch-size", str(args.micro_batch_size),
-                "--global-batch-size", str(args.global_batch_size), "--seq-length", str(args.seq_length),
-                "--vocab-size", str(args.vocab_size), "--precision", args.precision, "--device", args.device]
-        if args.set:
-            argv += ["--set", *args.set]
-        if args.profile:
-            argv += ["--profile", args.profile]
+        child = [sys.executable, __file__, *argv, "--models", name, "--cuda-graphs", "on" if cuda_graphs else "off",
+                 "--in-process", "--no-matmul", "--out", out]
         # a one-process run of its own, even when this process was started by torchrun
         launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
         env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("TORCHELASTIC")}
-        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        done = subprocess.run(child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         if done.returncode != 0:
             raise RuntimeError(f"benchmarking {name} (cuda graphs {cuda_graphs}) failed:\n{done.stdout[-4000:]}")
         with open(out) as f:
@@ -226,6 +220,9 @@ def print_table(results: list, peak: float | None) -> None:
 
 
 def main(argv=None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
 
@@ -235,7 +232,7 @@ def main(argv=None) -> None:
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
         runs = [(name.strip(), graphs) for graphs in modes for name in args.models.split(",")]
         if env.on_cuda and env.world_size == 1 and len(runs) > 1 and not args.in_process:
-            results = [bench_in_child(name, graphs, args) for name, graphs in runs]
+            results = [bench_in_child(name, graphs, argv) for name, graphs in runs]
         else:
             results = [bench_model(name, args, env, graphs) for name, graphs in runs]
     finally:
