@@ -1,12 +1,14 @@
 #!/usr/bin/env python
 """Expert-parallel benchmark: token exchange against a raw all-to-all, and the MoE layer at EP sizes.
 
-For every expert-parallel size EP in --ep that divides the number of processes:
-  * dispatch + combine (ExpertParallelDispatcher, identity experts in between) at each message
-    size of --exchange-mib (MiB each rank sends per exchange): time per call against two raw
-    all_to_all_single calls moving the same bytes in equal splits. Bandwidth is bus bandwidth
-    (nccl-tests' convention for all-to-all): bytes sent per rank / time * (EP-1)/EP, and the
-    ratio of the two is the exchange's efficiency;
+For every expert-parallel size EP in --ep that divides the number of processes, and every expert
+exchange in --exchange (nccl: variable-split all_to_all; symmetric: rows stored into peer GPUs'
+memory, see megatron_dmoe/parallel/symmetric_exchange.py):
+  * dispatch + combine (ExpertParallelDispatcher, identity experts in between; router weights that
+    need a gradient, as in training) at each message size of --exchange-mib (MiB each rank sends
+    per exchange): time per call against two raw all_to_all_single calls moving the same bytes in
+    equal splits. Bandwidth is bus bandwidth (nccl-tests' convention for all-to-all): bytes sent
+    per rank / time * (EP-1)/EP, and the ratio of the two is the exchange's efficiency;
   * the MoE layer's forward + backward at a fixed number of tokens per process (--tokens), with
     the experts spread over EP ranks (EP = 1: every process runs all experts, data parallel).
 Routing is uniform random (balanced on average). Calls run back to back (the dispatch's own
@@ -34,6 +36,7 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 EXCHANGE_COLUMNS = [
     ("ep", "EP", "{:d}"),
+    ("exchange", "exchange", "{}"),
     ("exchange_mib_per_rank", "MiB/rank", "{:g}"),
     ("dispatch_combine_ms", "disp+comb ms", "{:.3f}"),
     ("dispatch_busbw_gbs", "busbw GB/s", "{:.1f}"),
@@ -43,6 +46,7 @@ EXCHANGE_COLUMNS = [
 ]
 LAYER_COLUMNS = [
     ("ep", "EP", "{:d}"),
+    ("exchange", "exchange", "{}"),
     ("local_experts", "local experts", "{:d}"),
     ("layer_fwd_bwd_ms", "layer fwd+bwd ms", "{:.3f}"),
     ("layer_tokens_per_s", "tokens/s (all)", "{:.0f}"),
@@ -67,6 +71,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--exchange-mib", default="16,64,256",
                         help="message sizes of the dispatch+combine measurement: MiB each rank sends per "
                              "exchange, comma-separated (default 16,64,256)")
+    parser.add_argument("--exchange", default="auto",
+                        help="expert exchanges to measure, comma-separated: nccl, symmetric (auto: both on "
+                             "cuda, nccl on cpu)")
     parser.add_argument("--ffn", type=int, default=4096, help="expert ffn size (default 4096)")
     parser.add_argument("--experts", type=int, default=64, help="number of experts (default 64)")
     parser.add_argument("--top-k", type=int, default=1, help="experts per token (default 1)")
@@ -94,6 +101,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.exchange_mib = [float(x) for x in args.exchange_mib.split(",") if x.strip()]
     except ValueError:
         parser.error(f"--exchange-mib {args.exchange_mib!r}: give comma-separated numbers such as 64,256")
+    args.exchange = [x.strip() for x in args.exchange.split(",") if x.strip()]
+    if not set(args.exchange) <= {"auto", "nccl", "symmetric"} or ("auto" in args.exchange and len(args.exchange) > 1):
+        parser.error(f"--exchange {','.join(args.exchange)}: give auto, or nccl and/or symmetric")
     if not args.exchange_mib or min(args.exchange_mib) <= 0:
         parser.error("--exchange-mib needs sizes > 0")
     if args.top_k > args.experts:
@@ -179,7 +189,7 @@ def _random_routing(args, tokens, device, dtype, generator):
     return indices, weights.to(dtype)
 
 
-def bench_exchange(args, ep: int, device, dtype, mib: float) -> dict:
+def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> dict:
     """Dispatch + combine with identity experts, and two raw all-to-alls of the same bytes."""
     import torch
     import torch.distributed as dist
@@ -190,20 +200,23 @@ def bench_exchange(args, ep: int, device, dtype, mib: float) -> dict:
 
     group = ps.get_expert_model_parallel_group()
     layout = ExpertLayout(args.experts, args.ffn, ep, ps.get_expert_model_parallel_rank())
-    dispatcher = ExpertParallelDispatcher(layout, group)
+    dispatcher = ExpertParallelDispatcher(layout, group, exchange)
+    dispatcher.rows_consumed_at_once = True  # as with the sparse experts: the combine reads them next
     element = torch.empty((), dtype=dtype).element_size()
     copies = args.top_k * layout.shards_per_expert  # rows each token sends
     tokens = max(1, round(mib * 2**20 / (args.hidden * element * copies)))
     generator = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
     x = torch.randn(tokens, args.hidden, device=device, dtype=dtype, generator=generator)
     indices, weights = _random_routing(args, tokens, device, dtype, generator)
+    weights.requires_grad_()  # the combine keeps what the weights' gradient needs, as in training
 
     def dispatch_combine():
         x_local, _, state = dispatcher.dispatch(x, indices, weights)
         return dispatcher.combine(x_local, state)
 
     seconds = _timed(dispatch_combine, args, device)
-    profile = _profile(dispatch_combine, args, device, f"exchange_ep{ep}_{mib:g}MiB") if args.profile else None
+    profile = (_profile(dispatch_combine, args, device, f"exchange_ep{ep}_{exchange}_{mib:g}MiB")
+               if args.profile else None)
     rows = tokens * copies  # every assignment leaves once, comes back once
     exchanged = 2 * rows * args.hidden * element
 
@@ -222,6 +235,7 @@ def bench_exchange(args, ep: int, device, dtype, mib: float) -> dict:
     busbw, raw_busbw = exchanged / seconds * factor / 1e9, raw_bytes / raw_seconds * factor / 1e9
     return {
         "ep": ep,
+        "exchange": exchange,
         "exchange_mib_per_rank": exchanged / 2 / 2**20,
         "tokens_per_rank": tokens,
         "dispatch_combine_ms": 1e3 * seconds,
@@ -235,7 +249,7 @@ def bench_exchange(args, ep: int, device, dtype, mib: float) -> dict:
     }
 
 
-def bench_layer(args, ep: int, device, dtype) -> dict:
+def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
     """Forward + backward of one MoE layer on --tokens tokens per process."""
     import torch
     import torch.distributed as dist
@@ -250,7 +264,7 @@ def bench_layer(args, ep: int, device, dtype) -> dict:
         activation_func=F.gelu, params_dtype=dtype, use_cpu_initialization=device.type == "cpu",
         expert_model_parallel_size=ep,
     )
-    layer = MoELayer(config, backend=args.backend).to(device).train()
+    layer = MoELayer(config, backend=args.backend, ep_exchange=exchange).to(device).train()
     generator = torch.Generator(device=device).manual_seed(2000 + dist.get_rank())
     x = torch.randn(args.tokens, 1, args.hidden, device=device, dtype=dtype, generator=generator).requires_grad_()
     out_grad = torch.randn(args.tokens, 1, args.hidden, device=device, dtype=dtype, generator=generator)
@@ -263,6 +277,7 @@ def bench_layer(args, ep: int, device, dtype) -> dict:
     seconds = _timed(step, args, device)
     return {
         "ep": ep,
+        "exchange": exchange if ep > 1 else "-",
         "layer_fwd_bwd_ms": 1e3 * seconds,
         "layer_tokens_per_s": args.tokens * dist.get_world_size() / seconds,
         "local_experts": layer.experts.layout.num_local_experts,
@@ -283,6 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
         args.dtype, torch.bfloat16 if env.on_cuda else torch.float32)
     world = env.world_size
+    exchanges = args.exchange if args.exchange != ["auto"] else (["nccl", "symmetric"] if env.on_cuda else ["nccl"])
     results = {
         "world_size": world, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
         "tokens_per_rank": args.tokens, "hidden": args.hidden, "ffn": args.ffn, "experts": args.experts,
@@ -300,9 +316,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 continue
             init_distributed(args.device, expert_model_parallel_size=ep)  # rebuilds megatron's groups
             seed_everything(1234, env)
-            if ep > 1:
-                results["exchange"] += [bench_exchange(args, ep, device, dtype, mib) for mib in args.exchange_mib]
-            results["layer"].append(bench_layer(args, ep, device, dtype))
+            for exchange in exchanges if ep > 1 else exchanges[:1]:
+                if ep > 1:
+                    results["exchange"] += [bench_exchange(args, ep, exchange, device, dtype, mib)
+                                            for mib in args.exchange_mib]
+                results["layer"].append(bench_layer(args, ep, exchange, device, dtype))
         if env.is_main:
             where = f"one {results['gpu']} each" if env.on_cuda else "CPU, gloo"
             print(f"{world} processes ({where}), {results['dtype']}, {args.experts} experts, top-{args.top_k}, "
@@ -313,7 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 for row in results["exchange"]:
                     prof = row.get("profile")
                     if prof:
-                        print(f"profile EP {row['ep']} {row['exchange_mib_per_rank']:g} MiB (rank 0, per call): "
+                        print(f"profile EP {row['ep']} {row['exchange']} {row['exchange_mib_per_rank']:g} MiB (rank 0, per call): "
                               f"{prof['wall_ms_per_call']:.3f} ms wall, host waits {prof['host_wait_ms_per_call']:.3f} ms "
                               f"for the split sizes/sync, kernels {prof['gpu_kernel_ms_per_call']:.3f} ms GPU, "
                               f"{prof['launches_per_call']:.0f} launches")

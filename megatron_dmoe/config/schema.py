@@ -54,6 +54,7 @@ class MoEConfig:
     backend: str = "auto"  # auto | sparse | grouped | reference
     block_size: int = 128  # block size of the sparse backend: 128 or 64
     memory_optimized: bool = False  # recompute the activation in backward
+    ep_exchange: str = "auto"  # auto | nccl | symmetric: how tokens travel between expert-parallel ranks
 
 
 @dataclass

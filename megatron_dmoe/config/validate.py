@@ -31,6 +31,7 @@ CHOICES = {
     "moe.token_drop_policy": ("probs", "position"),
     "moe.backend": ("auto", "sparse", "grouped", "reference"),
     "moe.block_size": (64, 128),
+    "moe.ep_exchange": ("auto", "nccl", "symmetric"),
     "training.lr_decay_style": ("cosine", "linear", "constant"),
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
@@ -458,6 +459,7 @@ class _Checker:
                              "is not available here; set it to false")
 
         self._check_cuda_graphs()
+        self._check_ep_exchange()
 
         for key in ("training.bf16", "training.fp16"):
             if ok(key, "training.device") and v(key):
@@ -493,6 +495,15 @@ class _Checker:
         if ok("moe.num_experts", "moe.backend") and v("moe.num_experts") > 0 and v("moe.backend") == "reference":
             self.problem(key, "true cannot capture moe.backend: reference (it reads the expert counts "
                          f"on the host); use sparse, grouped or auto {fix}")
+
+    def _check_ep_exchange(self) -> None:
+        """The symmetric exchange maps GPU memory between ranks: CUDA only."""
+        v, ok, key = self.v, self.ok, "moe.ep_exchange"
+        if not ok(key) or v(key) != "symmetric":
+            return
+        if (ok("training.device") and v("training.device") == "cpu") or not self.env.cuda:
+            self.problem(key, "symmetric needs CUDA GPUs (it stores rows straight into peer GPUs' memory); "
+                         "use auto or nccl")
 
     def check_data(self) -> None:
         if self.ok("data.data_path"):

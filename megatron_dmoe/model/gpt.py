@@ -23,6 +23,7 @@ def moe_layer_params(cfg: RunConfig) -> dict:
         backend=moe.backend,
         block_size=moe.block_size,
         memory_optimized=moe.memory_optimized,
+        ep_exchange=moe.ep_exchange,
         renormalize=moe.router_renormalize,
     )
 

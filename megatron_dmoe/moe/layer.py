@@ -79,7 +79,7 @@ class MoELayer(MegatronModule):
             # imported here: the expert-parallel dispatcher builds on this package's dispatcher
             from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
 
-            self.dispatcher = ExpertParallelDispatcher(self.experts.layout, groups.group)
+            self.dispatcher = ExpertParallelDispatcher(self.experts.layout, groups.group, opts.ep_exchange)
         else:
             self.dispatcher = DroplessDispatcher(opts.num_experts)
         # the sparse backend on local experts: tokens go straight into its block-padded buffer
@@ -116,8 +116,12 @@ class MoELayer(MegatronModule):
 
     def _dispatcher_for(self, x: torch.Tensor) -> TokenDispatcher:
         """The block-padded dispatcher when the sparse backend runs every expert here, else the configured one."""
-        if type(self.dispatcher) is DroplessDispatcher and self.experts.backend_for(x).name == "sparse":
+        sparse = self.experts.backend_for(x).name == "sparse"
+        if type(self.dispatcher) is DroplessDispatcher and sparse:
             return self.padded_dispatcher
+        if hasattr(self.dispatcher, "rows_consumed_at_once"):
+            # the sparse experts copy received rows into their padded buffer before anything else runs
+            self.dispatcher.rows_consumed_at_once = sparse
         return self.dispatcher
 
     @staticmethod

@@ -12,6 +12,7 @@ ACTIVATIONS = ("gelu", "swiglu")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 DROP_POLICIES = ("probs", "position")
 BACKENDS = ("auto", "grouped", "reference", "sparse")
+EP_EXCHANGES = ("auto", "nccl", "symmetric")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class MoEOptions:
     backend: str = "auto"  # auto | sparse | grouped | reference (auto: sparse on CUDA, reference on CPU)
     block_size: int = 128  # block size of the sparse backend
     memory_optimized: bool = False  # keep only the expert input and pre-activation; recompute the rest
+    ep_exchange: str = "auto"  # expert parallelism: auto | nccl | symmetric (see parallel/expert_dispatcher.py)
     init_method_std: float = 0.02
 
     def __post_init__(self):
@@ -81,6 +83,8 @@ class MoEOptions:
             fail("token_drop_policy", "is not supported", f"use one of {DROP_POLICIES}")
         if self.backend not in BACKENDS:
             fail("backend", "is not supported", f"use one of {BACKENDS}")
+        if self.ep_exchange not in EP_EXCHANGES:
+            fail("ep_exchange", "is not supported", f"use one of {EP_EXCHANGES}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             fail("block_size", "must be a power of two >= 16", "use 128 or 64")
         if not self.init_method_std > 0:

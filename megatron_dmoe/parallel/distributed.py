@@ -80,14 +80,22 @@ def init_distributed(
             world_size=world_size,
             timeout=datetime.timedelta(minutes=timeout_minutes),
         )
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+    _forget_group_state()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         expert_model_parallel_size=expert_model_parallel_size,
     )
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=torch_device)
+
+
+def _forget_group_state() -> None:
+    """Drop megatron's process groups and what was built on them (the symmetric exchanges)."""
+    from megatron_dmoe.parallel.symmetric_exchange import reset_symmetric_exchanges
+
+    reset_symmetric_exchanges()
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
 
 
 def seed_everything(seed: int, env: DistEnv, cuda_graphs: bool = False) -> None:
@@ -112,8 +120,7 @@ def destroy_distributed(abort: bool = False) -> None:
     be waiting in a collective this rank will never join, and a graceful NCCL teardown then waits
     for them forever (measured on 2 H200s: destroy_process_group blocked until killed, abort
     returned in 0.5 s), so the process could not exit and torchrun never stopped the job."""
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+    _forget_group_state()
     if not dist.is_initialized():
         return
     if abort and dist.get_world_size() > 1:

@@ -15,6 +15,12 @@ combine sends the outputs back and sums the k*S weighted outputs of each token i
 sum adds the partial outputs of split experts. Autograd flows through both exchanges.
 
 On CUDA the two passes are the fused Triton permutation kernels; elsewhere torch gathers.
+
+`exchange` picks how rows travel: "nccl" (steps 2-4 above: variable-split all_to_all, whose split
+sizes must reach the host first), "symmetric" (symmetric_exchange.py: rows stored straight into
+the peers' memory by Triton kernels, offsets computed on the device, the sort into destination
+order fused into the store; ranks of one host) or "auto" (symmetric where the group allows it,
+decided at the first dispatch, else nccl).
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ from megatron_dmoe.moe.router import count_assignments
 from megatron_dmoe.parallel.all_to_all import differentiable_all_to_all, exchange_counts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
+EXCHANGES = ("auto", "nccl", "symmetric")
+
 
 @dataclass
 class ExpertParallelState:
@@ -36,9 +44,11 @@ class ExpertParallelState:
     weights: torch.Tensor  # [T, k*S]
     offsets: Optional[torch.Tensor]  # int32 [V + 1] group starts of the send buffer (fused kernels)
     counts: torch.Tensor  # [V] rows per virtual expert in the send buffer
-    send_splits: List[int]  # rows this rank sent to each rank
-    recv_splits: List[int]  # rows each rank sent to this rank
     counts_by_source: torch.Tensor  # [ranks, local experts]: rows received per source and expert
+    send_splits: Optional[List[int]] = None  # nccl: rows this rank sent to each rank
+    recv_splits: Optional[List[int]] = None  # nccl: rows each rank sent to this rank
+    plan: Optional[object] = None  # symmetric: the ExchangePlan
+    exchange: Optional[object] = None  # symmetric: the SymmetricExchange
 
 
 def expand_to_virtual_experts(indices: torch.Tensor, weights: torch.Tensor, shards: int):
@@ -73,17 +83,40 @@ class _HostCopy:
 class ExpertParallelDispatcher(TokenDispatcher):
     """dispatch -> (received rows, rows per local expert [num_local_experts], state); the rows come
     as one run of local-expert groups per source rank (state.counts_by_source). `group` is the
-    expert-parallel process group."""
+    expert-parallel process group.
 
-    def __init__(self, layout: ExpertLayout, group):
+    With the symmetric exchange the received rows are a view of a buffer that the next exchange
+    overwrites: they are cloned unless `rows_consumed_at_once` says the experts copy them before
+    anything else runs (the sparse backend's permutation does; the layer sets it)."""
+
+    def __init__(self, layout: ExpertLayout, group, exchange: str = "auto"):
+        if exchange not in EXCHANGES:
+            raise ValueError(f"expert exchange {exchange!r} is not supported; use one of {EXCHANGES}")
         self.layout = layout
         self.group = group
+        self.exchange = exchange
+        self.rows_consumed_at_once = False
+        self._symmetric = None  # resolved at the first dispatch (collective)
+
+    def _use_symmetric(self, device: torch.device) -> bool:
+        if self.exchange == "nccl":
+            return False
+        if self._symmetric is None:
+            from .symmetric_exchange import symmetric_exchange, symmetric_unavailable_reason
+
+            reason = symmetric_unavailable_reason(self.group, device)
+            if reason is not None and self.exchange == "symmetric":
+                raise RuntimeError(f"expert exchange 'symmetric' cannot run here: {reason}; use 'nccl' or 'auto'")
+            self._symmetric = False if reason else symmetric_exchange(self.group, self.layout.num_virtual_experts, device)
+        return self._symmetric is not False
 
     def dispatch(self, x, indices, weights):
         layout = self.layout
         ranks, per_rank = layout.ep_size, layout.num_local_experts
         virtual, virtual_weights = expand_to_virtual_experts(indices, weights, layout.shards_per_expert)
         counts = count_assignments(virtual, layout.num_virtual_experts)
+        if self._use_symmetric(x.device):
+            return self._dispatch_symmetric(x, virtual, virtual_weights, counts)
         counts_by_rank = counts.view(ranks, per_rank)
         received = exchange_counts(counts_by_rank, self.group)  # [source rank, local expert]
         # the one device-to-host copy (split sizes of the row exchange), overlapped with the sort
@@ -102,7 +135,21 @@ class ExpertParallelDispatcher(TokenDispatcher):
         split_sizes = sizes.tolist()
         send_splits, recv_splits = split_sizes[:ranks], split_sizes[ranks:]
         x_recv = differentiable_all_to_all(x_sorted, recv_splits, send_splits, self.group)
-        state = ExpertParallelState(positions, virtual_weights, offsets, counts, send_splits, recv_splits, received)
+        state = ExpertParallelState(positions, virtual_weights, offsets, counts, received, send_splits, recv_splits)
+        return x_recv, received.sum(0), state
+
+    def _dispatch_symmetric(self, x, virtual, virtual_weights, counts):
+        from .symmetric_exchange import send_to_experts
+
+        exchange = self._symmetric
+        plan, event = exchange.plan(counts)  # counts posted to every rank; offsets on the device
+        order, positions = sort_by_expert(virtual)
+        x_recv = send_to_experts(x, order, positions, exchange, plan, event)
+        if not self.rows_consumed_at_once:
+            x_recv = x_recv.clone()
+        received = plan.counts_by_source
+        state = ExpertParallelState(positions, virtual_weights, compact_offsets(counts), counts, received,
+                                    plan=plan, exchange=exchange)
         return x_recv, received.sum(0), state
 
     def counts_by_source(self, state: ExpertParallelState) -> torch.Tensor:
@@ -110,7 +157,14 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
     def combine(self, y_recv, state: ExpertParallelState):
         """Outputs in arrival order -> y [T, h] = sum over copies of weight * output."""
-        y_sorted = differentiable_all_to_all(y_recv, state.send_splits, state.recv_splits, self.group)
+        if state.plan is not None:
+            from .symmetric_exchange import send_to_sources
+
+            y_sorted = send_to_sources(y_recv, state.exchange, state.plan)
+            if state.weights.requires_grad and torch.is_grad_enabled():
+                y_sorted = y_sorted.clone()  # kept for the weights' gradient; the buffer is reused
+        else:
+            y_sorted = differentiable_all_to_all(y_recv, state.send_splits, state.recv_splits, self.group)
         if state.offsets is not None:
             from dmoe_kernels.permute_functional import unpermute
 

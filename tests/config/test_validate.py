@@ -185,6 +185,11 @@ CASES = {
     "fp16_on_cpu_device": (
         {"training.fp16": True, "training.device": "cpu"}, None, EVERYTHING, "training.fp16",
         ["needs CUDA", "set it to false"]),
+    "symmetric_exchange_on_cpu": (
+        {"moe.ep_exchange": "symmetric", "training.device": "cpu"}, None, EVERYTHING,
+        "moe.ep_exchange", ["symmetric needs CUDA", "use auto or nccl"]),
+    "unknown_exchange": (
+        {"moe.ep_exchange": "nvshmem"}, None, EVERYTHING, "moe.ep_exchange", ["nccl", "symmetric"]),
     "cuda_graphs_on_cpu_device": (
         {"training.cuda_graphs": True, "training.device": "cpu"}, None, EVERYTHING,
         "training.cuda_graphs", ["needs CUDA", "training.device is cpu", "set it to false"]),

@@ -7,7 +7,7 @@ output, input gradient and router gradient equal it; expert-weight gradients, ga
 the global [E, f, h] tensors, equal the sum over the expert-parallel group of the single-process
 gradients (the all-to-all's backward brings every token's contribution to the owning rank).
 The defaults are the CPU (gloo) setting; the device, sizes and tolerances are parameters, and a
-case may name its backend and dtype.
+case may name its backend, dtype and expert exchange (nccl or symmetric; default auto).
 """
 import torch
 import torch.distributed as dist
@@ -68,7 +68,8 @@ def _build(case, ep, dtype, weights, layer_number, hidden, ffn, device):
         expert_model_parallel_size=ep,
     )
     layer = MoELayer(config, backend=case.get("backend", "reference"), renormalize=case.get("renorm", None),
-                     memory_optimized=case.get("memory_optimized", False), layer_number=layer_number)
+                     memory_optimized=case.get("memory_optimized", False), layer_number=layer_number,
+                     ep_exchange=case.get("exchange", "auto"))
     router_w, w1, v1, w2 = weights
     layout = layer.experts.layout
     with torch.no_grad():

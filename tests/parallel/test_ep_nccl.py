@@ -1,9 +1,11 @@
-"""Expert parallelism over NCCL, one GPU per process: the checks of test_ep_layer.py and
-test_ep_training.py on the path that real runs take (CUDA tensors, NCCL all-to-all, the Triton
-`sparse` backend that `auto` picks on CUDA, megatron-core's optimizer and its distributed variant).
+"""Expert parallelism on GPUs, one per process: the checks of test_ep_layer.py and
+test_ep_training.py on the path that real runs take (CUDA tensors, NCCL, the symmetric-memory
+exchange that `auto` picks on one host, the Triton `sparse` backend that `auto` picks on CUDA,
+megatron-core's optimizer and its distributed variant).
 
   * layer: the EP layer's output and gradients equal the single-process layer's (ep_layer_checks)
-    in float32 with the sparse and reference backends, and in bfloat16 with the sparse backend;
+    in float32 with the sparse and reference backends, and in bfloat16 with the sparse backend,
+    each with both expert exchanges (NCCL all-to-all and symmetric memory);
   * training: EP = 2 on 2 GPUs (also with the distributed optimizer) logs the losses and grad norms
     of EP = 1 on the same 2 GPUs;
   * checkpoints: saved at EP = 4 on 4 GPUs, resumed at EP = 2 on 2 and EP = 1 on 1.
@@ -38,15 +40,18 @@ BF16_CASES = ("ep2-E4-top2-padding", "ep4-E2-split2-top2-swiglu")
 
 def gpu_layer_cases(max_ep):
     """The CPU cases that fit in `max_ep` processes, each in float32 with both backends, and the
-    BF16_CASES among them in bfloat16 with the sparse backend."""
+    BF16_CASES among them in bfloat16 with the sparse backend; every one with both exchanges."""
     base = {name: case for name, case in {**LAYER_CASES, **MEMORY_OPTIMIZED}.items()
             if case["ep"] <= max_ep and "backend" not in case}
     cases = {}
     for name, case in base.items():
-        for backend in ("sparse", "reference"):
-            cases[f"{name}-{backend}-fp32"] = dict(case, backend=backend, dtype=torch.float32)
-        if name in BF16_CASES:
-            cases[f"{name}-sparse-bf16"] = dict(case, backend="sparse", dtype=torch.bfloat16)
+        for exchange in ("nccl", "symmetric"):
+            for backend in ("sparse", "reference"):
+                cases[f"{name}-{backend}-fp32-{exchange}"] = dict(case, backend=backend, dtype=torch.float32,
+                                                                  exchange=exchange)
+            if name in BF16_CASES:
+                cases[f"{name}-sparse-bf16-{exchange}"] = dict(case, backend="sparse", dtype=torch.bfloat16,
+                                                               exchange=exchange)
     return cases
 
 
@@ -75,16 +80,18 @@ GPU_TRAINING = ["moe.backend=sparse", "training.bf16=false"]
 def test_two_gpu_expert_parallel_training_matches_ep1(tmp_path, corpus_cache):
     """The same 2-GPU world (2 data-parallel ranks) at EP = 1 and EP = 2: the same samples and
     global weights, so the same losses, grad norms and expert loads; the distributed optimizer
-    (its state sharded over the data-parallel ranks, expert state over none at EP = 2) too."""
+    (its state sharded over the data-parallel ranks, expert state over none at EP = 2) too, and
+    the NCCL exchange as well as the symmetric one that auto picks."""
     args = SMALL + GPU_TRAINING + ["training.train_iters=5", "training.eval_interval=0",
                                    "checkpoint.save_interval=0", f"data.cache_dir={corpus_cache}"]
     train(2, tmp_path / "ep1", *args, f"{EP_KEY}=1", device="cuda")
     train(2, tmp_path / "ep2", *args, f"{EP_KEY}=2", device="cuda")
     train(2, tmp_path / "ep2-distopt", *args, f"{EP_KEY}=2", "training.use_distributed_optimizer=true",
           device="cuda")
+    train(2, tmp_path / "ep2-nccl", *args, f"{EP_KEY}=2", "moe.ep_exchange=nccl", device="cuda")
     one = records(tmp_path / "ep1")
     assert sorted(one) == [1, 2, 3, 4, 5]
-    for run in ("ep2", "ep2-distopt"):
+    for run in ("ep2", "ep2-distopt", "ep2-nccl"):
         other = records(tmp_path / run)
         assert sorted(other) == sorted(one), run
         assert_same_steps(one, other, one)

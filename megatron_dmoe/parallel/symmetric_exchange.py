@@ -1,0 +1,291 @@
+"""Expert-parallel token exchange through symmetric memory: rows stored straight into peer GPUs.
+
+The NCCL path needs every split size on the host before the rows can move, so each rank stalls on
+a host round trip between the count exchange and the row exchange, and the exchange waits for the
+slowest rank. Here every buffer is mapped into every GPU of the expert-parallel group (torch's
+symmetric memory over NVLink), and Triton kernels write rows directly to their destination:
+
+  dispatch  1. each rank stores its counts per virtual expert into row `me` of every rank's inbox
+               [ranks, V]; barrier. Every rank now holds the whole count matrix, so all offsets
+               are computed on the device (`exchange_plan`): where my rows start in each
+               destination's buffer, where each source's rows start in mine.
+            2. one kernel gathers each routed copy's token row and stores it at its arrival row in
+               the destination's `to_experts` buffer (runs of local-expert groups per source rank,
+               the layout the NCCL path delivers); barrier. The sort into destination order is
+               fused into this store: no send buffer is written.
+            3. meanwhile the count matrix travels to the host; the received row count sizes the
+               result (a view of the buffer). The GPU is not idle while the host waits: the row
+               store is already queued.
+  combine   one kernel stores each output row back into its sender's `to_sources` buffer at the
+            row the copy had in the sender's sorted order; barrier; the weighted sum follows.
+  backward  the same two stores in the other direction (gradients of received rows go back to
+            `to_sources`, gradients of outputs out to `to_experts`).
+
+Buffers are reused by every layer. That is safe because the two buffers alternate (every exchange
+toward the experts is followed by one toward the sources and back), each exchange ends with a
+barrier, and a received view is consumed (copied by the experts' permutation, or cloned) before
+the next exchange starts. Each buffer is sized for the largest count any rank needs (the count
+matrix tells every rank the same number); when a call needs more, all ranks grow their buffers
+together and repeat the store, so a first call or a larger batch costs one extra store.
+
+Only for ranks of one host (CUDA peer mappings); the dispatcher falls back to NCCL otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+GROWTH = 1.25  # buffers grow to this multiple of the rows needed (fewer regrowths as loads vary)
+ROW_ALIGN = 256
+
+
+@dataclass
+class ExchangePlan:
+    """Where rows go, on the device (int64), plus the host-side sizes once known."""
+
+    send_starts: torch.Tensor  # [R + 1]: my sorted rows for rank d are [send_starts[d], send_starts[d+1])
+    dest_base: torch.Tensor  # [R]: first row of my rows in rank d's to_experts buffer
+    recv_starts: torch.Tensor  # [R + 1]: rows from rank s in my to_experts buffer
+    return_base: torch.Tensor  # [R]: first row, in rank s's sorted order, of the rows s sent me
+    counts_by_source: torch.Tensor  # [R, local experts]: rows received per source and expert
+    send_rows: int = -1  # host: rows I send (= routed copies)
+    recv_rows: int = -1  # host: rows I receive
+    most_received: int = -1  # host: the largest recv_rows of any rank
+    most_sent: int = -1  # host: the largest send_rows of any rank
+
+
+def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
+    """Offsets of the exchange from the count matrix inbox [R, V] (row s: rank s's counts per
+    virtual expert; rank d owns virtual experts [d * local_experts, (d + 1) * local_experts))."""
+    ranks = inbox.shape[0]
+    matrix = inbox.view(ranks, ranks, local_experts).sum(-1, dtype=torch.int64)  # [source, destination]
+    zero = matrix.new_zeros(1)
+    sent_before = torch.cumsum(matrix, 0) - matrix  # rows sources before s send to each destination
+    sorted_before = torch.cumsum(matrix, 1) - matrix  # in each source's sorted order: rows for destinations before d
+    return ExchangePlan(
+        send_starts=torch.cat([zero, torch.cumsum(matrix[me], 0)]),
+        dest_base=sent_before[me].contiguous(),
+        recv_starts=torch.cat([zero, torch.cumsum(matrix[:, me], 0)]),
+        return_base=sorted_before[:, me].contiguous(),
+        counts_by_source=inbox[:, me * local_experts:(me + 1) * local_experts].clone(),
+    )
+
+
+def complete_plan(plan: ExchangePlan, inbox_host: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
+    """Fill in the host sizes from the count matrix copied to the host."""
+    ranks = inbox_host.shape[0]
+    matrix = inbox_host.view(ranks, ranks, local_experts).sum(-1, dtype=torch.int64)
+    plan.send_rows = int(matrix[me].sum())
+    plan.recv_rows = int(matrix[:, me].sum())
+    plan.most_received = int(matrix.sum(0).max())
+    plan.most_sent = int(matrix.sum(1).max())
+    return plan
+
+
+def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None:
+    """counts int32 [V] into row `me` of every rank's inbox (inbox_ptrs: their addresses)."""
+    from .push_kernels import post_counts_kernel
+
+    V = counts.numel()
+    post_counts_kernel[(inbox_ptrs.numel(),)](counts, inbox_ptrs, me, V, BLOCK=1024)
+
+
+def push_rows(
+    src: torch.Tensor, starts: torch.Tensor, dest_base: torch.Tensor, dest_ptrs: torch.Tensor,
+    capacity: int, me: int, gather: Optional[torch.Tensor] = None, gather_div: int = 1,
+    programs_per_destination: Optional[int] = None,
+) -> None:
+    """Rows [starts[d], starts[d+1]) of src (or src[gather[r] // gather_div]) to rank d's buffer
+    (address dest_ptrs[d], rows of src.shape[1] elements) from row dest_base[d] on."""
+    import triton
+
+    from .push_kernels import push_rows_kernel
+
+    ranks = dest_ptrs.numel()
+    H = src.shape[1]
+    if src.stride(1) != 1:
+        src = src.contiguous()
+    if programs_per_destination is None:
+        sms = torch.cuda.get_device_properties(src.device).multi_processor_count if src.is_cuda else ranks
+        programs_per_destination = max(1, 2 * sms // ranks)
+    block_h = min(1024, triton.next_power_of_2(H))
+    push_rows_kernel[(ranks * programs_per_destination,)](
+        src, gather if gather is not None else starts, gather_div, starts, dest_base, dest_ptrs, capacity, me,
+        ranks, H, src.stride(0),
+        GATHER=gather is not None, BLOCK_R=8, BLOCK_H=block_h, num_warps=8 if block_h >= 512 else 4,
+    )
+
+
+@dataclass
+class _RowsBuffer:
+    tensor: torch.Tensor
+    handle: object
+    ptrs: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.tensor.shape[0]
+
+
+class SymmetricExchange:
+    """Symmetric buffers of one expert-parallel group and the exchanges over them (CUDA only)."""
+
+    def __init__(self, group, num_virtual_experts: int, device: torch.device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self._symm_mem = symm_mem
+        self.group = group
+        self.ranks = dist.get_world_size(group)
+        self.me = dist.get_rank(group)
+        self.local_experts = num_virtual_experts // self.ranks
+        self.device = device
+        self.inbox = symm_mem.empty(self.ranks, num_virtual_experts, dtype=torch.int32, device=device)
+        self.handle = symm_mem.rendezvous(self.inbox, group)
+        self.inbox_ptrs = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self.inbox_host = torch.empty(self.inbox.shape, dtype=torch.int32, pin_memory=True)
+        self.buffers: Dict[Tuple[str, int, torch.dtype], _RowsBuffer] = {}
+
+    def barrier(self, channel: int) -> None:
+        self.handle.barrier(channel=channel)
+
+    def plan(self, counts: torch.Tensor) -> Tuple[ExchangePlan, torch.cuda.Event]:
+        """Post this rank's counts, wait for everyone's; the device offsets now, the host copy of the
+        count matrix on its way (the event marks its arrival)."""
+        post_counts(counts.to(torch.int32), self.inbox_ptrs, self.me)
+        self.barrier(channel=0)
+        plan = exchange_plan(self.inbox, self.me, self.local_experts)
+        self.inbox_host.copy_(self.inbox, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return plan, event
+
+    def buffer(self, kind: str, hidden: int, dtype: torch.dtype) -> Optional[_RowsBuffer]:
+        return self.buffers.get((kind, hidden, dtype))
+
+    def grow(self, kind: str, hidden: int, dtype: torch.dtype, rows: int) -> _RowsBuffer:
+        """A larger buffer on every rank (collective: all ranks call it with the same rows)."""
+        old = self.buffers.pop((kind, hidden, dtype), None)
+        if old is not None:
+            torch.cuda.current_stream(self.device).synchronize()  # no kernel of ours still reads it
+            self.barrier(channel=0)  # nor any peer's
+            torch.cuda.current_stream(self.device).synchronize()
+            del old
+        capacity = -(-int(rows * GROWTH) // ROW_ALIGN) * ROW_ALIGN
+        tensor = self._symm_mem.empty(capacity, hidden, dtype=dtype, device=self.device)
+        handle = self._symm_mem.rendezvous(tensor, self.group)
+        ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=self.device)
+        self.buffers[(kind, hidden, dtype)] = buf = _RowsBuffer(tensor, handle, ptrs)
+        return buf
+
+    def to_experts(self, src: torch.Tensor, plan: ExchangePlan, gather: Optional[torch.Tensor] = None,
+                   gather_div: int = 1, event: Optional[torch.cuda.Event] = None) -> torch.Tensor:
+        """Rows in this rank's sorted order -> arrival order on the expert ranks; returns the view
+        [plan.recv_rows, H] of this rank's buffer. With `event` (the dispatch), the host sizes are
+        completed here, after the store is queued, and the buffers grown if they are too small."""
+        hidden, dtype = src.shape[1], src.dtype
+        buf = self.buffer("to_experts", hidden, dtype)
+        if buf is not None:
+            push_rows(src, plan.send_starts, plan.dest_base, buf.ptrs, buf.capacity, self.me, gather, gather_div)
+            self.barrier(channel=1)
+        if event is not None:
+            event.synchronize()
+            complete_plan(plan, self.inbox_host, self.me, self.local_experts)
+            back = self.buffer("to_sources", hidden, dtype)
+            if back is None or back.capacity < plan.most_sent:
+                self.grow("to_sources", hidden, dtype, plan.most_sent)
+            if buf is None or buf.capacity < plan.most_received:
+                buf = self.grow("to_experts", hidden, dtype, plan.most_received)
+                push_rows(src, plan.send_starts, plan.dest_base, buf.ptrs, buf.capacity, self.me, gather, gather_div)
+                self.barrier(channel=1)
+        return buf.tensor[: plan.recv_rows]
+
+    def to_sources(self, src: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
+        """Rows in arrival order -> back to their senders, at the row each had in the sender's sorted
+        order; returns the view [plan.send_rows, H] of this rank's buffer."""
+        buf = self.buffer("to_sources", src.shape[1], src.dtype)
+        push_rows(src, plan.recv_starts, plan.return_base, buf.ptrs, buf.capacity, self.me)
+        self.barrier(channel=1)
+        return buf.tensor[: plan.send_rows]
+
+
+_EXCHANGES: Dict[Tuple[str, int, str], SymmetricExchange] = {}
+
+
+def symmetric_exchange(group, num_virtual_experts: int, device: torch.device) -> SymmetricExchange:
+    """The group's exchange (one per group, virtual expert count and device; shared by all layers)."""
+    key = (dist.get_group_name(group) if hasattr(dist, "get_group_name") else str(id(group)),
+           num_virtual_experts, str(device))
+    if key not in _EXCHANGES:
+        _EXCHANGES[key] = SymmetricExchange(group, num_virtual_experts, device)
+    return _EXCHANGES[key]
+
+
+def reset_symmetric_exchanges() -> None:
+    """Forget every exchange (before the process groups are destroyed)."""
+    _EXCHANGES.clear()
+
+
+def symmetric_unavailable_reason(group, device: torch.device) -> Optional[str]:
+    """None when the group can exchange through symmetric memory, else why not. Collective over
+    the group (every rank must call it)."""
+    if device.type != "cuda":
+        return f"symmetric memory needs CUDA devices, not {device.type}"
+    try:
+        import torch.distributed._symmetric_memory  # noqa: F401
+    except ImportError as exc:
+        return f"torch has no symmetric memory ({exc})"
+    import socket
+
+    hosts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    if len(set(hosts)) > 1:
+        return f"the expert-parallel group spans {len(set(hosts))} hosts; peer mappings need one host"
+    return None
+
+
+class _ToExperts(torch.autograd.Function):
+    """Token rows -> the expert ranks (dispatch). Backward: the received rows' gradients come back
+    into this rank's sorted order and are summed over each token's copies."""
+
+    @staticmethod
+    def forward(ctx, x, order, positions, exchange, plan, event):
+        ctx.exchange, ctx.plan = exchange, plan
+        ctx.save_for_backward(positions)
+        return exchange.to_experts(x, plan, gather=order, gather_div=positions.shape[1], event=event)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positions,) = ctx.saved_tensors
+        torch.cuda.set_device(grad.device)  # autograd's worker thread
+        grad_sorted = ctx.exchange.to_sources(grad.contiguous(), ctx.plan)
+        from dmoe_kernels.permute import reduce
+
+        return reduce(grad_sorted, positions), None, None, None, None, None
+
+
+class _ToSources(torch.autograd.Function):
+    """Expert outputs -> back to their senders' sorted order (combine). Backward: the gradients go
+    out to the expert ranks again."""
+
+    @staticmethod
+    def forward(ctx, y, exchange, plan):
+        ctx.exchange, ctx.plan = exchange, plan
+        return exchange.to_sources(y.contiguous(), plan)
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch.cuda.set_device(grad.device)
+        return ctx.exchange.to_experts(grad.contiguous(), ctx.plan), None, None
+
+
+def send_to_experts(x, order, positions, exchange: SymmetricExchange, plan: ExchangePlan, event) -> torch.Tensor:
+    """[recv_rows, H] view of the exchange's buffer: consume it (copy) before the next exchange."""
+    return _ToExperts.apply(x, order, positions, exchange, plan, event)
+
+
+def send_to_sources(y, exchange: SymmetricExchange, plan: ExchangePlan) -> torch.Tensor:
+    """[send_rows, H] view of the exchange's buffer: consume it (copy) before the next exchange."""
+    return _ToSources.apply(y, exchange, plan)

@@ -1,0 +1,99 @@
+"""The symmetric-memory exchange's kernels and offsets, with the ranks simulated in one process.
+
+Under Triton's interpreter the push kernels write through a table of addresses exactly as on GPUs
+(where the addresses are peer mappings); here every "rank" is a CPU buffer. Each rank's routed
+copies must arrive where the NCCL path delivers them (runs of local-expert groups per source rank,
+token order within), come back to the sender's sorted order, and respect the capacity. The real
+multi-GPU exchange is checked against the single-process layer in test_ep_nccl.py.
+"""
+import pytest
+import torch
+
+from megatron_dmoe.moe.dispatcher import sort_by_expert
+from megatron_dmoe.parallel.symmetric_exchange import complete_plan, exchange_plan, post_counts, push_rows
+
+
+def _addresses(buffers):
+    return torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64)
+
+
+def _routing(ranks, local_experts, k, seed):
+    """Per rank: tokens [T, H] and virtual-expert choices [T, k]; rank 1 sends nothing, the last
+    rank's experts receive nothing, and token counts differ per rank."""
+    g = torch.Generator().manual_seed(seed)
+    V, H = ranks * local_experts, 24  # H not a power of two: masked columns
+    routed = []
+    for r in range(ranks):
+        T = 0 if r == 1 else 5 + 3 * r
+        choices = torch.stack([torch.randperm(V - local_experts, generator=g)[:k] for _ in range(T)]) if T else \
+            torch.zeros(0, k, dtype=torch.int64)
+        routed.append((torch.randn(T, H, generator=g), choices))
+    return routed, V, H
+
+
+def _counts(choices, V):
+    return torch.bincount(choices.reshape(-1), minlength=V).to(torch.int32)
+
+
+@pytest.mark.parametrize("ranks,local_experts,k", [(2, 3, 2), (3, 2, 1), (4, 2, 3)])
+def test_rows_reach_the_arrival_order_of_the_nccl_path_and_come_back_sorted(ranks, local_experts, k):
+    routed, V, H = _routing(ranks, local_experts, k, seed=ranks * 10 + k)
+
+    inboxes = [torch.full((ranks, V), -1, dtype=torch.int32) for _ in range(ranks)]
+    for me, (_, choices) in enumerate(routed):
+        post_counts(_counts(choices, V), _addresses(inboxes), me)
+    expected_matrix = torch.stack([_counts(c, V) for _, c in routed])
+    for inbox in inboxes:
+        assert torch.equal(inbox, expected_matrix)
+
+    plans = [complete_plan(exchange_plan(inboxes[me], me, local_experts), inboxes[me], me, local_experts)
+             for me in range(ranks)]
+    capacity = max(p.recv_rows for p in plans)
+    assert capacity == plans[0].most_received and max(p.send_rows for p in plans) == plans[0].most_sent
+    to_experts = [torch.zeros(capacity + 3, H) for _ in range(ranks)]
+    sorts = [sort_by_expert(choices) for _, choices in routed]
+    for me, ((x, _), (order, _)) in enumerate(zip(routed, sorts)):
+        push_rows(x, plans[me].send_starts, plans[me].dest_base, _addresses(to_experts), capacity, me,
+                  gather=order, gather_div=k, programs_per_destination=2)
+
+    for dest in range(ranks):
+        # what NCCL delivers: per source rank, per local expert, the copies in token order
+        expected, per_source = [], []
+        for x, choices in routed:
+            counts = []
+            for e in range(dest * local_experts, (dest + 1) * local_experts):
+                tokens = (choices == e).any(1).nonzero().flatten()
+                expected.append(x[tokens])
+                counts.append(len(tokens))
+            per_source.append(counts)
+        expected = torch.cat(expected)
+        assert plans[dest].recv_rows == expected.shape[0]
+        assert torch.equal(to_experts[dest][: expected.shape[0]], expected), dest
+        assert not to_experts[dest][expected.shape[0]:].any()  # nothing written past the received rows
+        assert plans[dest].counts_by_source.tolist() == per_source
+
+    # back: every received row (scaled by a per-rank factor) returns to the sender's sorted order
+    to_sources = [torch.zeros(max(p.send_rows for p in plans) + 2, H) for _ in range(ranks)]
+    for me in range(ranks):
+        outputs = to_experts[me][: plans[me].recv_rows] * (me + 2)
+        push_rows(outputs, plans[me].recv_starts, plans[me].return_base, _addresses(to_sources),
+                  to_sources[0].shape[0], me, programs_per_destination=3)
+    for me, ((x, choices), (_, positions)) in enumerate(zip(routed, sorts)):
+        owner = choices // local_experts  # rank that computed each copy
+        for t in range(x.shape[0]):
+            for j in range(k):
+                row = to_sources[me][positions[t, j]]
+                assert torch.equal(row, x[t] * (owner[t, j] + 2)), (me, t, j)
+
+
+def test_rows_past_the_capacity_are_not_written():
+    routed, V, H = _routing(2, 2, 1, seed=3)
+    inbox = torch.stack([_counts(c, V) for _, c in routed])
+    plan = exchange_plan(inbox, 0, 2)
+    buffers = [torch.zeros(40, H) for _ in range(2)]
+    x, choices = routed[0]
+    order, _ = sort_by_expert(choices)
+    push_rows(x, plan.send_starts, plan.dest_base, _addresses(buffers), 2, 0, gather=order, gather_div=1)
+    for buffer in buffers:
+        assert not buffer[2:].any()  # capacity 2 rows
+    assert buffers[0][:2].any()  # rank 0's experts received rows from rank 0
