@@ -141,24 +141,35 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
     return dst
 
 
+_POSITION_BLOCK = 64  # copies per program of the positions kernels ([64, 64] comparisons each)
+
+
 def padded_positions(indices: torch.Tensor, counts: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
     """int32 [T, K]: the padded-buffer row of each routed copy (t, j), on the device.
 
     indices [T, K] (expert of each copy), counts [E] (copies per expert, all of them), expert_offsets
-    int32 [E + 1] (padded group starts). A stable sort by expert keeps token order inside each group.
+    int32 [E + 1] (padded group starts). Token order is kept inside each group (a stable counting
+    sort: positions_kernel.py, three launches, no radix sort).
     """
     if indices.dim() != 2:
         raise ValueError(f"indices must be [tokens, top_k], got shape {tuple(indices.shape)}")
+    from . import positions_kernel as _positions
+
     flat = indices.reshape(-1)
-    # int32 keys: half the radix-sort passes of int64 (expert ids are small)
-    sorted_experts, order = torch.sort(flat.to(torch.int32), stable=True)
-    sorted_experts = sorted_experts.long()
-    counts = counts.to(torch.int64)
-    group_start = torch.cumsum(counts, 0) - counts  # where each expert starts in the unpadded order
-    rank = torch.arange(flat.numel(), device=flat.device) - group_start[sorted_experts]
-    row = expert_offsets.to(torch.int64)[sorted_experts] + rank
-    pos = torch.empty(flat.numel(), dtype=torch.int32, device=flat.device)
-    pos[order] = row.to(torch.int32)
+    n, num_experts = flat.numel(), counts.numel()
+    pos = torch.empty(n, dtype=torch.int32, device=flat.device)
+    if n == 0:
+        return pos.view(indices.shape)
+    _check_launchable(flat.device)
+    blocks = triton.cdiv(n, _POSITION_BLOCK)
+    hist = torch.empty(blocks, num_experts, dtype=torch.int32, device=flat.device)
+    _positions.block_histogram_kernel[(blocks,)](
+        flat, hist, n, num_experts, BLOCK=_POSITION_BLOCK, BINS=triton.next_power_of_2(num_experts + 1)
+    )
+    cumulative = torch.cumsum(hist, 0, dtype=torch.int32)
+    _positions.block_positions_kernel[(blocks,)](
+        flat, cumulative, expert_offsets.to(torch.int32), pos, n, num_experts, BLOCK=_POSITION_BLOCK
+    )
     return pos.view(indices.shape)
 
 

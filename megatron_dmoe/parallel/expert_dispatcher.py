@@ -141,14 +141,17 @@ class ExpertParallelDispatcher(TokenDispatcher):
     def _dispatch_symmetric(self, x, virtual, virtual_weights, counts):
         from .symmetric_exchange import send_to_experts
 
+        from dmoe_kernels.permute import padded_positions
+
         exchange = self._symmetric
         plan, event = exchange.plan(counts)  # counts posted to every rank; offsets on the device
-        order, positions = sort_by_expert(virtual)
-        x_recv = send_to_experts(x, order, positions, exchange, plan, event)
+        offsets = compact_offsets(counts)
+        positions = padded_positions(virtual, counts, offsets)  # sorted row of each copy, no sort
+        x_recv = send_to_experts(x, virtual, positions, exchange, plan, event)
         if not self.rows_consumed_at_once:
             x_recv = x_recv.clone()
         received = plan.counts_by_source
-        state = ExpertParallelState(positions, virtual_weights, compact_offsets(counts), counts, received,
+        state = ExpertParallelState(positions, virtual_weights, offsets, counts, received,
                                     plan=plan, exchange=exchange)
         return x_recv, received.sum(0), state
 

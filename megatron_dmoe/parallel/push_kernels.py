@@ -6,9 +6,11 @@ owners. Under TRITON_INTERPRET=1 the same kernels run on CPU tensors, the "ranks
 one process (how the tests check the index arithmetic).
 
   post_counts   every rank's counts [V] into row `me` of every rank's inbox [ranks, V]
-  push_rows     for each destination d: rows [starts[d], starts[d+1]) of the source (optionally
-                gathered: source row = gather[r] // gather_div) to d's buffer, from row
-                dest_base[d] on; rows at or past `capacity` are not written
+  push_rows     for each destination d: rows [starts[d], starts[d+1]) of the source to d's
+                buffer, from row dest_base[d] on
+  push_copies   each routed copy (t, j) of a token row to its expert's rank, at the row that its
+                sorted position gives (no sorted copy of the tokens is made)
+Rows at or past `capacity` are not written.
 """
 from __future__ import annotations
 
@@ -28,9 +30,8 @@ def post_counts_kernel(counts_ptr, inbox_ptrs, me, V, BLOCK: tl.constexpr):
 
 @triton.jit
 def push_rows_kernel(
-    src_ptr, gather_ptr, gather_div, starts_ptr, dest_base_ptr, dest_ptrs, capacity, me, ranks,
-    H, src_stride,
-    GATHER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+    src_ptr, starts_ptr, dest_base_ptr, dest_ptrs, capacity, me, ranks, H, src_stride,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     # The grid is ranks x programs_per_destination. Program p writes to rank (me + p) % ranks: every
     # sender feeds all destinations at once, each starting with a different one, so no receiver's
@@ -47,14 +48,67 @@ def push_rows_kernel(
         rows = start + tl.arange(0, BLOCK_R)
         dest_rows = base_row + (rows - lo)
         mask = (rows < hi) & (dest_rows < capacity)
-        if GATHER:
-            src_rows = tl.load(gather_ptr + rows, mask=mask, other=0) // gather_div
-        else:
-            src_rows = rows
-        src_rows = src_rows.to(tl.int64)
+        src_rows = rows.to(tl.int64)
         dest_rows = dest_rows.to(tl.int64)
         for h0 in range(0, H, BLOCK_H):
             cols = h0 + tl.arange(0, BLOCK_H)
             m = mask[:, None] & (cols[None, :] < H)
             values = tl.load(src_ptr + src_rows[:, None] * src_stride + cols[None, :], mask=m)
             tl.store(dest + dest_rows[:, None] * H + cols[None, :], values, mask=m)
+
+
+@triton.jit
+def push_copies_kernel(
+    src_ptr, experts_ptr, positions_ptr, starts_ptr, dest_base_ptr, dest_ptrs, capacity, n_copies, local_experts,
+    H, src_stride,
+    K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    # Copies in token order: consecutive tokens choose experts on every rank, so each program
+    # writes to all destinations at once and no receiver is crowded (as push_rows' staggering does).
+    # copy i = (token i // K, slot i % K): virtual expert experts[i], sorted position positions[i].
+    for start in range(tl.program_id(0) * BLOCK_R, n_copies, tl.num_programs(0) * BLOCK_R):
+        copies = start + tl.arange(0, BLOCK_R)
+        valid = copies < n_copies
+        dest_rank = tl.load(experts_ptr + copies, mask=valid, other=0) // local_experts
+        sorted_row = tl.load(positions_ptr + copies, mask=valid, other=0)
+        dest_rows = tl.load(dest_base_ptr + dest_rank, mask=valid, other=0) + sorted_row \
+            - tl.load(starts_ptr + dest_rank, mask=valid, other=0)
+        mask = valid & (dest_rows < capacity)
+        dest = tl.load(dest_ptrs + dest_rank, mask=mask, other=0).to(tl.pointer_type(src_ptr.dtype.element_ty))
+        src_rows = (copies // K).to(tl.int64)
+        dest_rows = dest_rows.to(tl.int64)
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            m = mask[:, None] & (cols[None, :] < H)
+            values = tl.load(src_ptr + src_rows[:, None] * src_stride + cols[None, :], mask=m)
+            tl.store(dest[:, None] + dest_rows[:, None] * H + cols[None, :], values, mask=m)
+
+
+@triton.jit
+def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, me, ranks, local_experts,
+                         R_P2: tl.constexpr, L_P2: tl.constexpr):
+    # inbox [ranks, ranks * local_experts]: row s = rank s's counts per virtual expert. The matrix
+    # M[s, d] = rows s sends d; plan = [send_starts (R+1) | dest_base (R) | recv_starts (R+1) |
+    # return_base (R)] as in symmetric_exchange.ExchangePlan.
+    s = tl.arange(0, R_P2)
+    d = tl.arange(0, R_P2)
+    V = ranks * local_experts
+    valid = (s[:, None] < ranks) & (d[None, :] < ranks)
+    matrix = tl.zeros((R_P2, R_P2), dtype=tl.int64)
+    for v in range(0, local_experts):
+        matrix += tl.load(inbox_ptr + s[:, None] * V + d[None, :] * local_experts + v, mask=valid, other=0)
+    send = tl.sum(tl.where(s[:, None] == me, matrix, 0), axis=0)  # over destinations d
+    dest_base = tl.sum(tl.where(s[:, None] < me, matrix, 0), axis=0)
+    recv = tl.sum(tl.where(d[None, :] == me, matrix, 0), axis=1)  # over sources s
+    return_base = tl.sum(tl.where(d[None, :] < me, matrix, 0), axis=1)
+    in_range = s < ranks
+    tl.store(plan_ptr + s, 0, mask=s == 0)
+    tl.store(plan_ptr + 1 + d, tl.cumsum(send, axis=0), mask=in_range)
+    tl.store(plan_ptr + ranks + 1 + d, dest_base, mask=in_range)
+    tl.store(plan_ptr + 2 * ranks + 1 + s, 0, mask=s == 0)
+    tl.store(plan_ptr + 2 * ranks + 2 + s, tl.cumsum(recv, axis=0), mask=in_range)
+    tl.store(plan_ptr + 3 * ranks + 2 + s, return_base, mask=in_range)
+    e = tl.arange(0, L_P2)
+    m = (s[:, None] < ranks) & (e[None, :] < local_experts)
+    counts = tl.load(inbox_ptr + s[:, None] * V + me * local_experts + e[None, :], mask=m)
+    tl.store(counts_by_source_ptr + s[:, None] * local_experts + e[None, :], counts, mask=m)

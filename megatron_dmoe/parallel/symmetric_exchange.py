@@ -9,10 +9,10 @@ symmetric memory over NVLink), and Triton kernels write rows directly to their d
                [ranks, V]; barrier. Every rank now holds the whole count matrix, so all offsets
                are computed on the device (`exchange_plan`): where my rows start in each
                destination's buffer, where each source's rows start in mine.
-            2. one kernel gathers each routed copy's token row and stores it at its arrival row in
-               the destination's `to_experts` buffer (runs of local-expert groups per source rank,
-               the layout the NCCL path delivers); barrier. The sort into destination order is
-               fused into this store: no send buffer is written.
+            2. one kernel stores each routed copy's token row at its arrival row in the
+               destination's `to_experts` buffer (runs of local-expert groups per source rank, the
+               layout the NCCL path delivers); barrier. The row follows from the copy's position
+               in expert order (a counting sort, no radix sort); no sorted send buffer is written.
             3. meanwhile the count matrix travels to the host; the received row count sizes the
                result (a view of the buffer). The GPU is not idle while the host waits: the row
                store is already queued.
@@ -58,26 +58,26 @@ class ExchangePlan:
 
 
 def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
-    """Offsets of the exchange from the count matrix inbox [R, V] (row s: rank s's counts per
-    virtual expert; rank d owns virtual experts [d * local_experts, (d + 1) * local_experts))."""
+    """Offsets of the exchange from the count matrix inbox int32 [R, V] (row s: rank s's counts per
+    virtual expert; rank d owns virtual experts [d * local_experts, (d + 1) * local_experts)), in
+    one kernel launch."""
+    import triton
+
+    from .push_kernels import exchange_plan_kernel
+
     ranks = inbox.shape[0]
-    matrix = inbox.view(ranks, ranks, local_experts).sum(-1, dtype=torch.int64)  # [source, destination]
-    zero = matrix.new_zeros(1)
-    sent_before = torch.cumsum(matrix, 0) - matrix  # rows sources before s send to each destination
-    sorted_before = torch.cumsum(matrix, 1) - matrix  # in each source's sorted order: rows for destinations before d
-    return ExchangePlan(
-        send_starts=torch.cat([zero, torch.cumsum(matrix[me], 0)]),
-        dest_base=sent_before[me].contiguous(),
-        recv_starts=torch.cat([zero, torch.cumsum(matrix[:, me], 0)]),
-        return_base=sorted_before[:, me].contiguous(),
-        counts_by_source=inbox[:, me * local_experts:(me + 1) * local_experts].clone(),
-    )
+    packed = torch.empty(4 * ranks + 2, dtype=torch.int64, device=inbox.device)
+    counts_by_source = torch.empty(ranks, local_experts, dtype=inbox.dtype, device=inbox.device)
+    exchange_plan_kernel[(1,)](inbox, packed, counts_by_source, me, ranks, local_experts,
+                               R_P2=triton.next_power_of_2(ranks), L_P2=triton.next_power_of_2(local_experts))
+    send_starts, dest_base, recv_starts, return_base = packed.split([ranks + 1, ranks, ranks + 1, ranks])
+    return ExchangePlan(send_starts, dest_base, recv_starts, return_base, counts_by_source)
 
 
 def complete_plan(plan: ExchangePlan, inbox_host: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
-    """Fill in the host sizes from the count matrix copied to the host."""
+    """Fill in the host sizes from the count matrix copied to the host (numpy: a few microseconds)."""
     ranks = inbox_host.shape[0]
-    matrix = inbox_host.view(ranks, ranks, local_experts).sum(-1, dtype=torch.int64)
+    matrix = inbox_host.numpy().reshape(ranks, ranks, local_experts).sum(-1, dtype="int64")
     plan.send_rows = int(matrix[me].sum())
     plan.recv_rows = int(matrix[:, me].sum())
     plan.most_received = int(matrix.sum(0).max())
@@ -93,29 +93,48 @@ def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None
     post_counts_kernel[(inbox_ptrs.numel(),)](counts, inbox_ptrs, me, V, BLOCK=1024)
 
 
-def push_rows(
-    src: torch.Tensor, starts: torch.Tensor, dest_base: torch.Tensor, dest_ptrs: torch.Tensor,
-    capacity: int, me: int, gather: Optional[torch.Tensor] = None, gather_div: int = 1,
-    programs_per_destination: Optional[int] = None,
-) -> None:
-    """Rows [starts[d], starts[d+1]) of src (or src[gather[r] // gather_div]) to rank d's buffer
-    (address dest_ptrs[d], rows of src.shape[1] elements) from row dest_base[d] on."""
+def _launch_shape(src: torch.Tensor, programs: Optional[int], default_per_sm: int):
     import triton
 
+    if programs is None:
+        programs = default_per_sm * (torch.cuda.get_device_properties(src.device).multi_processor_count
+                                     if src.is_cuda else 1)
+    block_h = min(1024, triton.next_power_of_2(src.shape[1]))
+    return programs, block_h, (8 if block_h >= 512 else 4)
+
+
+def push_rows(
+    src: torch.Tensor, starts: torch.Tensor, dest_base: torch.Tensor, dest_ptrs: torch.Tensor,
+    capacity: int, me: int, programs_per_destination: Optional[int] = None,
+) -> None:
+    """Rows [starts[d], starts[d+1]) of src to rank d's buffer (address dest_ptrs[d], rows of
+    src.shape[1] elements) from row dest_base[d] on."""
     from .push_kernels import push_rows_kernel
 
     ranks = dest_ptrs.numel()
-    H = src.shape[1]
-    if src.stride(1) != 1:
-        src = src.contiguous()
-    if programs_per_destination is None:
-        sms = torch.cuda.get_device_properties(src.device).multi_processor_count if src.is_cuda else ranks
-        programs_per_destination = max(1, 2 * sms // ranks)
-    block_h = min(1024, triton.next_power_of_2(H))
-    push_rows_kernel[(ranks * programs_per_destination,)](
-        src, gather if gather is not None else starts, gather_div, starts, dest_base, dest_ptrs, capacity, me,
-        ranks, H, src.stride(0),
-        GATHER=gather is not None, BLOCK_R=8, BLOCK_H=block_h, num_warps=8 if block_h >= 512 else 4,
+    src = src if src.stride(1) == 1 else src.contiguous()
+    programs, block_h, warps = _launch_shape(src, programs_per_destination and programs_per_destination * ranks, 2)
+    per_destination = max(1, programs // ranks)
+    push_rows_kernel[(ranks * per_destination,)](
+        src, starts, dest_base, dest_ptrs, capacity, me, ranks, src.shape[1], src.stride(0),
+        BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
+    )
+
+
+def push_copies(
+    x: torch.Tensor, experts: torch.Tensor, positions: torch.Tensor, plan: ExchangePlan, dest_ptrs: torch.Tensor,
+    capacity: int, local_experts: int, programs: Optional[int] = None,
+) -> None:
+    """Each routed copy (t, j) of x[t] (experts/positions [T, K]: virtual expert and sorted position)
+    to its expert's rank, at arrival row dest_base[d] + position - send_starts[d]."""
+    from .push_kernels import push_copies_kernel
+
+    x = x if x.stride(1) == 1 else x.contiguous()
+    programs, block_h, warps = _launch_shape(x, programs, 2)
+    push_copies_kernel[(programs,)](
+        x, experts, positions, plan.send_starts, plan.dest_base, dest_ptrs, capacity, experts.numel(), local_experts,
+        x.shape[1], x.stride(0),
+        K=experts.shape[1], BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
     )
 
 
@@ -180,26 +199,36 @@ class SymmetricExchange:
         self.buffers[(kind, hidden, dtype)] = buf = _RowsBuffer(tensor, handle, ptrs)
         return buf
 
-    def to_experts(self, src: torch.Tensor, plan: ExchangePlan, gather: Optional[torch.Tensor] = None,
-                   gather_div: int = 1, event: Optional[torch.cuda.Event] = None) -> torch.Tensor:
-        """Rows in this rank's sorted order -> arrival order on the expert ranks; returns the view
-        [plan.recv_rows, H] of this rank's buffer. With `event` (the dispatch), the host sizes are
-        completed here, after the store is queued, and the buffers grown if they are too small."""
-        hidden, dtype = src.shape[1], src.dtype
+    def dispatch(self, x: torch.Tensor, experts: torch.Tensor, positions: torch.Tensor, plan: ExchangePlan,
+                 event: torch.cuda.Event) -> torch.Tensor:
+        """Every routed copy of the token rows x to its expert's rank; returns the view
+        [plan.recv_rows, H] of this rank's buffer (arrival order). The host sizes are completed
+        after the store is queued; if a buffer is too small for any rank, all grow it and repeat."""
+        hidden, dtype = x.shape[1], x.dtype
         buf = self.buffer("to_experts", hidden, dtype)
-        if buf is not None:
-            push_rows(src, plan.send_starts, plan.dest_base, buf.ptrs, buf.capacity, self.me, gather, gather_div)
+
+        def store(buf):
+            push_copies(x, experts, positions, plan, buf.ptrs, buf.capacity, self.local_experts)
             self.barrier(channel=1)
-        if event is not None:
-            event.synchronize()
-            complete_plan(plan, self.inbox_host, self.me, self.local_experts)
-            back = self.buffer("to_sources", hidden, dtype)
-            if back is None or back.capacity < plan.most_sent:
-                self.grow("to_sources", hidden, dtype, plan.most_sent)
-            if buf is None or buf.capacity < plan.most_received:
-                buf = self.grow("to_experts", hidden, dtype, plan.most_received)
-                push_rows(src, plan.send_starts, plan.dest_base, buf.ptrs, buf.capacity, self.me, gather, gather_div)
-                self.barrier(channel=1)
+
+        if buf is not None:
+            store(buf)
+        event.synchronize()
+        complete_plan(plan, self.inbox_host, self.me, self.local_experts)
+        back = self.buffer("to_sources", hidden, dtype)
+        if back is None or back.capacity < plan.most_sent:
+            self.grow("to_sources", hidden, dtype, plan.most_sent)
+        if buf is None or buf.capacity < plan.most_received:
+            buf = self.grow("to_experts", hidden, dtype, plan.most_received)
+            store(buf)
+        return buf.tensor[: plan.recv_rows]
+
+    def to_experts(self, src: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
+        """Rows in this rank's sorted order -> arrival order on the expert ranks; returns the view
+        [plan.recv_rows, H] of this rank's buffer (sized by the dispatch)."""
+        buf = self.buffer("to_experts", src.shape[1], src.dtype)
+        push_rows(src, plan.send_starts, plan.dest_base, buf.ptrs, buf.capacity, self.me)
+        self.barrier(channel=1)
         return buf.tensor[: plan.recv_rows]
 
     def to_sources(self, src: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
@@ -251,10 +280,10 @@ class _ToExperts(torch.autograd.Function):
     into this rank's sorted order and are summed over each token's copies."""
 
     @staticmethod
-    def forward(ctx, x, order, positions, exchange, plan, event):
+    def forward(ctx, x, experts, positions, exchange, plan, event):
         ctx.exchange, ctx.plan = exchange, plan
         ctx.save_for_backward(positions)
-        return exchange.to_experts(x, plan, gather=order, gather_div=positions.shape[1], event=event)
+        return exchange.dispatch(x, experts, positions, plan, event)
 
     @staticmethod
     def backward(ctx, grad):
@@ -281,9 +310,10 @@ class _ToSources(torch.autograd.Function):
         return ctx.exchange.to_experts(grad.contiguous(), ctx.plan), None, None
 
 
-def send_to_experts(x, order, positions, exchange: SymmetricExchange, plan: ExchangePlan, event) -> torch.Tensor:
-    """[recv_rows, H] view of the exchange's buffer: consume it (copy) before the next exchange."""
-    return _ToExperts.apply(x, order, positions, exchange, plan, event)
+def send_to_experts(x, experts, positions, exchange: SymmetricExchange, plan: ExchangePlan, event) -> torch.Tensor:
+    """x [T, H], experts/positions [T, K] (virtual expert, sorted position of each copy) -> the
+    [recv_rows, H] view of the exchange's buffer: consume it (copy) before the next exchange."""
+    return _ToExperts.apply(x, experts, positions, exchange, plan, event)
 
 
 def send_to_sources(y, exchange: SymmetricExchange, plan: ExchangePlan) -> torch.Tensor:

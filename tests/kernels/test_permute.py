@@ -42,7 +42,8 @@ def _err(a, b):
 
 
 ROUTINGS = [("balanced", 29, 5, 2, 16), ("skewed", 40, 6, 3, 16), ("empty-experts", 23, 8, 4, 32),
-            ("skewed", 17, 3, 1, 16), ("balanced", 9, 7, 7, 16)]
+            ("skewed", 17, 3, 1, 16), ("balanced", 9, 7, 7, 16),
+            ("skewed", 700, 12, 2, 64)]  # 22 blocks of the positions kernels
 
 
 @pytest.mark.parametrize("kind,T,E,K,bs", ROUTINGS)

@@ -9,8 +9,9 @@ multi-GPU exchange is checked against the single-process layer in test_ep_nccl.p
 import pytest
 import torch
 
-from megatron_dmoe.moe.dispatcher import sort_by_expert
-from megatron_dmoe.parallel.symmetric_exchange import complete_plan, exchange_plan, post_counts, push_rows
+from dmoe_kernels.permute import padded_positions
+from megatron_dmoe.moe.experts.arrival import compact_offsets
+from megatron_dmoe.parallel.symmetric_exchange import complete_plan, exchange_plan, post_counts, push_copies, push_rows
 
 
 def _addresses(buffers):
@@ -35,6 +36,12 @@ def _counts(choices, V):
     return torch.bincount(choices.reshape(-1), minlength=V).to(torch.int32)
 
 
+def _sorted_positions(choices, V):
+    """Row of each copy when the copies are sorted by virtual expert (token order within one)."""
+    counts = _counts(choices, V)
+    return padded_positions(choices, counts, compact_offsets(counts))
+
+
 @pytest.mark.parametrize("ranks,local_experts,k", [(2, 3, 2), (3, 2, 1), (4, 2, 3)])
 def test_rows_reach_the_arrival_order_of_the_nccl_path_and_come_back_sorted(ranks, local_experts, k):
     routed, V, H = _routing(ranks, local_experts, k, seed=ranks * 10 + k)
@@ -51,10 +58,9 @@ def test_rows_reach_the_arrival_order_of_the_nccl_path_and_come_back_sorted(rank
     capacity = max(p.recv_rows for p in plans)
     assert capacity == plans[0].most_received and max(p.send_rows for p in plans) == plans[0].most_sent
     to_experts = [torch.zeros(capacity + 3, H) for _ in range(ranks)]
-    sorts = [sort_by_expert(choices) for _, choices in routed]
-    for me, ((x, _), (order, _)) in enumerate(zip(routed, sorts)):
-        push_rows(x, plans[me].send_starts, plans[me].dest_base, _addresses(to_experts), capacity, me,
-                  gather=order, gather_div=k, programs_per_destination=2)
+    positions = [_sorted_positions(choices, V) for _, choices in routed]
+    for me, (x, choices) in enumerate(routed):
+        push_copies(x, choices, positions[me], plans[me], _addresses(to_experts), capacity, local_experts, programs=3)
 
     for dest in range(ranks):
         # what NCCL delivers: per source rank, per local expert, the copies in token order
@@ -78,12 +84,33 @@ def test_rows_reach_the_arrival_order_of_the_nccl_path_and_come_back_sorted(rank
         outputs = to_experts[me][: plans[me].recv_rows] * (me + 2)
         push_rows(outputs, plans[me].recv_starts, plans[me].return_base, _addresses(to_sources),
                   to_sources[0].shape[0], me, programs_per_destination=3)
-    for me, ((x, choices), (_, positions)) in enumerate(zip(routed, sorts)):
+    for me, (x, choices) in enumerate(routed):
         owner = choices // local_experts  # rank that computed each copy
         for t in range(x.shape[0]):
             for j in range(k):
-                row = to_sources[me][positions[t, j]]
+                row = to_sources[me][positions[me][t, j]]
                 assert torch.equal(row, x[t] * (owner[t, j] + 2)), (me, t, j)
+
+
+def test_rows_in_sorted_order_reach_the_same_arrival_rows():
+    """The combine's backward sends rows already in sorted order (push_rows): same destinations."""
+    ranks, local_experts, k = 3, 2, 2
+    routed, V, H = _routing(ranks, local_experts, k, seed=7)
+    inbox = torch.stack([_counts(c, V) for _, c in routed])
+    plans = [complete_plan(exchange_plan(inbox, me, local_experts), inbox, me, local_experts) for me in range(ranks)]
+    capacity = max(p.recv_rows for p in plans)
+    by_copies = [torch.zeros(capacity, H) for _ in range(ranks)]
+    by_rows = [torch.zeros(capacity, H) for _ in range(ranks)]
+    for me, (x, choices) in enumerate(routed):
+        positions = _sorted_positions(choices, V)
+        push_copies(x, choices, positions, plans[me], _addresses(by_copies), capacity, local_experts, programs=2)
+        x_sorted = torch.empty(x.shape[0] * k, H)
+        x_sorted[positions.flatten().long()] = x.repeat_interleave(k, dim=0)
+        push_rows(x_sorted, plans[me].send_starts, plans[me].dest_base, _addresses(by_rows), capacity, me,
+                  programs_per_destination=2)
+    assert sum(int(a.any(1).sum()) for a in by_copies) == sum(p.recv_rows for p in plans) > 0
+    for a, b in zip(by_copies, by_rows):
+        assert torch.equal(a, b)
 
 
 def test_rows_past_the_capacity_are_not_written():
@@ -92,8 +119,7 @@ def test_rows_past_the_capacity_are_not_written():
     plan = exchange_plan(inbox, 0, 2)
     buffers = [torch.zeros(40, H) for _ in range(2)]
     x, choices = routed[0]
-    order, _ = sort_by_expert(choices)
-    push_rows(x, plan.send_starts, plan.dest_base, _addresses(buffers), 2, 0, gather=order, gather_div=1)
+    push_copies(x, choices, _sorted_positions(choices, V), plan, _addresses(buffers), 2, 2, programs=2)
     for buffer in buffers:
         assert not buffer[2:].any()  # capacity 2 rows
     assert buffers[0][:2].any()  # rank 0's experts received rows from rank 0
