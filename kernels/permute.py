@@ -162,11 +162,11 @@ def padded_positions(indices: torch.Tensor, counts: torch.Tensor, expert_offsets
         return pos.view(indices.shape)
     _check_launchable(flat.device)
     blocks = triton.cdiv(n, _POSITION_BLOCK)
-    hist = torch.empty(blocks, num_experts, dtype=torch.int32, device=flat.device)
+    hist = torch.empty(num_experts, blocks, dtype=torch.int32, device=flat.device)
     _positions.block_histogram_kernel[(blocks,)](
         flat, hist, n, num_experts, BLOCK=_POSITION_BLOCK, BINS=triton.next_power_of_2(num_experts + 1)
     )
-    cumulative = torch.cumsum(hist, 0, dtype=torch.int32)
+    cumulative = torch.cumsum(hist, 1, dtype=torch.int32)
     _positions.block_positions_kernel[(blocks,)](
         flat, cumulative, expert_offsets.to(torch.int32), pos, n, num_experts, BLOCK=_POSITION_BLOCK
     )
