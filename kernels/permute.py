@@ -115,8 +115,11 @@ def expand(
     return out if other is None else (out, dot)
 
 
-def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """dst [T, H] with dst[t] = sum_j scale[t, j] * src[pos[t, j]] (fp32 sums); src [rows, H]."""
+def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] = None,
+           copy: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """dst [T, H] with dst[t] = sum_j scale[t, j] * src[pos[t, j]] (fp32 sums); src [rows, H].
+    With `copy` (like src), also copy[pos[t, j]] = src[pos[t, j]] in the same pass (a source that
+    will be overwritten, kept for a backward)."""
     op = "reduce"
     src = _rows_major(op, "src", src)
     H = src.shape[1]
@@ -132,16 +135,51 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
         if K == 0:
             return dst.zero_()
         _check_launchable(src.device)
+        if copy is not None and (copy.shape != src.shape or copy.dtype != src.dtype or copy.stride(1) != 1):
+            raise ValueError(f"{op}: copy must have src's shape {tuple(src.shape)} and dtype {src.dtype}, rows contiguous")
         _kernels.reduce_kernel[(T,)](
-            src, dst, pos, scale if scale is not None else src,
-            H, src.stride(0), dst.stride(0),
-            K=K, BLOCK_H=_block_h(H, 4), HAS_SCALE=scale is not None,
+            src, dst, pos, scale if scale is not None else src, copy if copy is not None else src,
+            H, src.stride(0), dst.stride(0), copy.stride(0) if copy is not None else 0,
+            K=K, BLOCK_H=_block_h(H, 4), HAS_SCALE=scale is not None, HAS_COPY=copy is not None,
             num_warps=4,
         )
     return dst
 
 
 _POSITION_BLOCK = 64  # copies per program of the positions kernels ([64, 64] comparisons each)
+
+
+def expert_histogram(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int32 [E, blocks]: copies of expert e in blocks 0..b of indices.reshape(-1) (cumulative over
+    blocks of the positions kernels); the last column is the count per expert. No tokens: [E, 1] zeros."""
+    from . import positions_kernel as _positions
+
+    flat = indices.reshape(-1)
+    n = flat.numel()
+    if n == 0:
+        return torch.zeros(num_experts, 1, dtype=torch.int32, device=flat.device)
+    _check_launchable(flat.device)
+    blocks = triton.cdiv(n, _POSITION_BLOCK)
+    hist = torch.empty(num_experts, blocks, dtype=torch.int32, device=flat.device)
+    _positions.block_histogram_kernel[(blocks,)](
+        flat, hist, n, num_experts, BLOCK=_POSITION_BLOCK, BINS=triton.next_power_of_2(num_experts + 1)
+    )
+    return torch.cumsum(hist, 1, dtype=torch.int32)
+
+
+def positions_from_histogram(indices: torch.Tensor, cumulative: torch.Tensor, expert_offsets: torch.Tensor):
+    """int32 [T, K]: row of each copy in the expert groups starting at expert_offsets [E (+ 1)],
+    token order kept within a group; cumulative from `expert_histogram(indices, E)`."""
+    from . import positions_kernel as _positions
+
+    flat = indices.reshape(-1)
+    n = flat.numel()
+    pos = torch.empty(n, dtype=torch.int32, device=flat.device)
+    if n:
+        _positions.block_positions_kernel[(cumulative.shape[1],)](
+            flat, cumulative, expert_offsets.to(torch.int32), pos, n, cumulative.shape[0], BLOCK=_POSITION_BLOCK
+        )
+    return pos.view(indices.shape)
 
 
 def padded_positions(indices: torch.Tensor, counts: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
@@ -153,24 +191,7 @@ def padded_positions(indices: torch.Tensor, counts: torch.Tensor, expert_offsets
     """
     if indices.dim() != 2:
         raise ValueError(f"indices must be [tokens, top_k], got shape {tuple(indices.shape)}")
-    from . import positions_kernel as _positions
-
-    flat = indices.reshape(-1)
-    n, num_experts = flat.numel(), counts.numel()
-    pos = torch.empty(n, dtype=torch.int32, device=flat.device)
-    if n == 0:
-        return pos.view(indices.shape)
-    _check_launchable(flat.device)
-    blocks = triton.cdiv(n, _POSITION_BLOCK)
-    hist = torch.empty(num_experts, blocks, dtype=torch.int32, device=flat.device)
-    _positions.block_histogram_kernel[(blocks,)](
-        flat, hist, n, num_experts, BLOCK=_POSITION_BLOCK, BINS=triton.next_power_of_2(num_experts + 1)
-    )
-    cumulative = torch.cumsum(hist, 1, dtype=torch.int32)
-    _positions.block_positions_kernel[(blocks,)](
-        flat, cumulative, expert_offsets.to(torch.int32), pos, n, num_experts, BLOCK=_POSITION_BLOCK
-    )
-    return pos.view(indices.shape)
+    return positions_from_histogram(indices, expert_histogram(indices, counts.numel()), expert_offsets)
 
 
 def grouped_positions(counts: torch.Tensor, expert_offsets: torch.Tensor, num_rows: int) -> torch.Tensor:

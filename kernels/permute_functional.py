@@ -3,6 +3,8 @@
   permute(x, pos, rows, expert_offsets, counts)            x [T, H] -> padded buffer [rows, H]
   unpermute(y_pad, pos, expert_offsets, counts, weights)   padded buffer -> y [T, H]
                                                            y[t] = sum_j weights[t, j] * y_pad[pos[t, j]]
+      transient_input=True: y_pad will be overwritten before the backward; the rows the weights'
+      gradient needs are copied out in the same pass
 
 Each backward is the other kernel: permute's is a sum of the K copies' gradients; unpermute's
 writes weights[t, j] * dy[t] to the copies' rows (padding rows zero, so the weight-gradient products
@@ -38,11 +40,12 @@ class _Permute(torch.autograd.Function):
 
 class _Unpermute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y_pad, pos, weights, expert_offsets, counts):
+    def forward(ctx, y_pad, pos, weights, expert_offsets, counts, transient_input):
         weights_grad = weights is not None and ctx.needs_input_grad[2]
-        ctx.save_for_backward(pos, weights, expert_offsets, counts, y_pad if weights_grad else None)
+        kept = torch.empty_like(y_pad) if weights_grad and transient_input else None
+        ctx.save_for_backward(pos, weights, expert_offsets, counts, (kept if kept is not None else y_pad) if weights_grad else None)
         ctx.rows = y_pad.shape[0]
-        return _ops.reduce(y_pad, pos, weights)
+        return _ops.reduce(y_pad, pos, weights, copy=kept)
 
     @staticmethod
     def backward(ctx, grad):
@@ -54,7 +57,7 @@ class _Unpermute(torch.autograd.Function):
             d_weights = dot.to(weights.dtype)
         else:
             d_y_pad = _ops.expand(grad, pos, ctx.rows, expert_offsets, counts, scale=weights)
-        return d_y_pad, None, d_weights, None, None
+        return d_y_pad, None, d_weights, None, None, None
 
 
 def permute(x: torch.Tensor, pos: torch.Tensor, rows: int, expert_offsets: torch.Tensor,
@@ -64,6 +67,7 @@ def permute(x: torch.Tensor, pos: torch.Tensor, rows: int, expert_offsets: torch
 
 
 def unpermute(y_pad: torch.Tensor, pos: torch.Tensor, expert_offsets: torch.Tensor, counts: torch.Tensor,
-              weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """y [T, H] = sum over j of weights[t, j] * y_pad[pos[t, j]] (weights None: plain sum)."""
-    return _Unpermute.apply(y_pad, pos, weights, expert_offsets, counts)
+              weights: Optional[torch.Tensor] = None, transient_input: bool = False) -> torch.Tensor:
+    """y [T, H] = sum over j of weights[t, j] * y_pad[pos[t, j]] (weights None: plain sum).
+    transient_input: y_pad is overwritten before the backward (copied out in the same pass)."""
+    return _Unpermute.apply(y_pad, pos, weights, expert_offsets, counts, transient_input)

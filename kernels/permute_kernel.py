@@ -9,6 +9,7 @@ in one 2-D tile [K_POW2, BLOCK_H], so no atomics are needed and results are dete
                   plus E programs (launched first, so they overlap the token programs) that
                   zero each expert's padding rows
   reduce_kernel   dst[t] = sum_j scale(t, j) * src[pos(t, j)]     (un-permute; permute's backward)
+                  optionally copy[pos(t, j)] = src[pos(t, j)] (keeps a transient source)
 
 Sums and dot products accumulate in fp32.
 """
@@ -66,9 +67,9 @@ def expand_kernel(
 
 @triton.jit
 def reduce_kernel(
-    src_ptr, dst_ptr, pos_ptr, scale_ptr,
-    H, stride_src, stride_dst,
-    K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr,
+    src_ptr, dst_ptr, pos_ptr, scale_ptr, copy_ptr,
+    H, stride_src, stride_dst, stride_copy,
+    K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_COPY: tl.constexpr,
 ):
     # One 1-D row load per copy (unrolled over K): the sum stays inside each thread, where a
     # [K, BLOCK_H] tile summed over K would cross warps through shared memory at every chunk.
@@ -81,7 +82,10 @@ def reduce_kernel(
         acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for j in tl.static_range(K):
             row = tl.load(pos_ptr + pid * K + j).to(tl.int64)
-            v = tl.load(src_ptr + row * stride_src + h, mask=h_mask, other=0.0).to(tl.float32)
+            v = tl.load(src_ptr + row * stride_src + h, mask=h_mask, other=0.0)
+            if HAS_COPY:
+                tl.store(copy_ptr + row * stride_copy + h, v, mask=h_mask)
+            v = v.to(tl.float32)
             if HAS_SCALE:
                 v = v * tl.load(scale_ptr + pid * K + j).to(tl.float32)
             acc += v

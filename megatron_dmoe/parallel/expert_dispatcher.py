@@ -114,9 +114,9 @@ class ExpertParallelDispatcher(TokenDispatcher):
         layout = self.layout
         ranks, per_rank = layout.ep_size, layout.num_local_experts
         virtual, virtual_weights = expand_to_virtual_experts(indices, weights, layout.shards_per_expert)
-        counts = count_assignments(virtual, layout.num_virtual_experts)
         if self._use_symmetric(x.device):
-            return self._dispatch_symmetric(x, virtual, virtual_weights, counts)
+            return self._dispatch_symmetric(x, virtual, virtual_weights)
+        counts = count_assignments(virtual, layout.num_virtual_experts)
         counts_by_rank = counts.view(ranks, per_rank)
         received = exchange_counts(counts_by_rank, self.group)  # [source rank, local expert]
         # the one device-to-host copy (split sizes of the row exchange), overlapped with the sort
@@ -138,38 +138,38 @@ class ExpertParallelDispatcher(TokenDispatcher):
         state = ExpertParallelState(positions, virtual_weights, offsets, counts, received, send_splits, recv_splits)
         return x_recv, received.sum(0), state
 
-    def _dispatch_symmetric(self, x, virtual, virtual_weights, counts):
+    def _dispatch_symmetric(self, x, virtual, virtual_weights):
+        from dmoe_kernels.permute import expert_histogram, positions_from_histogram
+
         from .symmetric_exchange import send_to_experts
 
-        from dmoe_kernels.permute import padded_positions
-
         exchange = self._symmetric
-        plan, event = exchange.plan(counts)  # counts posted to every rank; offsets on the device
-        offsets = compact_offsets(counts)
-        positions = padded_positions(virtual, counts, offsets)  # sorted row of each copy, no sort
+        cumulative = expert_histogram(virtual, self.layout.num_virtual_experts)  # last column: counts
+        plan, event = exchange.plan(cumulative[:, -1])  # counts posted to every rank; offsets on the device
+        positions = positions_from_histogram(virtual, cumulative, plan.offsets)  # sorted row of each copy
         x_recv = send_to_experts(x, virtual, positions, exchange, plan, event)
         if not self.rows_consumed_at_once:
             x_recv = x_recv.clone()
-        received = plan.counts_by_source
-        state = ExpertParallelState(positions, virtual_weights, offsets, counts, received,
+        state = ExpertParallelState(positions, virtual_weights, plan.offsets, plan.counts, plan.counts_by_source,
                                     plan=plan, exchange=exchange)
-        return x_recv, received.sum(0), state
+        return x_recv, plan.tokens_per_expert, state
 
     def counts_by_source(self, state: ExpertParallelState) -> torch.Tensor:
         return state.counts_by_source
 
     def combine(self, y_recv, state: ExpertParallelState):
         """Outputs in arrival order -> y [T, h] = sum over copies of weight * output."""
-        if state.plan is not None:
+        transient = state.plan is not None  # a view of the exchange's buffer, which the next exchange reuses
+        if transient:
             from .symmetric_exchange import send_to_sources
 
             y_sorted = send_to_sources(y_recv, state.exchange, state.plan)
-            if state.weights.requires_grad and torch.is_grad_enabled():
-                y_sorted = y_sorted.clone()  # kept for the weights' gradient; the buffer is reused
         else:
             y_sorted = differentiable_all_to_all(y_recv, state.send_splits, state.recv_splits, self.group)
         if state.offsets is not None:
             from dmoe_kernels.permute_functional import unpermute
 
-            return unpermute(y_sorted, state.positions, state.offsets, state.counts, state.weights)
+            # the rows the weights' gradient needs are copied out of the buffer by the same pass
+            return unpermute(y_sorted, state.positions, state.offsets, state.counts, state.weights,
+                             transient_input=transient)
         return weighted_sum(y_sorted.index_select(0, state.positions.reshape(-1)), state.weights)

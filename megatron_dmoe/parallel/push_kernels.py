@@ -19,13 +19,14 @@ import triton.language as tl
 
 
 @triton.jit
-def post_counts_kernel(counts_ptr, inbox_ptrs, me, V, BLOCK: tl.constexpr):
+def post_counts_kernel(counts_ptr, counts_stride, inbox_ptrs, me, V, BLOCK: tl.constexpr):
     dest_rank = tl.program_id(0)
     inbox = tl.load(inbox_ptrs + dest_rank).to(tl.pointer_type(tl.int32))
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < V
-        tl.store(inbox + me * V + offs, tl.load(counts_ptr + offs, mask=mask), mask=mask)
+        counts = tl.load(counts_ptr + offs * counts_stride, mask=mask).to(tl.int32)
+        tl.store(inbox + me * V + offs, counts, mask=mask)
 
 
 @triton.jit
@@ -85,11 +86,13 @@ def push_copies_kernel(
 
 
 @triton.jit
-def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, me, ranks, local_experts,
-                         R_P2: tl.constexpr, L_P2: tl.constexpr):
+def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, tokens_per_expert_ptr, offsets_ptr,
+                         me, ranks, local_experts,
+                         R_P2: tl.constexpr, L_P2: tl.constexpr, V_P2: tl.constexpr):
     # inbox [ranks, ranks * local_experts]: row s = rank s's counts per virtual expert. The matrix
     # M[s, d] = rows s sends d; plan = [send_starts (R+1) | dest_base (R) | recv_starts (R+1) |
-    # return_base (R)] as in symmetric_exchange.ExchangePlan.
+    # return_base (R)] as in symmetric_exchange.ExchangePlan. Also: rows received per source and
+    # local expert, their sum per local expert, and the group starts [V+1] of my own sorted copies.
     s = tl.arange(0, R_P2)
     d = tl.arange(0, R_P2)
     V = ranks * local_experts
@@ -108,7 +111,15 @@ def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, me, ranks, l
     tl.store(plan_ptr + 2 * ranks + 1 + s, 0, mask=s == 0)
     tl.store(plan_ptr + 2 * ranks + 2 + s, tl.cumsum(recv, axis=0), mask=in_range)
     tl.store(plan_ptr + 3 * ranks + 2 + s, return_base, mask=in_range)
+
     e = tl.arange(0, L_P2)
     m = (s[:, None] < ranks) & (e[None, :] < local_experts)
-    counts = tl.load(inbox_ptr + s[:, None] * V + me * local_experts + e[None, :], mask=m)
+    counts = tl.load(inbox_ptr + s[:, None] * V + me * local_experts + e[None, :], mask=m, other=0)
     tl.store(counts_by_source_ptr + s[:, None] * local_experts + e[None, :], counts, mask=m)
+    tl.store(tokens_per_expert_ptr + e, tl.sum(counts.to(tl.int64), axis=0), mask=e < local_experts)
+
+    v = tl.arange(0, V_P2)
+    mine = tl.load(inbox_ptr + me * V + v, mask=v < V, other=0)
+    ends = tl.cumsum(mine, axis=0)
+    tl.store(offsets_ptr + v, 0, mask=v == 0)
+    tl.store(offsets_ptr + 1 + v, ends, mask=v < V)

@@ -32,6 +32,7 @@ Only for ranks of one host (CUDA peer mappings); the dispatcher falls back to NC
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -50,7 +51,10 @@ class ExchangePlan:
     dest_base: torch.Tensor  # [R]: first row of my rows in rank d's to_experts buffer
     recv_starts: torch.Tensor  # [R + 1]: rows from rank s in my to_experts buffer
     return_base: torch.Tensor  # [R]: first row, in rank s's sorted order, of the rows s sent me
-    counts_by_source: torch.Tensor  # [R, local experts]: rows received per source and expert
+    counts_by_source: torch.Tensor  # int32 [R, local experts]: rows received per source and expert
+    tokens_per_expert: torch.Tensor  # int64 [local experts]: rows received per local expert
+    offsets: torch.Tensor  # int32 [V + 1]: group starts of my copies in virtual-expert order
+    counts: torch.Tensor  # int32 [V]: my copies per virtual expert
     send_rows: int = -1  # host: rows I send (= routed copies)
     recv_rows: int = -1  # host: rows I receive
     most_received: int = -1  # host: the largest recv_rows of any rank
@@ -65,13 +69,18 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
 
     from .push_kernels import exchange_plan_kernel
 
-    ranks = inbox.shape[0]
-    packed = torch.empty(4 * ranks + 2, dtype=torch.int64, device=inbox.device)
-    counts_by_source = torch.empty(ranks, local_experts, dtype=inbox.dtype, device=inbox.device)
-    exchange_plan_kernel[(1,)](inbox, packed, counts_by_source, me, ranks, local_experts,
-                               R_P2=triton.next_power_of_2(ranks), L_P2=triton.next_power_of_2(local_experts))
+    ranks, V = inbox.shape
+    device = inbox.device
+    packed = torch.empty(4 * ranks + 2, dtype=torch.int64, device=device)
+    counts_by_source = torch.empty(ranks, local_experts, dtype=torch.int32, device=device)
+    tokens_per_expert = torch.empty(local_experts, dtype=torch.int64, device=device)
+    offsets = torch.empty(V + 1, dtype=torch.int32, device=device)
+    exchange_plan_kernel[(1,)](inbox, packed, counts_by_source, tokens_per_expert, offsets, me, ranks, local_experts,
+                               R_P2=triton.next_power_of_2(ranks), L_P2=triton.next_power_of_2(local_experts),
+                               V_P2=triton.next_power_of_2(V))
     send_starts, dest_base, recv_starts, return_base = packed.split([ranks + 1, ranks, ranks + 1, ranks])
-    return ExchangePlan(send_starts, dest_base, recv_starts, return_base, counts_by_source)
+    return ExchangePlan(send_starts, dest_base, recv_starts, return_base, counts_by_source, tokens_per_expert,
+                        offsets, inbox[me].clone())
 
 
 def complete_plan(plan: ExchangePlan, inbox_host: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
@@ -86,19 +95,23 @@ def complete_plan(plan: ExchangePlan, inbox_host: torch.Tensor, me: int, local_e
 
 
 def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None:
-    """counts int32 [V] into row `me` of every rank's inbox (inbox_ptrs: their addresses)."""
+    """counts [V] (any integer dtype and stride) into row `me` of every rank's int32 inbox
+    (inbox_ptrs: their addresses)."""
     from .push_kernels import post_counts_kernel
 
-    V = counts.numel()
-    post_counts_kernel[(inbox_ptrs.numel(),)](counts, inbox_ptrs, me, V, BLOCK=1024)
+    post_counts_kernel[(inbox_ptrs.numel(),)](counts, counts.stride(0), inbox_ptrs, me, counts.numel(), BLOCK=1024)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def _launch_shape(src: torch.Tensor, programs: Optional[int], default_per_sm: int):
     import triton
 
     if programs is None:
-        programs = default_per_sm * (torch.cuda.get_device_properties(src.device).multi_processor_count
-                                     if src.is_cuda else 1)
+        programs = default_per_sm * _multiprocessors(src.device)
     block_h = min(1024, triton.next_power_of_2(src.shape[1]))
     return programs, block_h, (8 if block_h >= 512 else 4)
 
@@ -165,6 +178,7 @@ class SymmetricExchange:
         self.handle = symm_mem.rendezvous(self.inbox, group)
         self.inbox_ptrs = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.inbox_host = torch.empty(self.inbox.shape, dtype=torch.int32, pin_memory=True)
+        self.inbox_arrived = torch.cuda.Event()  # recorded after each copy of the inbox to the host
         self.buffers: Dict[Tuple[str, int, torch.dtype], _RowsBuffer] = {}
 
     def barrier(self, channel: int) -> None:
@@ -173,13 +187,12 @@ class SymmetricExchange:
     def plan(self, counts: torch.Tensor) -> Tuple[ExchangePlan, torch.cuda.Event]:
         """Post this rank's counts, wait for everyone's; the device offsets now, the host copy of the
         count matrix on its way (the event marks its arrival)."""
-        post_counts(counts.to(torch.int32), self.inbox_ptrs, self.me)
+        post_counts(counts, self.inbox_ptrs, self.me)
         self.barrier(channel=0)
         plan = exchange_plan(self.inbox, self.me, self.local_experts)
         self.inbox_host.copy_(self.inbox, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return plan, event
+        self.inbox_arrived.record()
+        return plan, self.inbox_arrived
 
     def buffer(self, kind: str, hidden: int, dtype: torch.dtype) -> Optional[_RowsBuffer]:
         return self.buffers.get((kind, hidden, dtype))

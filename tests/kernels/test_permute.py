@@ -116,6 +116,25 @@ def test_permute_unpermute_gradients(kind, T, E, K, bs, device):
     assert int(pad.sum()) > 0 and (x_pad[pad] == 0).all()
 
 
+def test_unpermute_of_a_transient_buffer_keeps_what_the_weight_gradient_needs(device):
+    """transient_input=True: the buffer is overwritten after the forward (as the expert-parallel
+    exchange reuses its buffers); the router-weight gradient still uses the forward's rows."""
+    indices = _routing("skewed", 13, 5, 2, device)
+    counts, offsets, rows = _layout(indices, 5, 16)
+    pos = P.padded_positions(indices, counts, offsets)
+    buffer = torch.randn(rows, 8, device=device)
+    y_pad = buffer.clone().requires_grad_()
+    w = torch.rand(13, 2, device=device, requires_grad=True)
+    dy = torch.randn(13, 8, device=device)
+    out = unpermute(y_pad.view_as(y_pad), pos, offsets, counts, w, transient_input=True)
+    with torch.no_grad():
+        y_pad.fill_(float("nan"))  # the next exchange writes the buffer
+    out.backward(dy)
+    rows64 = buffer.double()[pos.long()]  # [T, K, H]
+    assert _err(out, (w.detach().double()[..., None] * rows64).sum(1)) < 1e-6
+    assert _err(w.grad, (dy.double()[:, None, :] * rows64).sum(-1)) < 1e-6
+
+
 def test_unpermute_without_weights_and_without_weight_gradient(device):
     indices = _routing("balanced", 11, 4, 2, device)
     counts, offsets, rows = _layout(indices, 4, 16)

@@ -9,7 +9,7 @@ multi-GPU exchange is checked against the single-process layer in test_ep_nccl.p
 import pytest
 import torch
 
-from dmoe_kernels.permute import padded_positions
+from dmoe_kernels.permute import expert_histogram, padded_positions, positions_from_histogram
 from megatron_dmoe.moe.experts.arrival import compact_offsets
 from megatron_dmoe.parallel.symmetric_exchange import complete_plan, exchange_plan, post_counts, push_copies, push_rows
 
@@ -46,19 +46,27 @@ def _sorted_positions(choices, V):
 def test_rows_reach_the_arrival_order_of_the_nccl_path_and_come_back_sorted(ranks, local_experts, k):
     routed, V, H = _routing(ranks, local_experts, k, seed=ranks * 10 + k)
 
+    # as the dispatcher does: counts from the positions kernels' cumulative histogram (a strided view)
     inboxes = [torch.full((ranks, V), -1, dtype=torch.int32) for _ in range(ranks)]
-    for me, (_, choices) in enumerate(routed):
-        post_counts(_counts(choices, V), _addresses(inboxes), me)
+    histograms = [expert_histogram(choices, V) for _, choices in routed]
+    for me, cumulative in enumerate(histograms):
+        post_counts(cumulative[:, -1], _addresses(inboxes), me)
     expected_matrix = torch.stack([_counts(c, V) for _, c in routed])
     for inbox in inboxes:
         assert torch.equal(inbox, expected_matrix)
 
     plans = [complete_plan(exchange_plan(inboxes[me], me, local_experts), inboxes[me], me, local_experts)
              for me in range(ranks)]
+    for me, plan in enumerate(plans):
+        assert torch.equal(plan.offsets, compact_offsets(expected_matrix[me]))
+        assert torch.equal(plan.counts, expected_matrix[me])
+        assert torch.equal(plan.tokens_per_expert, plan.counts_by_source.sum(0))
     capacity = max(p.recv_rows for p in plans)
     assert capacity == plans[0].most_received and max(p.send_rows for p in plans) == plans[0].most_sent
     to_experts = [torch.zeros(capacity + 3, H) for _ in range(ranks)]
-    positions = [_sorted_positions(choices, V) for _, choices in routed]
+    positions = [positions_from_histogram(choices, cumulative, plan.offsets)
+                 for (_, choices), cumulative, plan in zip(routed, histograms, plans)]
+    assert all(torch.equal(p, _sorted_positions(c, V)) for p, (_, c) in zip(positions, routed))
     for me, (x, choices) in enumerate(routed):
         push_copies(x, choices, positions[me], plans[me], _addresses(to_experts), capacity, local_experts, programs=3)
 
