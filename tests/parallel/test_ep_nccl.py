@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ep_layer_checks import LAYER_CASES, check_layer_cases
+from exchange_checks import check_symmetric_matches_nccl
 from ep_runs import (EP_KEY, assert_same_expert_loads, assert_same_steps, check_ep4_checkpoint_continues_at_ep2_and_ep1,
                      records, train)
 from process_group import run_in_processes
@@ -70,6 +71,16 @@ def test_layer_matches_single_process_layer_over_nccl_in_four_processes():
     assert {case["ep"] for case in cases.values()} == {2, 4}
     assert any(case["ep"] == 4 and case["E"] == 2 for case in cases.values())
     run_in_processes(4, check_layer_cases, cases, "cuda", HIDDEN, FFN, TOLERANCES, device="cuda", timeout=500)
+
+
+@needs_gpus(2)
+def test_symmetric_exchange_matches_nccl_exchange_in_two_processes():
+    run_in_processes(2, check_symmetric_matches_nccl, 2, device="cuda", timeout=300)
+
+
+@needs_gpus(4)
+def test_symmetric_exchange_matches_nccl_exchange_in_four_processes():
+    run_in_processes(4, check_symmetric_matches_nccl, 4, device="cuda", timeout=300)
 
 
 # fp32 training with the block-sparse kernels (SMALL's expert width 128 is a multiple of tiny's block 64)

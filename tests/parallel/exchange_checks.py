@@ -1,0 +1,53 @@
+"""Checks run inside every process (see process_group.run_in_processes): the symmetric-memory
+exchange against the NCCL one on the same routing, call after call with growing and shrinking
+batches (so the shared buffers are created, grown and reused, and stale rows would show).
+
+Both are pure data movement around the same weighted sum, so in float32 the received rows, counts,
+outputs and gradients must be bitwise equal.
+"""
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+
+from megatron_dmoe.parallel.distributed import init_distributed
+from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
+from megatron_dmoe.parallel.expert_layout import ExpertLayout
+
+EXPERTS, TOP_K, HIDDEN = 8, 2, 40
+TOKENS = (13, 3000, 400, 5000)  # per call on rank 0; other ranks scale these differently
+
+
+def _exchange(dispatcher, x, indices, weights):
+    x = x.clone().requires_grad_()
+    w = weights.clone().requires_grad_()
+    x_recv, tokens_per_expert, state = dispatcher.dispatch(x, indices, w)
+    received = x_recv.detach().clone()
+    counts = dispatcher.counts_by_source(state).to(torch.int64).clone()
+    y = dispatcher.combine(x_recv * 2.0, state)  # the "experts" double every row
+    g = torch.randn(y.shape, generator=torch.Generator(device=y.device).manual_seed(5), device=y.device)
+    (y * g).sum().backward()
+    return received, tokens_per_expert.to(torch.int64), counts, y.detach(), x.grad, w.grad
+
+
+def check_symmetric_matches_nccl(ep: int) -> None:
+    init_distributed("cuda", expert_model_parallel_size=ep)
+    device = torch.device("cuda", torch.cuda.current_device())
+    group = ps.get_expert_model_parallel_group()
+    layout = ExpertLayout(EXPERTS, 64, ep, ps.get_expert_model_parallel_rank())
+    nccl = ExpertParallelDispatcher(layout, group, "nccl")
+    symmetric = ExpertParallelDispatcher(layout, group, "symmetric")
+    rank = dist.get_rank()
+    for call, tokens in enumerate(TOKENS):
+        tokens = tokens * (1 + rank) // (1 + call % 2)  # ranks and calls differ in size
+        g = torch.Generator(device=device).manual_seed(100 * call + rank)
+        x = torch.randn(tokens, HIDDEN, device=device, generator=g)
+        scores = torch.rand(tokens, EXPERTS, device=device, generator=g)
+        if call == 1:
+            scores[:, 0] += 1.0  # most copies go to rank 0's first expert: its buffer must grow
+        weights, indices = torch.topk(scores, TOP_K, dim=-1)
+        expected = _exchange(nccl, x, indices, weights)
+        got = _exchange(symmetric, x, indices, weights)
+        names = ("received rows", "tokens per expert", "counts by source", "output", "x grad", "weights grad")
+        for name, a, b in zip(names, got, expected):
+            assert a.shape == b.shape and torch.equal(a, b), (call, rank, name)
+    assert symmetric._symmetric is not False and symmetric._symmetric.buffers, "the symmetric path did not run"
