@@ -102,12 +102,12 @@ class ExpertParallelDispatcher(TokenDispatcher):
         if self.exchange == "nccl":
             return False
         if self._symmetric is None:
-            from .symmetric_exchange import symmetric_exchange, symmetric_unavailable_reason
+            from .symmetric_exchange import symmetric_exchange
 
-            reason = symmetric_unavailable_reason(self.group, device)
-            if reason is not None and self.exchange == "symmetric":
+            exchange, reason = symmetric_exchange(self.group, self.layout.num_virtual_experts, device)
+            if exchange is None and self.exchange == "symmetric":
                 raise RuntimeError(f"expert exchange 'symmetric' cannot run here: {reason}; use 'nccl' or 'auto'")
-            self._symmetric = False if reason else symmetric_exchange(self.group, self.layout.num_virtual_experts, device)
+            self._symmetric = exchange if exchange is not None else False
         return self._symmetric is not False
 
     def dispatch(self, x, indices, weights):

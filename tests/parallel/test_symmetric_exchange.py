@@ -11,6 +11,8 @@ import torch
 
 from dmoe_kernels.permute import expert_histogram, padded_positions, positions_from_histogram
 from megatron_dmoe.moe.experts.arrival import compact_offsets
+from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
+from megatron_dmoe.parallel.expert_layout import ExpertLayout
 from megatron_dmoe.parallel.symmetric_exchange import complete_plan, exchange_plan, post_counts, push_copies, push_rows
 
 
@@ -131,3 +133,14 @@ def test_rows_past_the_capacity_are_not_written():
     for buffer in buffers:
         assert not buffer[2:].any()  # capacity 2 rows
     assert buffers[0][:2].any()  # rank 0's experts received rows from rank 0
+
+
+def test_exchange_choice_on_cpu():
+    """auto falls back to NCCL-style collectives off CUDA; asking for symmetric there says why."""
+    layout = ExpertLayout(4, 8, 2, 0)
+    assert ExpertParallelDispatcher(layout, None, "auto")._use_symmetric(torch.device("cpu")) is False
+    assert ExpertParallelDispatcher(layout, None, "nccl")._use_symmetric(torch.device("cpu")) is False
+    with pytest.raises(RuntimeError, match="symmetric memory needs CUDA.*use 'nccl' or 'auto'"):
+        ExpertParallelDispatcher(layout, None, "symmetric")._use_symmetric(torch.device("cpu"))
+    with pytest.raises(ValueError, match="nvshmem.*auto"):
+        ExpertParallelDispatcher(layout, None, "nvshmem")
