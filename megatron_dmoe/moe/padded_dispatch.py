@@ -47,7 +47,7 @@ class PaddedDispatcher(TokenDispatcher):
 
     def dispatch(self, x, indices, weights):
         import dmoe_kernels as dk
-        from dmoe_kernels.permute import expert_counts, padded_positions
+        from dmoe_kernels.permute import expert_histogram, positions_from_histogram
         from dmoe_kernels.permute_functional import permute
 
         if self.block_size is None:
@@ -56,9 +56,11 @@ class PaddedDispatcher(TokenDispatcher):
                 "block size of the sparse backend; use backend='grouped' or 'reference'."
             )
         num_tokens, top_k = indices.shape
-        counts = expert_counts(indices, self.num_experts)
+        # the positions kernels' cumulative histogram also gives the counts (its last column)
+        cumulative = expert_histogram(indices, self.num_experts)
+        counts = cumulative[:, -1].to(torch.int64)
         topo = dk.Topology.for_experts(counts, num_tokens * top_k, self.ffn_hidden_size, self.block_size)
-        positions = padded_positions(indices, counts, topo.expert_offsets)
+        positions = positions_from_histogram(indices, cumulative, topo.expert_offsets)
         x_pad = permute(x, positions, topo.shape[0], topo.expert_offsets, counts)
         return x_pad, counts, PaddedState(topo, positions, counts, weights)
 
