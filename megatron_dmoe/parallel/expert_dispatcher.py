@@ -122,14 +122,16 @@ class ExpertParallelDispatcher(TokenDispatcher):
         # the one device-to-host copy (split sizes of the row exchange), overlapped with the sort
         sizes = _HostCopy(torch.cat([counts_by_rank.sum(1), received.sum(1)]))
 
-        order, positions = sort_by_expert(virtual)
         offsets = None
         if x.is_cuda:
+            from dmoe_kernels.permute import padded_positions
             from dmoe_kernels.permute_functional import permute
 
             offsets = compact_offsets(counts)
+            positions = padded_positions(virtual, counts, offsets)  # sorted row of each copy (counting sort)
             x_sorted = permute(x, positions, positions.numel(), offsets, counts)
         else:
+            order, positions = sort_by_expert(virtual)
             x_sorted = x.index_select(0, order // positions.shape[1])
 
         split_sizes = sizes.tolist()

@@ -86,13 +86,13 @@ def push_copies_kernel(
 
 
 @triton.jit
-def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, tokens_per_expert_ptr, offsets_ptr,
+def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, tokens_per_expert_ptr, offsets_ptr, counts_ptr,
                          me, ranks, local_experts,
                          R_P2: tl.constexpr, L_P2: tl.constexpr, V_P2: tl.constexpr):
     # inbox [ranks, ranks * local_experts]: row s = rank s's counts per virtual expert. The matrix
     # M[s, d] = rows s sends d; plan = [send_starts (R+1) | dest_base (R) | recv_starts (R+1) |
     # return_base (R)] as in symmetric_exchange.ExchangePlan. Also: rows received per source and
-    # local expert, their sum per local expert, and the group starts [V+1] of my own sorted copies.
+    # local expert, their sum per local expert, and my own counts [V] and group starts [V+1].
     s = tl.arange(0, R_P2)
     d = tl.arange(0, R_P2)
     V = ranks * local_experts
@@ -120,6 +120,7 @@ def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, tokens_per_e
 
     v = tl.arange(0, V_P2)
     mine = tl.load(inbox_ptr + me * V + v, mask=v < V, other=0)
+    tl.store(counts_ptr + v, mine, mask=v < V)
     ends = tl.cumsum(mine, axis=0)
     tl.store(offsets_ptr + v, 0, mask=v == 0)
     tl.store(offsets_ptr + 1 + v, ends, mask=v < V)

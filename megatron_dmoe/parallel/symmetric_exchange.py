@@ -75,12 +75,14 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
     counts_by_source = torch.empty(ranks, local_experts, dtype=torch.int32, device=device)
     tokens_per_expert = torch.empty(local_experts, dtype=torch.int64, device=device)
     offsets = torch.empty(V + 1, dtype=torch.int32, device=device)
-    exchange_plan_kernel[(1,)](inbox, packed, counts_by_source, tokens_per_expert, offsets, me, ranks, local_experts,
+    counts = torch.empty(V, dtype=torch.int32, device=device)
+    exchange_plan_kernel[(1,)](inbox, packed, counts_by_source, tokens_per_expert, offsets, counts, me, ranks,
+                               local_experts,
                                R_P2=triton.next_power_of_2(ranks), L_P2=triton.next_power_of_2(local_experts),
                                V_P2=triton.next_power_of_2(V))
     send_starts, dest_base, recv_starts, return_base = packed.split([ranks + 1, ranks, ranks + 1, ranks])
     return ExchangePlan(send_starts, dest_base, recv_starts, return_base, counts_by_source, tokens_per_expert,
-                        offsets, inbox[me].clone())
+                        offsets, counts)
 
 
 def complete_plan(plan: ExchangePlan, inbox_host: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
@@ -107,11 +109,12 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def _launch_shape(src: torch.Tensor, programs: Optional[int], default_per_sm: int):
+def _launch_shape(src: torch.Tensor, programs: Optional[int]):
+    """(programs, BLOCK_H, warps) of a push kernel; by default two programs per multiprocessor."""
     import triton
 
     if programs is None:
-        programs = default_per_sm * _multiprocessors(src.device)
+        programs = 2 * _multiprocessors(src.device)
     block_h = min(1024, triton.next_power_of_2(src.shape[1]))
     return programs, block_h, (8 if block_h >= 512 else 4)
 
@@ -126,7 +129,8 @@ def push_rows(
 
     ranks = dest_ptrs.numel()
     src = src if src.stride(1) == 1 else src.contiguous()
-    programs, block_h, warps = _launch_shape(src, programs_per_destination and programs_per_destination * ranks, 2)
+    programs, block_h, warps = _launch_shape(src, None if programs_per_destination is None
+                                             else programs_per_destination * ranks)
     per_destination = max(1, programs // ranks)
     push_rows_kernel[(ranks * per_destination,)](
         src, starts, dest_base, dest_ptrs, capacity, me, ranks, src.shape[1], src.stride(0),
@@ -143,7 +147,7 @@ def push_copies(
     from .push_kernels import push_copies_kernel
 
     x = x if x.stride(1) == 1 else x.contiguous()
-    programs, block_h, warps = _launch_shape(x, programs, 2)
+    programs, block_h, warps = _launch_shape(x, programs)
     push_copies_kernel[(programs,)](
         x, experts, positions, plan.send_starts, plan.dest_base, dest_ptrs, capacity, experts.numel(), local_experts,
         x.shape[1], x.stride(0),
