@@ -13,7 +13,9 @@ of the same useful FLOPs, with the operand layouts a dense MLP would use:
 
 FLOPs counted: 2*T*k*d*f per product (never the padding). Times: triton.testing.do_bench, median,
 L2 flushed before each run, bf16 random data. Before timing, each sparse product is checked against
-per-expert dense matmuls (exact for balanced routing whose groups fill whole blocks).
+per-expert dense matmuls (exact for balanced routing whose groups fill whole blocks). Beside them,
+cuBLAS's batched matmul (torch.bmm) of the same per-expert problems: what the vendor library reaches
+on these shapes when routing happens to split the tokens evenly (it cannot take uneven splits).
 
   python tools/bench_kernels.py --out results.json [--cases paper-small,olmoe] [--block-size 128]
                                 [--sweep]   # also time a few configs per product; report the best
@@ -33,7 +35,7 @@ from triton.testing import do_bench
 import dmoe_kernels as dk
 from dmoe_kernels import DsdConfig, SddConfig
 
-from bench_moe import CASES  # one table of cases for the layer and its products (run from tools/)
+from bench_moe import CASES, profile_host  # one table of cases for the layer and its products (run from tools/)
 
 PRODUCTS = ["fwd_sdd", "fwd_dsd", "bwd_sdd", "bwd_dw2", "bwd_dx", "bwd_dw1"]
 FORM = {"fwd_sdd": "sdd", "bwd_sdd": "sdd", "fwd_dsd": "dsd", "bwd_dx": "dsd", "bwd_dw2": "dsdt", "bwd_dw1": "dsdt"}
@@ -52,25 +54,6 @@ def sweep_configs(form: str, bs: int):
     return [DsdConfig(block_n=bn, block_k=bk, group_m=g, num_warps=w, num_stages=st, flatten=fl, **P)
             for bn, bk, g, w, st, fl in ((256, 64, 8, 8, 3, True), (256, 64, 8, 8, 3, False),
                                          (256, 32, 8, 8, 6, True), (256, 64, 16, 8, 3, True), (128, 64, 8, 4, 4, True))]
-
-
-def profile_host(fn, calls: int = 200, top: int = 18) -> str:
-    """cProfile of many calls of fn (host side only: the GPU work runs asynchronously)."""
-    import cProfile
-    import io
-    import pstats
-
-    fn()
-    torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
-    return buf.getvalue()
 
 
 def grouped(data: torch.Tensor, E: int, n: int, bs: int, F: int) -> torch.Tensor:
@@ -168,15 +151,16 @@ def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bf
         default = tried[0] if "ms" in tried[0] else None
         best_cfg = configs[[c["config"] for c in tried].index(best["config"])] if best else None
         # Final numbers: default, best and dense timed alternately, three rounds, medians (clocks drift).
-        rounds = {"default": [], "best": [], "dense": []}
+        rounds = {"default": [], "best": [], "dense": [], "bmm": []}
         for _ in range(repeats):
             if default:
                 rounds["default"].append(do_bench(lambda: sparse_fn(None), warmup=10, rep=100, return_mode="median"))
             if best and sweep:
                 rounds["best"].append(do_bench(lambda: sparse_fn(best_cfg), warmup=10, rep=100, return_mode="median"))
             rounds["dense"].append(do_bench(dense_fn, warmup=10, rep=100, return_mode="median"))
+            rounds["bmm"].append(do_bench(expected_fn, warmup=10, rep=100, return_mode="median"))
         med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-        dense_ms = med(rounds["dense"])
+        dense_ms, bmm_ms = med(rounds["dense"]), med(rounds["bmm"])
         if default:
             default = dict(default, ms=med(rounds["default"]), tflops=tflops(med(rounds["default"])))
         if best and sweep:
@@ -192,12 +176,13 @@ def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bf
         torch.cuda.synchronize()
         result["products"][prod] = {
             "dense_ms": dense_ms, "dense_tflops": tflops(dense_ms),
+            "bmm_ms": bmm_ms, "bmm_tflops": tflops(bmm_ms),
             "default": default, "best": best, "tried": tried, "host_us_per_call": host_us,
             "rounds_ms": rounds,
         }
         log(f"  {name} {prod}: dense {tflops(dense_ms):6.1f}  default "
             f"{default['tflops'] if default else float('nan'):6.1f}  best {best['tflops'] if best else float('nan'):6.1f} "
-            f"{best['config'] if best else ''}  host {host_us:.0f} us/call")
+            f"{best['config'] if best else ''}  cuBLAS bmm {tflops(bmm_ms):6.1f}  host {host_us:.0f} us/call")
     del x, dy, w1, w2, a, dh, ga, gdh
     torch.cuda.empty_cache()
     return result
@@ -207,7 +192,9 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
     """A weight gradient (dw1 = dh^T @ x) as training needs it: added into an fp32 gradient buffer
     (megatron's main_grad) once per micro-batch. Fused (the kernel's epilogue reads, adds, writes)
     against the bf16 product plus a separate add, and against the dense-equivalent matmul plus its
-    add (a dense MLP of the same FLOPs has an E times smaller weight, so an E times smaller buffer)."""
+    add (a dense MLP of the same FLOPs has an E times smaller weight, so an E times smaller buffer).
+    The floor: main_grad's read and write at the copy bandwidth of this GPU (an fp32 copy of the same
+    size, 8 bytes per element), which no kernel doing the add can beat."""
     T, d, f, E, k = CASES[name]
     Tk = T * k
     n, dev = Tk // E, torch.device("cuda")
@@ -235,28 +222,35 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
     err = rel_err(once, main_grad)
     if err > 1e-2:
         raise SystemExit(f"{name}: fused accumulation differs from the unfused sum (rel err {err:.3g})")
+    copy_src = torch.empty_like(main_grad)
     ms = {label: do_bench(fn, warmup=10, rep=100, return_mode="median")
-          for label, fn in (("fused", fused), ("unfused", unfused), ("dense", dense))}
+          for label, fn in (("fused", fused), ("unfused", unfused), ("dense", dense),
+                            ("floor", lambda: main_grad.copy_(copy_src)))}
     gbytes = main_grad.numel() * 8 / 1e9  # fp32 read + write
     result = {"case": name, **{f"{k}_ms": v for k, v in ms.items()}, "main_grad_gb_moved": gbytes,
-              "fused_gb_per_s": gbytes / (ms["fused"] * 1e-3), "rel_err": err}
+              "fused_gb_per_s": gbytes / (ms["fused"] * 1e-3), "copy_gb_per_s": gbytes / (ms["floor"] * 1e-3),
+              "rel_err": err}
     log(f"  {name} dw1 into fp32 main_grad: fused {ms['fused']:.3f} ms, bf16 + add {ms['unfused']:.3f} ms, "
-        f"dense-equiv + add {ms['dense']:.3f} ms ({result['fused_gb_per_s']:.0f} GB/s of main_grad traffic fused)")
-    del x, dh, main_grad, dense_grad, gdh
+        f"dense-equiv + add {ms['dense']:.3f} ms ({result['fused_gb_per_s']:.0f} GB/s of main_grad traffic fused; "
+        f"floor {ms['floor']:.3f} ms at the copy bandwidth, {result['copy_gb_per_s']:.0f} GB/s)")
+    del x, dh, main_grad, dense_grad, gdh, copy_src
     torch.cuda.empty_cache()
     return result
 
 
 def print_table(results, out=sys.stdout):
-    print(f"\n{'case':<13} {'product':<8} {'ours':>7} {'best':>7} {'dense':>7} {'ratio':>6} {'best/dense':>10}", file=out)
+    print(f"\n{'case':<13} {'product':<8} {'ours':>7} {'best':>7} {'dense':>7} {'bmm':>7} {'ratio':>6} "
+          f"{'best/dense':>10} {'bmm/dense':>9}", file=out)
     for res in results:
         for prod, p in res["products"].items():
             ours = p["default"]["tflops"] if p["default"] else float("nan")
             best = p["best"]["tflops"] if p["best"] else float("nan")
-            dense = p["dense_tflops"]
-            print(f"{res['case']:<13} {prod:<8} {ours:7.1f} {best:7.1f} {dense:7.1f} {ours / dense:6.3f} {best / dense:10.3f}",
-                  file=out)
-    print("(TFLOP/s of useful FLOPs; ours = the library's default config; ratio = ours / dense)", file=out)
+            dense, bmm = p["dense_tflops"], p["bmm_tflops"]
+            print(f"{res['case']:<13} {prod:<8} {ours:7.1f} {best:7.1f} {dense:7.1f} {bmm:7.1f} {ours / dense:6.3f} "
+                  f"{best / dense:10.3f} {bmm / dense:9.3f}", file=out)
+    print("(TFLOP/s of useful FLOPs; ours = the library's default config; ratio = ours / dense; bmm = cuBLAS's "
+          "batched matmul on the same per-expert problems, possible only because balanced routing splits the "
+          "tokens evenly)", file=out)
 
 
 def main(argv=None):
@@ -286,10 +280,11 @@ def main(argv=None):
     if args.wgrad_accumulate:
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
         results = [run_wgrad_accumulate(name, args.block_size, log, dtype) for name in names]
-        print(f"\n{'case':<13} {'fused ms':>9} {'bf16+add':>9} {'dense+add':>10} {'fused GB/s':>11}")
+        print(f"\n{'case':<13} {'fused ms':>9} {'bf16+add':>9} {'dense+add':>10} {'floor ms':>9} {'fused GB/s':>11} "
+              f"{'copy GB/s':>10}")
         for r in results:
             print(f"{r['case']:<13} {r['fused_ms']:9.3f} {r['unfused_ms']:9.3f} {r['dense_ms']:10.3f} "
-                  f"{r['fused_gb_per_s']:11.0f}")
+                  f"{r['floor_ms']:9.3f} {r['fused_gb_per_s']:11.0f} {r['copy_gb_per_s']:10.0f}")
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump({"environment": env, "wgrad_accumulate": results}, fh, indent=1)

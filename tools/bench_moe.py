@@ -62,6 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--toy", action="store_true", help="tiny cases (for a test of this program)")
     p.add_argument("--rep-ms", type=float, default=200.0, help="do_bench repetition time per measurement")
     p.add_argument("--profile", action="store_true", help="print a torch.profiler table of one step per backend")
+    p.add_argument("--host-profile", action="store_true",
+                   help="print a cProfile of the host side of 20 eager steps per MoE backend (what the Python "
+                        "and the launches cost when the step is host-bound)")
     p.add_argument("--graph", action="store_true",
                    help="also time steps captured once as a CUDA graph and replayed (no launch overhead)")
     p.add_argument("--graph-backends", default="sparse,dense-equiv", help="the backends --graph applies to")
@@ -220,6 +223,30 @@ def graph_ms(step, grads, rep_ms):
         clear_grads(grads)
 
 
+def profile_host(fn, calls: int = 200, top: int = 18, before=None) -> str:
+    """cProfile of many calls of fn, host side only (the GPU work runs asynchronously), sorted by
+    own time; before() runs ahead of each call, unprofiled (clearing gradients, say)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        if before is not None:
+            before()
+        prof.enable()
+        fn()
+        prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
 def profile_table(step, grads, rows=25):
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -296,6 +323,8 @@ def run_case(name, case, args, device, dtype, report):
                + (f"  load max/mean {extra['load_max_over_mean']:.2f}" if "load_max_over_mean" in extra else ""))
         if args.profile and device.type == "cuda":
             report(profile_table(step, params + inputs))
+        if args.host_profile and device.type == "cuda" and backend != "dense-equiv":
+            report(profile_host(step, calls=20, top=30, before=lambda: clear_grads(params + inputs)))
         if args.graph and device.type == "cuda" and backend in args.graph_backends.split(","):
             try:
                 row["graph_ms"] = graph_ms(step, params + inputs, args.rep_ms)
