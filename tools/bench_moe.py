@@ -57,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {BACKENDS}")
     p.add_argument("--swiglu", action="store_true", help="SwiGLU experts (default GELU)")
     p.add_argument("--skew", type=float, default=0.0, help="Zipf-like routing bias S (0: unbiased router)")
+    p.add_argument("--memory-optimized", action="store_true",
+                   help="the MoE backends keep only the expert input and pre-activation and recompute the "
+                        "activation in backward (moe.memory_optimized)")
     p.add_argument("--block-size", type=int, default=None, help="block size of the sparse backend (128; --toy: 16)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--toy", action="store_true", help="tiny cases (for a test of this program)")
@@ -105,7 +108,7 @@ def moe_config(case, swiglu, dtype, device, capacity=None):
     )
 
 
-def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0):
+def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, memory_optimized=False):
     import torch
 
     from megatron_dmoe.moe import MoELayer
@@ -115,7 +118,7 @@ def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0):
     torch.manual_seed(seed)  # the same router and expert weights for every MoE backend of a case
     layer = MoELayer(
         moe_config(case, swiglu, dtype, device, capacity),
-        backend="grouped" if capacity else backend, block_size=block_size,
+        backend="grouped" if capacity else backend, block_size=block_size, memory_optimized=memory_optimized,
     ).to(device)
     layer.train()
     g = torch.Generator(device=device).manual_seed(seed + 1)
@@ -303,7 +306,7 @@ def run_case(name, case, args, device, dtype, report):
             extra = {}
         else:
             step, params, inputs, layer, x = moe_step(case, backend, args.swiglu, args.skew, dtype, device,
-                                                     args.block_size)
+                                                     args.block_size, memory_optimized=args.memory_optimized)
             extra = routing_stats(layer, x)
             with torch.no_grad():
                 outputs[backend] = layer(x)[0].float()
@@ -447,6 +450,7 @@ def main(argv=None) -> dict:
     meta = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, dtype=str(dtype).replace("torch.", ""), activation=act, skew=args.skew,
+        memory_optimized=args.memory_optimized,
         block_size=args.block_size, aux_loss_coeff=AUX_LOSS_COEFF, date=time.strftime("%Y-%m-%d %H:%M"),
         timing="triton.testing.do_bench median" if device.type == "cuda" else "median of 3 wall-clock runs",
     )

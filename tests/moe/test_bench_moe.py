@@ -42,3 +42,20 @@ def test_bench_moe_refuses_unknown_names():
     for argv in (["--cases", "nope"], ["--backends", "sparse,magic"], ["--device", "cpu"]):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
+
+
+def test_bench_moe_memory_optimized_reaches_the_layer(tmp_path):
+    import torch
+
+    bench = _load()
+    case = bench.TOY_CASES["toy-top2"]
+    for flag in (False, True):
+        _, _, _, layer, _ = bench.moe_step(case, "sparse", False, 0.0, torch.float32, torch.device("cpu"), 16,
+                                           memory_optimized=flag)
+        assert layer.options.memory_optimized is flag
+    out = tmp_path / "moe.json"
+    bench.main(["--device", "cpu", "--toy", "--cases", "toy-top2", "--backends", "sparse,dense-equiv",
+                "--memory-optimized", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["meta"]["memory_optimized"] is True
+    assert [r["backend"] for r in data["results"]] == ["sparse", "dense-equiv"]
