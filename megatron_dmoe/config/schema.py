@@ -31,7 +31,8 @@ class ModelConfig:
     init_method_std: float = 0.02
     untie_embeddings_and_output_weights: bool = False
     transformer_impl: str = "auto"  # auto | local | transformer_engine
-    cross_entropy_loss_fusion: bool = False  # megatron's fused vocab cross-entropy (CUDA; torch.compile)
+    cross_entropy_loss_fusion: bool = False  # a fused vocabulary cross-entropy (CUDA)
+    cross_entropy_fusion_impl: str = "auto"  # auto | triton | native: ours (tensor-parallel 1) or megatron's
 
 
 @dataclass

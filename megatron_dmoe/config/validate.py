@@ -27,6 +27,7 @@ CHOICES = {
     "model.normalization": ("LayerNorm", "RMSNorm"),
     "model.activation": ("gelu", "swiglu"),
     "model.transformer_impl": ("auto", "local", "transformer_engine"),
+    "model.cross_entropy_fusion_impl": ("auto", "triton", "native"),
     "moe.router_score_function": ("softmax", "sigmoid"),
     "moe.token_drop_policy": ("probs", "position"),
     "moe.backend": ("auto", "sparse", "grouped", "reference"),
@@ -256,6 +257,10 @@ class _Checker:
                 and v("model.transformer_impl") == "transformer_engine":
             self.problem("model.transformer_impl", "'transformer_engine' needs Transformer Engine, "
                          "which cannot be imported here; use auto or local")
+        if self.ok("model.cross_entropy_fusion_impl", TP_KEY) and v("model.cross_entropy_fusion_impl") == "triton" \
+                and v(TP_KEY) > 1:
+            self.problem("model.cross_entropy_fusion_impl", f"triton needs whole vocabulary rows, but {TP_KEY} "
+                         f"is {v(TP_KEY)} (the logits are split over the vocabulary); use auto or native")
 
     def check_moe(self) -> None:
         v, ok = self.v, self.ok

@@ -28,6 +28,33 @@ def moe_layer_params(cfg: RunConfig) -> dict:
     )
 
 
+def use_triton_cross_entropy(cfg: RunConfig, on_cuda: bool) -> bool:
+    """Our fused cross-entropy: asked for (fusion on, impl auto or triton), on CUDA, whole vocabulary
+    rows (tensor-parallel size 1; validation rejects triton otherwise)."""
+    m = cfg.model
+    return (on_cuda and m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl in ("auto", "triton")
+            and cfg.parallel.tensor_model_parallel_size == 1)
+
+
+class GPTModelWithFusedLoss(GPTModel):
+    """megatron-core's GPTModel whose language-model loss runs on model/cross_entropy.py's Triton
+    kernels when triton_cross_entropy is set (else megatron's own loss, as configured)."""
+
+    def __init__(self, *args, triton_cross_entropy: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.triton_cross_entropy = triton_cross_entropy
+
+    def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """labels [b, s], logits [s, b, V] -> loss [b, s] (fp32)."""
+        if not self.triton_cross_entropy:
+            return super().compute_language_model_loss(labels, logits)
+        from megatron_dmoe.model.cross_entropy import fused_cross_entropy
+
+        # the logits feed nothing but this loss: their storage takes the gradient
+        loss = fused_cross_entropy(logits, labels.transpose(0, 1), inplace_backward=True)
+        return loss.transpose(0, 1).contiguous()
+
+
 def use_transformer_engine(cfg: RunConfig, on_cuda: bool) -> bool:
     impl = cfg.model.transformer_impl
     if impl == "auto":
@@ -53,7 +80,7 @@ def build_gpt_model(
         core_attention=core_attention,
         moe_params=moe_layer_params(cfg),
     )
-    model = GPTModel(
+    model = GPTModelWithFusedLoss(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=padded_vocab_size(vocab_size, cfg),
@@ -63,6 +90,7 @@ def build_gpt_model(
         share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
         position_embedding_type=cfg.model.position_embedding_type,
         rotary_base=cfg.model.rotary_base,
+        triton_cross_entropy=use_triton_cross_entropy(cfg, on_cuda),
     )
     if on_cuda:
         model.cuda(torch.cuda.current_device())

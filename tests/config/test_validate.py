@@ -190,6 +190,12 @@ CASES = {
         "moe.ep_exchange", ["symmetric needs CUDA", "use auto or nccl"]),
     "unknown_exchange": (
         {"moe.ep_exchange": "nvshmem"}, None, EVERYTHING, "moe.ep_exchange", ["nccl", "symmetric"]),
+    "triton_cross_entropy_with_tensor_parallel": (
+        {**TP2, "model.cross_entropy_fusion_impl": "triton"}, 2, EVERYTHING, "model.cross_entropy_fusion_impl",
+        ["triton needs whole vocabulary rows", "parallel.tensor_model_parallel_size is 2", "use auto or native"]),
+    "unknown_cross_entropy_impl": (
+        {"model.cross_entropy_fusion_impl": "te"}, None, EVERYTHING, "model.cross_entropy_fusion_impl",
+        ["auto", "triton", "native"]),
     "cuda_graphs_on_cpu_device": (
         {"training.cuda_graphs": True, "training.device": "cpu"}, None, EVERYTHING,
         "training.cuda_graphs", ["needs CUDA", "training.device is cpu", "set it to false"]),
@@ -274,6 +280,8 @@ VALID = {
     "fp16_with_loss_scale": ({"training.fp16": True, "training.loss_scale": 128.0}, None, EVERYTHING),
     "recompute_full": ({"training.recompute_granularity": "full"}, None, BARE_CPU),
     "gqa": ({"model.num_query_groups": 2}, None, BARE_CPU),
+    "cross_entropy_native_with_tensor_parallel": (
+        {**TP2, "model.cross_entropy_fusion_impl": "native"}, 2, EVERYTHING),
     "cuda_graphs": ({"training.cuda_graphs": True, "training.bf16": True}, None, EVERYTHING),
     "gpu_everything": ({"training.device": "cuda", "training.bf16": True,
                         "training.use_distributed_optimizer": True,
