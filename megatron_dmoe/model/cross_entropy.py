@@ -26,7 +26,7 @@ BLOCK_V = 4096  # vocabulary entries per chunk of a row
 
 
 @triton.jit
-def _forward_kernel(logits_ptr, labels_ptr, loss_ptr, lse_ptr, V, stride_row, BLOCK_V: tl.constexpr):
+def _cross_entropy_forward_kernel(logits_ptr, labels_ptr, loss_ptr, lse_ptr, V, stride_row, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
     label = tl.load(labels_ptr + row).to(tl.int64)
@@ -46,7 +46,7 @@ def _forward_kernel(logits_ptr, labels_ptr, loss_ptr, lse_ptr, V, stride_row, BL
 
 
 @triton.jit
-def _backward_kernel(logits_ptr, labels_ptr, lse_ptr, dloss_ptr, V, stride_row, BLOCK_V: tl.constexpr):
+def _cross_entropy_backward_kernel(logits_ptr, labels_ptr, lse_ptr, dloss_ptr, V, stride_row, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
     label = tl.load(labels_ptr + row).to(tl.int64)
@@ -71,8 +71,8 @@ class _FusedCrossEntropy(torch.autograd.Function):
         loss = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         if n:
-            _forward_kernel[(n,)](logits, labels, loss, lse, vocab, logits.stride(0), BLOCK_V=BLOCK_V,
-                                  **_launch_options(logits.device))
+            _cross_entropy_forward_kernel[(n,)](logits, labels, loss, lse, vocab, logits.stride(0),
+                                                BLOCK_V=BLOCK_V, **_launch_options(logits.device))
         ctx.save_for_backward(logits, labels, lse)
         ctx.inplace_backward = inplace_backward
         return loss
@@ -85,8 +85,8 @@ class _FusedCrossEntropy(torch.autograd.Function):
             torch.cuda.set_device(logits.device)  # autograd's worker thread
         grad = logits if ctx.inplace_backward else logits.clone()
         if n:
-            _backward_kernel[(n,)](grad, labels, lse, dloss.float().contiguous(), vocab, grad.stride(0),
-                                   BLOCK_V=BLOCK_V, **_launch_options(logits.device))
+            _cross_entropy_backward_kernel[(n,)](grad, labels, lse, dloss.float().contiguous(), vocab,
+                                                 grad.stride(0), BLOCK_V=BLOCK_V, **_launch_options(logits.device))
         return grad, None, None
 
 

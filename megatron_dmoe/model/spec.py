@@ -1,9 +1,10 @@
 """megatron-core layer specs whose MLP is our MoE layer.
 
 We start from megatron-core's own GPT layer specs (local modules, or Transformer Engine's where it is
-importable and asked for) and change two slots: the MLP of MoE layers becomes
-`megatron_dmoe.moe.MoELayer`, and, without Transformer Engine, core attention becomes
-`SDPAttention` (torch's fused kernels) unless megatron's unfused attention is asked for.
+importable and asked for) and change these slots: the MLP of MoE layers becomes
+`megatron_dmoe.moe.MoELayer`; without Transformer Engine, core attention becomes `SDPAttention`
+(torch's fused kernels) unless megatron's unfused attention is asked for, and the norms that would
+be torch's (no apex) become our Triton `FusedNorm`.
 
 `dmoe_layer_spec` is a ready object for Megatron-LM's `pretrain_gpt.py --spec
 megatron_dmoe.model.spec dmoe_layer_spec` (it imports the name and does not call it): a
@@ -21,6 +22,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_with_transformer_engine_spec,
 )
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
@@ -29,6 +31,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from megatron_dmoe.model.attention import SDPAttention
+from megatron_dmoe.model.norm import FusedNorm
 from megatron_dmoe.moe.layer import MoELayer
 
 CORE_ATTENTIONS = ("sdpa", "unfused")
@@ -57,6 +60,12 @@ def _with_submodule(spec: ModuleSpec, **changes) -> ModuleSpec:
     return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **changes))
 
 
+def _with_fused_norms(spec: ModuleSpec) -> ModuleSpec:
+    """Our Triton norms in the slots where megatron's local spec falls back to torch's (no apex)."""
+    names = [n for n in ("input_layernorm", "pre_mlp_layernorm") if getattr(spec.submodules, n) is WrappedTorchNorm]
+    return _with_submodule(spec, **{n: FusedNorm for n in names}) if names else spec
+
+
 def moe_mlp_spec(moe_params: Optional[dict] = None) -> ModuleSpec:
     """Our MoE layer as an `mlp` slot; `moe_params` carries settings megatron has no field for."""
     return ModuleSpec(module=MoELayer, params=dict(moe_params or {}))
@@ -79,7 +88,7 @@ def layer_spec(
     if use_transformer_engine:
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts)
     else:
-        spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization)
+        spec = _with_fused_norms(get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization))
         if core_attention == "sdpa":
             attention = spec.submodules.self_attention
             spec = _with_submodule(spec, self_attention=_with_submodule(attention, core_attention=SDPAttention))
