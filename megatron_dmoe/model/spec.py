@@ -3,8 +3,9 @@
 We start from megatron-core's own GPT layer specs (local modules, or Transformer Engine's where it is
 importable and asked for) and change these slots: the MLP of MoE layers becomes
 `megatron_dmoe.moe.MoELayer`; without Transformer Engine, core attention becomes `SDPAttention`
-(torch's fused kernels) unless megatron's unfused attention is asked for, and the norms that would
-be torch's (no apex) become our Triton `FusedNorm`.
+(torch's fused kernels) unless megatron's unfused attention is asked for, the norms that would
+be torch's (no apex) become our Triton `FusedNorm`, and the linear layers add their bias inside the
+matmul at tensor-parallel size 1 (`model/linear.py`).
 
 `dmoe_layer_spec` is a ready object for Megatron-LM's `pretrain_gpt.py --spec
 megatron_dmoe.model.spec dmoe_layer_spec` (it imports the name and does not call it): a
@@ -21,6 +22,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 from megatron.core.transformer.transformer_block import (
@@ -31,6 +33,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from megatron_dmoe.model.attention import SDPAttention
+from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
 from megatron_dmoe.model.norm import FusedNorm
 from megatron_dmoe.moe.layer import MoELayer
 
@@ -58,6 +61,24 @@ def transformer_engine_available() -> bool:
 
 def _with_submodule(spec: ModuleSpec, **changes) -> ModuleSpec:
     return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, **changes))
+
+
+_FUSED_BIAS = {ColumnParallelLinear: FusedBiasColumnLinear, RowParallelLinear: FusedBiasRowLinear}
+
+
+def _swap_linears(spec: ModuleSpec, names) -> ModuleSpec:
+    changes = {n: _FUSED_BIAS[getattr(spec.submodules, n)] for n in names
+               if getattr(spec.submodules, n, None) in _FUSED_BIAS}
+    return _with_submodule(spec, **changes) if changes else spec
+
+
+def _with_fused_bias_linears(spec: ModuleSpec) -> ModuleSpec:
+    """megatron's local linear layers in attention and the dense MLP -> model/linear.py's."""
+    sub = spec.submodules
+    changes = {"self_attention": _swap_linears(sub.self_attention, ("linear_qkv", "linear_proj"))}
+    if isinstance(sub.mlp, ModuleSpec) and hasattr(sub.mlp.submodules, "linear_fc1"):
+        changes["mlp"] = _swap_linears(sub.mlp, ("linear_fc1", "linear_fc2"))
+    return _with_submodule(spec, **changes)
 
 
 def _with_fused_norms(spec: ModuleSpec) -> ModuleSpec:
@@ -88,7 +109,8 @@ def layer_spec(
     if use_transformer_engine:
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts)
     else:
-        spec = _with_fused_norms(get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization))
+        spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization)
+        spec = _with_fused_bias_linears(_with_fused_norms(spec))
         if core_attention == "sdpa":
             attention = spec.submodules.self_attention
             spec = _with_submodule(spec, self_attention=_with_submodule(attention, core_attention=SDPAttention))

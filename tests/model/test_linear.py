@@ -1,0 +1,67 @@
+"""model/linear.py: megatron's linear layers with the bias inside the matmul at tensor-parallel
+size 1 give the same outputs and gradients as megatron's own (separate bias add) path."""
+import torch
+
+from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
+
+YAML = ("model: {num_layers: 2, hidden_size: 32, num_attention_heads: 4, seq_length: 8, vocab_size: 50}\n"
+        "training: {micro_batch_size: 2, global_batch_size: 2}\n")
+
+
+def _model(cpu_dist, tmp_path, *overrides):
+    from megatron_dmoe.config import load_config, resolve, validate
+    from megatron_dmoe.model.gpt import build_gpt_model
+    from megatron_dmoe.parallel.distributed import seed_everything
+
+    path = tmp_path / "run.yaml"
+    path.write_text(YAML)
+    cfg = resolve(load_config(str(path), list(overrides)))
+    validate(cfg, world_size=1)
+    seed_everything(5, cpu_dist)
+    return build_gpt_model(cfg, vocab_size=50, on_cuda=False)
+
+
+def _loss_and_grads(model, fuse):
+    linears = [m for m in model.modules() if isinstance(m, (FusedBiasColumnLinear, FusedBiasRowLinear))]
+    for m in linears:
+        m.fuse_bias = fuse
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 50, (2, 9), generator=g)
+    positions = torch.arange(8).expand(2, 8)
+    model.zero_grad(set_to_none=True)
+    loss = model(tokens[:, :-1], positions, None, labels=tokens[:, 1:])
+    loss.sum().backward()
+    return linears, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_dense_gpt_same_loss_and_gradients_as_megatrons_linears(cpu_dist, tmp_path):
+    for overrides in ((), ("model.activation=swiglu",)):
+        model = _model(cpu_dist, tmp_path, *overrides)
+        with torch.no_grad():  # non-zero biases, so that where they are added matters
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.5)
+        linears, loss0, grads0 = _loss_and_grads(model, fuse=False)
+        # attention's qkv and projection, the MLP's fc1 and fc2, in each of the two layers
+        assert len(linears) == 8 and all(m.bias is not None for m in linears)
+        _, loss1, grads1 = _loss_and_grads(model, fuse=True)
+        torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
+        for name in grads0:
+            torch.testing.assert_close(grads1[name], grads0[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_bias_is_added_inside_and_not_returned(cpu_dist, tmp_path):
+    """Under skip_bias_add megatron returns the bias for the caller to add; fused, the output
+    already holds it and the returned bias is None."""
+    model = _model(cpu_dist, tmp_path)
+    fc1 = model.decoder.layers[0].mlp.linear_fc1
+    assert isinstance(fc1, FusedBiasColumnLinear) and fc1.skip_bias_add
+    with torch.no_grad():
+        fc1.bias.normal_()
+    x = torch.randn(3, 2, 32)
+    out, bias = fc1(x)
+    assert bias is None
+    fc1.fuse_bias = False
+    plain, plain_bias = fc1(x)
+    assert plain_bias is fc1.bias
+    torch.testing.assert_close(out, plain + plain_bias)
