@@ -88,7 +88,8 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _num_programs(device: torch.device, per_sm: int) -> int:
+def persistent_programs(device: torch.device, per_sm: int) -> int:
+    """Grid size of a persistent kernel: per_sm programs per multiprocessor of the device."""
     if device.type != "cuda":
         return 3  # the interpreter: a few programs still exercise the persistent loop
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device()) * per_sm
@@ -165,7 +166,7 @@ def sdd(
         b_mat = b.t() if b_kmajor else b
         b_block = [nb * bs, cfg.block_k] if b_kmajor else [cfg.block_k, nb * bs]
         kernel = _sdd_tma_module.sdd_tma_kernel
-        grid = min(_num_programs(a.device, cfg.programs_per_sm), topology.max_blocks // nb)
+        grid = min(persistent_programs(a.device, cfg.programs_per_sm), topology.max_blocks // nb)
         kernel[(grid,)](
             _descriptor(a, [bs, cfg.block_k]), _descriptor(b_mat, b_block),
             _descriptor(out.view(-1, bs), [bs, bs]),
@@ -243,7 +244,7 @@ def dsd(
     # Accumulation reads and writes out through pointers, so out needs no TMA layout then.
     if cfg.persistent and regular and _tma_ready(b) and (accumulate or _tma_ready(out)) and topology.max_blocks > 0:
         s_block = [cfg.block_k, bs] if transpose else [bs, cfg.block_k]
-        grid = min(_num_programs(b.device, cfg.programs_per_sm), num_programs)
+        grid = min(persistent_programs(b.device, cfg.programs_per_sm), num_programs)
         if accumulate:
             epilogue = dict(c_ptr=out, stride_cm=out.stride(0), ACCUMULATE=True)
             c_desc = None
