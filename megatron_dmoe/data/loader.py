@@ -11,6 +11,7 @@ each later epoch is a fresh permutation drawn from `seed` and the epoch number.
 from __future__ import annotations
 
 import signal
+import weakref
 from typing import Dict, Iterator, List
 
 import numpy as np
@@ -72,10 +73,48 @@ def _ignore_termination(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+class MicroBatchLoader:
+    """An endless iterator of micro-batches whose worker processes stop on `close()`.
+
+    Workers ignore SIGTERM (see `_ignore_termination`), so multiprocessing's exit handler, which
+    sends SIGTERM to daemonic children and then joins them, would wait on them forever if a loader
+    were still open when the interpreter exits. `close()` shuts them down; so does a finalizer that
+    runs when the loader is collected or, at the latest, at exit before multiprocessing's handler.
+    """
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._batches = iter(loader)
+        self._close = weakref.finalize(self, _shutdown_workers, self._batches)
+
+    def __iter__(self) -> "MicroBatchLoader":
+        return self
+
+    def __next__(self) -> Dict[str, torch.Tensor]:
+        if not self._close.alive:
+            raise RuntimeError("this micro-batch loader is closed; build a new one with build_loader")
+        return next(self._batches)
+
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self) -> "MicroBatchLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _shutdown_workers(batches) -> None:
+    # Only the multi-process iterator has workers; DataLoader exposes no public call for this.
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
 def build_loader(dataset, micro_batch_size: int, consumed_samples: int, dp_rank: int,
-                 dp_size: int, num_workers: int, seed: int) -> Iterator[Dict[str, torch.Tensor]]:
+                 dp_size: int, num_workers: int, seed: int) -> MicroBatchLoader:
     """An endless iterator of micro-batches: dicts of `tokens`, `labels`, `position_ids` (long)
-    and `loss_mask` (float), each [micro_batch_size, seq_length]."""
+    and `loss_mask` (float), each [micro_batch_size, seq_length]. Close it when done."""
     sampler = MicroBatchSampler(len(dataset), micro_batch_size, consumed_samples,
                                 dp_rank, dp_size, seed)
     loader = DataLoader(
@@ -86,4 +125,4 @@ def build_loader(dataset, micro_batch_size: int, consumed_samples: int, dp_rank:
         worker_init_fn=_ignore_termination if num_workers > 0 else None,
         pin_memory=torch.cuda.is_available(),
     )
-    return iter(loader)
+    return MicroBatchLoader(loader)

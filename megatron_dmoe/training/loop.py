@@ -138,9 +138,9 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
                 window_start, window_steps = time.perf_counter(), 0
                 window_loss.zero_()
             if tr.eval_interval and (step % tr.eval_interval == 0 or last):
-                valid = _loader(cfg, data.valid, 0)
                 values = values or {}
-                values["val_loss"] = evaluate(model, valid, tr.eval_iters, num_micro, env.device)
+                with _loader(cfg, data.valid, 0) as valid:
+                    values["val_loss"] = evaluate(model, valid, tr.eval_iters, num_micro, env.device)
                 result.val_loss = values["val_loss"]
                 window_start = time.perf_counter()  # evaluation time is not training throughput
             if values is not None:
@@ -158,6 +158,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
                 result.preempted = True
                 break
     finally:
+        train_data.close()
         watcher.close()
         logger.close()
     result.iteration = progress.iteration
