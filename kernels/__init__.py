@@ -13,10 +13,12 @@ package named ``kernels`` exists on the package registry). It depends on torch a
   unpermute_rows            buffer, routing positions on the device (permute.py, permute_functional.py;
                             references in permute_reference.py)
   activation                GELU / SwiGLU on sparse data over the existing blocks (activation.py)
+  regroup                   sum_m S_m^T @ B_m over micro-batches as one product, rows regrouped by
+                            expert (regroup.py): weight gradients accumulated once per step
 
 See README.md in this folder for an example.
 """
-from . import activation, ops, permute, permute_reference, reference
+from . import activation, ops, permute, permute_reference, reference, regroup
 from .functional import dds, dsd, sdd
 from .permute_functional import permute as permute_rows, unpermute as unpermute_rows
 from .topology import Topology, max_padded_rows, padded_expert_offsets
@@ -36,6 +38,7 @@ __all__ = [
     "permute_rows",
     "unpermute_rows",
     "activation",
+    "regroup",
     "SddConfig",
     "DsdConfig",
 ]

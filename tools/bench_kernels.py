@@ -188,13 +188,17 @@ def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bf
     return result
 
 
-def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfloat16) -> dict:
+def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfloat16, micro_batches: int = 8) -> dict:
     """A weight gradient (dw1 = dh^T @ x) as training needs it: added into an fp32 gradient buffer
     (megatron's main_grad) once per micro-batch. Fused (the kernel's epilogue reads, adds, writes)
     against the bf16 product plus a separate add, and against the dense-equivalent matmul plus its
     add (a dense MLP of the same FLOPs has an E times smaller weight, so an E times smaller buffer).
     The floor: main_grad's read and write at the copy bandwidth of this GPU (an fp32 copy of the same
-    size, 8 bytes per element), which no kernel doing the add can beat."""
+    size, 8 bytes per element), which no kernel doing the add can beat.
+
+    Per step: the same gradient over `micro_batches` micro-batches as ONE product over their rows
+    regrouped by expert (dmoe_kernels.regroup; main_grad read and written once), reported per
+    micro-batch next to the fused per-micro-batch time, with the regrouping (row sources and gathers) alone."""
     T, d, f, E, k = CASES[name]
     Tk = T * k
     n, dev = Tk // E, torch.device("cuda")
@@ -222,18 +226,39 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
     err = rel_err(once, main_grad)
     if err > 1e-2:
         raise SystemExit(f"{name}: fused accumulation differs from the unfused sum (rel err {err:.3g})")
+    stash = ([dh] * micro_batches, [topo] * micro_batches, [x] * micro_batches)
+
+    def per_step():
+        dk.regroup.summed_transposed_products(*stash, main_grad)
+
+    def regroup_only():  # where rows come from, and the gathers, without the product
+        _, source_tensor, source_row = dk.regroup.regroup_by_expert(stash[1])
+        rows = [topo.block_rows] * micro_batches
+        dk.regroup.gather_block_rows(stash[0], source_tensor, source_row, rows)
+        dk.regroup.gather_block_rows(stash[2], source_tensor, source_row, rows)
+
+    main_grad.zero_()
+    per_step()
+    err = max(err, rel_err(once * micro_batches, main_grad))
+    if err > 1e-2:
+        raise SystemExit(f"{name}: the per-step sum differs from the per-micro-batch sum (rel err {err:.3g})")
     copy_src = torch.empty_like(main_grad)
     ms = {label: do_bench(fn, warmup=10, rep=100, return_mode="median")
           for label, fn in (("fused", fused), ("unfused", unfused), ("dense", dense),
                             ("floor", lambda: main_grad.copy_(copy_src)))}
+    ms["per_step_per_micro_batch"] = do_bench(per_step, warmup=3, rep=50, return_mode="median") / micro_batches
+    ms["regroup_per_micro_batch"] = do_bench(regroup_only, warmup=3, rep=50, return_mode="median") / micro_batches
     gbytes = main_grad.numel() * 8 / 1e9  # fp32 read + write
-    result = {"case": name, **{f"{k}_ms": v for k, v in ms.items()}, "main_grad_gb_moved": gbytes,
+    result = {"case": name, "micro_batches": micro_batches, **{f"{k}_ms": v for k, v in ms.items()},
+              "main_grad_gb_moved": gbytes,
               "fused_gb_per_s": gbytes / (ms["fused"] * 1e-3), "copy_gb_per_s": gbytes / (ms["floor"] * 1e-3),
               "rel_err": err}
     log(f"  {name} dw1 into fp32 main_grad: fused {ms['fused']:.3f} ms, bf16 + add {ms['unfused']:.3f} ms, "
         f"dense-equiv + add {ms['dense']:.3f} ms ({result['fused_gb_per_s']:.0f} GB/s of main_grad traffic fused; "
-        f"floor {ms['floor']:.3f} ms at the copy bandwidth, {result['copy_gb_per_s']:.0f} GB/s)")
-    del x, dh, main_grad, dense_grad, gdh, copy_src
+        f"floor {ms['floor']:.3f} ms at the copy bandwidth, {result['copy_gb_per_s']:.0f} GB/s); "
+        f"per step over {micro_batches} micro-batches {ms['per_step_per_micro_batch']:.3f} ms per micro-batch "
+        f"(regrouping {ms['regroup_per_micro_batch']:.3f})")
+    del x, dh, main_grad, dense_grad, gdh, copy_src, stash
     torch.cuda.empty_cache()
     return result
 
@@ -264,7 +289,10 @@ def main(argv=None):
     parser.add_argument("--profile-host", action="store_true", help="cProfile the host side of two products")
     parser.add_argument("--wgrad-accumulate", action="store_true",
                         help="instead of the six products: the weight gradient added into an fp32 gradient "
-                             "buffer (fused epilogue vs bf16 product + add vs dense-equivalent + add)")
+                             "buffer (fused epilogue vs bf16 product + add vs dense-equivalent + add, and "
+                             "once per step over --micro-batches regrouped by expert)")
+    parser.add_argument("--micro-batches", type=int, default=8,
+                        help="micro-batches per step for --wgrad-accumulate's per-step time (default 8)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA GPU")
@@ -279,12 +307,15 @@ def main(argv=None):
     results = []
     if args.wgrad_accumulate:
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-        results = [run_wgrad_accumulate(name, args.block_size, log, dtype) for name in names]
+        results = [run_wgrad_accumulate(name, args.block_size, log, dtype, args.micro_batches) for name in names]
         print(f"\n{'case':<13} {'fused ms':>9} {'bf16+add':>9} {'dense+add':>10} {'floor ms':>9} {'fused GB/s':>11} "
-              f"{'copy GB/s':>10}")
+              f"{'copy GB/s':>10} {'per-step':>9} {'regroup':>8}")
         for r in results:
             print(f"{r['case']:<13} {r['fused_ms']:9.3f} {r['unfused_ms']:9.3f} {r['dense_ms']:10.3f} "
-                  f"{r['floor_ms']:9.3f} {r['fused_gb_per_s']:11.0f} {r['copy_gb_per_s']:10.0f}")
+                  f"{r['floor_ms']:9.3f} {r['fused_gb_per_s']:11.0f} {r['copy_gb_per_s']:10.0f} "
+                  f"{r['per_step_per_micro_batch_ms']:9.3f} {r['regroup_per_micro_batch_ms']:8.3f}")
+        print("(ms per micro-batch; per-step = the gradient of all micro-batches as one product over their rows "
+              "regrouped by expert, divided by their number)")
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump({"environment": env, "wgrad_accumulate": results}, fh, indent=1)

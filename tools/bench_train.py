@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """Training throughput of GPT models on one device: dense, dMoE and capacity-factor MoE in one run.
 
+The dMoE runs twice: expert weight gradients accumulated per micro-batch (the default) and once per
+step (dmoe-per-step, moe.expert_wgrad_per_step: true).
+
 Each model trains for --warmup steps, then --steps timed steps of one global batch (micro-batches
 accumulated as in training) on synthetic tokens, with the same optimizer, mixed precision and DDP
 wrapper as `dmoe-train`. Reported: tokens/s, model TFLOP/s (active parameters only: one expert per
 token for top-1, plus attention and logits; see megatron_dmoe.training.flops) and MFU against a
 bf16 matmul (8192^3) measured in the same run. Prints a table and writes JSON (--out).
 
-  python tools/bench_train.py                       # dense, dMoE and capacity-1.0 Small, bf16
+  python tools/bench_train.py                       # dense, dMoE (twice) and capacity-1.0 Small, bf16
   python tools/bench_train.py --models dmoe --set moe.backend=grouped
 """
 from __future__ import annotations
@@ -23,14 +26,22 @@ import torch
 MODELS = {
     "dense": "zoo/dense_small",
     "dmoe": "zoo/dmoe_small",
+    "dmoe-per-step": "zoo/dmoe_small",
     "capacity": "zoo/capacity1.0_small",
 }
+# Overrides that make a named model differ from its config (before --set's).
+MODEL_OVERRIDES = {
+    "dmoe-per-step": ["moe.expert_wgrad_per_step=true"],  # expert weight gradients once per step
+}
+# Models that run eagerly only: captured layers accumulate weight gradients per micro-batch.
+WITHOUT_GRAPHS = {"dmoe-per-step"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="dense,dmoe,capacity",
-                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all three)")
+    p.add_argument("--models", default="dense,dmoe,dmoe-per-step,capacity",
+                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all four; "
+                        "dmoe-per-step is the dMoE with moe.expert_wgrad_per_step: true)")
     p.add_argument("--steps", type=int, default=4, help="timed optimizer steps per model (default 4)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, allocator)")
     p.add_argument("--micro-batch-size", type=int, default=16, help="sequences per micro-batch (default 16)")
@@ -107,6 +118,7 @@ def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
         f"training.device={env.device.type}",
         "training.lr_warmup_iters=0",
         f"training.cuda_graphs={'true' if cuda_graphs else 'false'}",
+        *MODEL_OVERRIDES.get(name, []),
         *args.set,
     ]
     cfg = resolve(load_config(MODELS.get(name, name), overrides))
@@ -115,20 +127,21 @@ def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
     model = wrap_for_training(build_gpt_model(cfg, vocab_size=args.vocab_size, on_cuda=env.on_cuda))
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
     micro_batches = gbs // (args.micro_batch_size * env.world_size)
+    per_step = cfg.moe.expert_wgrad_per_step
     data = synthetic_batches(cfg, args.vocab_size, env.device)
     sync = torch.cuda.synchronize if env.on_cuda else (lambda: None)
     if env.on_cuda:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.warmup):
-        train_step(model, optimizer, data, micro_batches, env.device)
+        train_step(model, optimizer, data, micro_batches, env.device, per_step)
     sync()
     start = time.perf_counter()
     for _ in range(args.steps):
-        loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device)
+        loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device, per_step)
     sync()
     seconds = (time.perf_counter() - start) / args.steps
     label = name + ("+graphs" if cuda_graphs else "")
-    profile = profile_step(label, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device),
+    profile = profile_step(label, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device, per_step),
                            sync) if args.profile and env.on_cuda else None
     tokens_per_s = gbs * cfg.model.seq_length / seconds
     flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(args.vocab_size, cfg))
@@ -230,7 +243,8 @@ def main(argv=None) -> None:
     try:
         peak = None if (args.no_matmul or not env.on_cuda) else matmul_tflops(env.device)
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
-        runs = [(name.strip(), graphs) for graphs in modes for name in args.models.split(",")]
+        runs = [(name.strip(), graphs) for graphs in modes for name in args.models.split(",")
+                if not (graphs and name.strip() in WITHOUT_GRAPHS)]
         if env.on_cuda and env.world_size == 1 and len(runs) > 1 and not args.in_process:
             results = [bench_in_child(name, graphs, argv) for name, graphs in runs]
         else:

@@ -55,6 +55,9 @@ class MoEConfig:
     backend: str = "auto"  # auto | sparse | grouped | reference
     block_size: int = 128  # block size of the sparse backend: 128 or 64
     memory_optimized: bool = False  # recompute the activation in backward
+    # Expert weight gradients once per step over all micro-batches, not once per micro-batch (sparse
+    # backend): main_grad read and written once; keeps every micro-batch's expert operands until then.
+    expert_wgrad_per_step: bool = False
     ep_exchange: str = "auto"  # auto | nccl | symmetric: how tokens travel between expert-parallel ranks
 
 

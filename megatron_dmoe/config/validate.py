@@ -465,6 +465,7 @@ class _Checker:
 
         self._check_cuda_graphs()
         self._check_ep_exchange()
+        self._check_expert_wgrad_per_step()
 
         for key in ("training.bf16", "training.fp16"):
             if ok(key, "training.device") and v(key):
@@ -500,6 +501,22 @@ class _Checker:
         if ok("moe.num_experts", "moe.backend") and v("moe.num_experts") > 0 and v("moe.backend") == "reference":
             self.problem(key, "true cannot capture moe.backend: reference (it reads the expert counts "
                          f"on the host); use sparse, grouped or auto {fix}")
+
+    def _check_expert_wgrad_per_step(self) -> None:
+        """Only the sparse backend defers its weight gradients, and a captured graph replays the
+        per-micro-batch accumulation: refuse a setting that would silently do nothing."""
+        v, ok, key = self.v, self.ok, "moe.expert_wgrad_per_step"
+        if not ok(key, "moe.num_experts", "moe.backend") or not v(key) or v("moe.num_experts") == 0:
+            return
+        backend = v("moe.backend")
+        if backend == "auto" and (not self.env.cuda or (ok("training.device") and v("training.device") == "cpu")):
+            backend = "reference"  # what auto picks without CUDA
+        if backend in ("grouped", "reference"):
+            self.problem(key, f"true needs the sparse expert backend, but moe.backend is {v('moe.backend')} "
+                         f"(here: {backend}); set moe.backend: sparse, or set {key}: false")
+        if ok("training.cuda_graphs") and v("training.cuda_graphs"):
+            self.problem(key, "true has no effect with training.cuda_graphs: true (the captured layers "
+                         f"accumulate per micro-batch); set one of them to false")
 
     def _check_ep_exchange(self) -> None:
         """The symmetric exchange maps GPU memory between ranks: CUDA only."""

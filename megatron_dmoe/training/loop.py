@@ -104,7 +104,8 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
     window_loss = torch.zeros((), device=env.device)  # summed on the device: no per-step sync
     try:
         while progress.iteration < tr.train_iters:
-            loss, grad_norm, applied = train_step(model, optimizer, train_data, num_micro, env.device)
+            loss, grad_norm, applied = train_step(model, optimizer, train_data, num_micro, env.device,
+                                                  cfg.moe.expert_wgrad_per_step)
             if applied:
                 scheduler.step(1)
                 if cfg.moe.router_enable_expert_bias:

@@ -9,6 +9,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 
 from megatron_dmoe.moe.aux_loss import AuxLossScaler
+from megatron_dmoe.moe.experts.per_step_wgrad import expert_weight_grads_per_step
 from megatron_dmoe.training.cuda_graphs import capture_layer_graphs, eager_layers
 
 
@@ -23,9 +24,12 @@ def micro_batch_loss(model, batch: dict) -> torch.Tensor:
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, device: torch.device):
+def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, device: torch.device,
+               expert_wgrad_per_step: bool = False):
     """Forward/backward over the micro-batches, reduce gradients, step the optimizer.
 
+    expert_wgrad_per_step: the sparse experts' weight gradients are computed once, after the last
+    backward, over all micro-batches (moe.expert_wgrad_per_step; see moe/experts/per_step_wgrad.py).
     Returns (mean loss on this rank as a device tensor, grad norm or None, whether the update was applied).
     """
     model.zero_grad_buffer()
@@ -34,11 +38,12 @@ def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, d
     # and multiplied by the fp16 loss scale like it.
     AuxLossScaler.set_loss_scale(optimizer.get_loss_scale().to(device) / num_micro_batches)
     losses: List[torch.Tensor] = []
-    for _ in range(num_micro_batches):
-        batch = _to_device(next(data), device)
-        loss = micro_batch_loss(model, batch)
-        optimizer.scale_loss(loss / num_micro_batches).backward()
-        losses.append(loss.detach())
+    with expert_weight_grads_per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
+        for _ in range(num_micro_batches):
+            batch = _to_device(next(data), device)
+            loss = micro_batch_loss(model, batch)
+            optimizer.scale_loss(loss / num_micro_batches).backward()
+            losses.append(loss.detach())
     capture_layer_graphs(model)  # after the first step, with training.cuda_graphs
     finalize_model_grads([model])
     applied, grad_norm, _ = optimizer.step()

@@ -196,6 +196,16 @@ CASES = {
     "unknown_cross_entropy_impl": (
         {"model.cross_entropy_fusion_impl": "te"}, None, EVERYTHING, "model.cross_entropy_fusion_impl",
         ["auto", "triton", "native"]),
+    "wgrad_per_step_with_grouped_experts": (
+        {"moe.expert_wgrad_per_step": True, "moe.backend": "grouped"}, None, EVERYTHING,
+        "moe.expert_wgrad_per_step", ["needs the sparse expert backend", "moe.backend is grouped",
+                                      "set moe.backend: sparse"]),
+    "wgrad_per_step_with_auto_experts_on_cpu": (
+        {"moe.expert_wgrad_per_step": True}, None, BARE_CPU,
+        "moe.expert_wgrad_per_step", ["moe.backend is auto (here: reference)"]),
+    "wgrad_per_step_with_cuda_graphs": (
+        {"moe.expert_wgrad_per_step": True, "training.cuda_graphs": True, "training.bf16": True}, None,
+        EVERYTHING, "moe.expert_wgrad_per_step", ["no effect with training.cuda_graphs: true"]),
     "cuda_graphs_on_cpu_device": (
         {"training.cuda_graphs": True, "training.device": "cpu"}, None, EVERYTHING,
         "training.cuda_graphs", ["needs CUDA", "training.device is cpu", "set it to false"]),
@@ -283,6 +293,8 @@ VALID = {
     "cross_entropy_native_with_tensor_parallel": (
         {**TP2, "model.cross_entropy_fusion_impl": "native"}, 2, EVERYTHING),
     "cuda_graphs": ({"training.cuda_graphs": True, "training.bf16": True}, None, EVERYTHING),
+    "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "training.bf16": True}, None, EVERYTHING),
+    "wgrad_per_step_sparse_on_cpu": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, None, BARE_CPU),
     "gpu_everything": ({"training.device": "cuda", "training.bf16": True,
                         "training.use_distributed_optimizer": True,
                         "model.transformer_impl": "transformer_engine"}, None, EVERYTHING),

@@ -25,14 +25,15 @@ def _routing(seed):
     return torch.randn(T, HIDDEN, generator=g), indices, weights
 
 
-def _problem(seed, activation, dtype):
+def _problem(seed, activation, dtype, device="cpu"):
     """Padded buffer, routing state and weights (w1, v1 or None, w2) for one call."""
     x, indices, weights = _routing(seed)
-    x_pad, _, state = PaddedDispatcher(E, FFN, block_size=BS).dispatch(x.to(dtype), indices, weights.to(dtype))
+    x_pad, _, state = PaddedDispatcher(E, FFN, block_size=BS).dispatch(
+        x.to(device, dtype), indices.to(device), weights.to(device, dtype))
     g = torch.Generator().manual_seed(seed + 1)
     w1, v1, w2 = (0.3 * torch.randn(E, FFN, HIDDEN, generator=g) for _ in range(3))
     v1 = v1 if activation == "swiglu" else None
-    return x_pad.detach(), state, [None if w is None else w.to(dtype) for w in (w1, v1, w2)]
+    return x_pad.detach(), state, [None if w is None else w.to(device, dtype) for w in (w1, v1, w2)]
 
 
 def _call(kind, x_pad, state, params, activation, memory_optimized=False):
@@ -53,7 +54,7 @@ def _leaf_params(weights, main_grad_dtype=None, seed=0, **attributes):
             continue
         p = torch.nn.Parameter(w.clone())
         if main_grad_dtype is not None:
-            p.main_grad = torch.randn(w.shape, generator=g).to(main_grad_dtype)
+            p.main_grad = torch.randn(w.shape, generator=g).to(w.device, main_grad_dtype)
             p.grad_added_to_main_grad = False
             for key, value in attributes.items():
                 setattr(p, key, value)
@@ -64,7 +65,7 @@ def _leaf_params(weights, main_grad_dtype=None, seed=0, **attributes):
 def _backward(kind, x_pad, state, params, activation, out_grad, memory_optimized=False):
     x = x_pad.clone().requires_grad_()
     y = _call(kind, x, state, params, activation, memory_optimized)
-    y.backward(out_grad.to(y.dtype))
+    y.backward(out_grad.to(y.device, y.dtype))
     return y, x.grad
 
 

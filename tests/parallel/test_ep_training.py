@@ -18,3 +18,17 @@ def test_two_process_expert_parallel_matches_one_process(tmp_path, corpus_cache)
 
 def test_checkpoint_from_ep4_continues_at_ep2_and_ep1(tmp_path, corpus_cache):
     check_ep4_checkpoint_continues_at_ep2_and_ep1(tmp_path, corpus_cache)
+
+
+def test_expert_parallel_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path, corpus_cache):
+    """EP = 2 on the block-sparse experts (interpreter), two micro-batches per rank and step: the
+    experts' weight gradients added once per step give the per-micro-batch run's losses and grad
+    norms (micro-batches receive different row counts from the exchange, so their topologies differ)."""
+    args = SMALL + ["training.train_iters=3", "training.eval_interval=0", "checkpoint.save_interval=0",
+                    "training.micro_batch_size=2", "moe.backend=sparse", "moe.block_size=64",
+                    f"data.cache_dir={corpus_cache}", f"{EP_KEY}=2"]
+    train(2, tmp_path / "per-micro-batch", *args)
+    train(2, tmp_path / "per-step", *args, "moe.expert_wgrad_per_step=true")
+    one, two = records(tmp_path / "per-micro-batch"), records(tmp_path / "per-step")
+    assert sorted(one) == sorted(two) == [1, 2, 3]
+    assert_same_steps(one, two, one)

@@ -22,6 +22,8 @@ DistributedDataParallel gives every parameter) by the DSD^T kernel's epilogue, i
   `grad_added_to_main_grad`, DDP's hook skips its add and drops the placeholder gradient (eager
   only; see `_weight_grad`).
 A caller turns fusion off for one parameter with `param.fuse_wgrad_accumulation = False`.
+Inside `per_step_wgrad.expert_weight_grads_per_step()`, the first way's products are deferred to the
+end of the training step and run once over all micro-batches (see per_step_wgrad.py).
 
 Saved for backward: x, the pre-activation(s) and the activation; memory-optimised mode drops the
 activation and recomputes it (one element-wise pass) in backward. Nothing is copied to the host:
@@ -43,6 +45,7 @@ from typing import Optional
 
 import torch
 
+from . import per_step_wgrad
 from .mlp import ExpertBackend
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -137,7 +140,8 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
 
     E, f, h = weight.shape
     if owner is not None:
-        ops.dsd(data, topo, b, transpose=True, out=owner.main_grad.view(E * f, h), accumulate=True)
+        if not per_step_wgrad.stash(owner, data, topo, b):
+            ops.dsd(data, topo, b, transpose=True, out=owner.main_grad.view(E * f, h), accumulate=True)
         return None
     main_grad = _fusable_main_grad(weight)
     if main_grad is None:
