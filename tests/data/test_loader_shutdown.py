@@ -4,6 +4,7 @@ import multiprocessing
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,17 +39,11 @@ def test_an_open_loader_does_not_hold_up_interpreter_exit(tmp_path):
     # The loader sits in a reference cycle, so only the exit path can stop its workers; before the
     # loader stopped them itself, multiprocessing's exit handler waited on them forever.
     script = tmp_path / "leave_open.py"
-    script.write_text(textwrap.dedent("""
-        import torch
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
         from megatron_dmoe.data.loader import build_loader
-
-        class Numbers(torch.utils.data.Dataset):
-            def __len__(self):
-                return 64
-
-            def __getitem__(self, i):
-                t = torch.full((4,), i)
-                return {"tokens": t, "labels": t, "loss_mask": t.float(), "position_ids": t}
+        from test_loader_shutdown import Numbers
 
         loader = build_loader(Numbers(), 2, 0, 0, 1, num_workers=2, seed=1)
         next(loader)
