@@ -21,7 +21,6 @@ import torch
 import triton
 
 from . import regroup_kernel
-
 from .topology import Topology, _expert_arrays_torch, _expert_arrays_triton
 
 

@@ -113,3 +113,17 @@ def test_two_gpu_expert_parallel_training_matches_ep1(tmp_path, corpus_cache):
 @pytest.mark.timeout(900)
 def test_checkpoint_from_ep4_on_four_gpus_continues_at_ep2_and_ep1(tmp_path, corpus_cache):
     check_ep4_checkpoint_continues_at_ep2_and_ep1(tmp_path, corpus_cache, *GPU_TRAINING, device="cuda")
+
+
+@needs_gpus(2)
+def test_two_gpu_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path, corpus_cache):
+    """EP = 2 over NCCL with the exchange auto picks (symmetric memory on one host), two
+    micro-batches per rank and step: expert weight gradients once per step give the same steps."""
+    args = SMALL + GPU_TRAINING + ["training.train_iters=3", "training.eval_interval=0",
+                                   "checkpoint.save_interval=0", "training.micro_batch_size=2",
+                                   f"data.cache_dir={corpus_cache}", f"{EP_KEY}=2"]
+    train(2, tmp_path / "per-micro-batch", *args, device="cuda")
+    train(2, tmp_path / "per-step", *args, "moe.expert_wgrad_per_step=true", device="cuda")
+    one, two = records(tmp_path / "per-micro-batch"), records(tmp_path / "per-step")
+    assert sorted(one) == sorted(two) == [1, 2, 3]
+    assert_same_steps(one, two, one)
