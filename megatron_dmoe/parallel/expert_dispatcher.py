@@ -19,7 +19,8 @@ On CUDA the two passes are the fused Triton permutation kernels; elsewhere torch
 `exchange` picks how rows travel: "nccl" (steps 2-4 above: variable-split all_to_all, whose split
 sizes must reach the host first), "symmetric" (symmetric_exchange.py: rows stored straight into
 the peers' memory by Triton kernels, offsets computed on the device, the sort into destination
-order fused into the store; ranks of one host) or "auto" (symmetric where the group allows it,
+order fused into the store; ranks of one host; nothing read on the host, so it runs inside CUDA
+graphs: the received rows are a bound-sized view whose real count stays on the device) or "auto" (symmetric where the group allows it,
 decided at the first dispatch, else nccl).
 """
 from __future__ import annotations
@@ -116,6 +117,11 @@ class ExpertParallelDispatcher(TokenDispatcher):
         virtual, virtual_weights = expand_to_virtual_experts(indices, weights, layout.shards_per_expert)
         if self._use_symmetric(x.device):
             return self._dispatch_symmetric(x, virtual, virtual_weights)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "the NCCL expert-parallel exchange reads its split sizes on the host and cannot run inside a CUDA "
+                "graph; use moe.ep_exchange: symmetric (GPUs of one host) or training.cuda_graphs: false"
+            )
         counts = count_assignments(virtual, layout.num_virtual_experts)
         counts_by_rank = counts.view(ranks, per_rank)
         received = exchange_counts(counts_by_rank, self.group)  # [source rank, local expert]
@@ -147,9 +153,9 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
         exchange = self._symmetric
         cumulative = expert_histogram(virtual, self.layout.num_virtual_experts)  # last column: counts
-        plan, event = exchange.plan(cumulative[:, -1])  # counts posted to every rank; offsets on the device
+        plan = exchange.plan(cumulative[:, -1])  # counts posted to every rank; offsets on the device
         positions = positions_from_histogram(virtual, cumulative, plan.offsets)  # sorted row of each copy
-        x_recv = send_to_experts(x, virtual, positions, exchange, plan, event)
+        x_recv = send_to_experts(x, virtual, positions, exchange, plan)
         if not self.rows_consumed_at_once:
             x_recv = x_recv.clone()
         state = ExpertParallelState(positions, virtual_weights, plan.offsets, plan.counts, plan.counts_by_source,

@@ -13,20 +13,24 @@ symmetric memory over NVLink), and Triton kernels write rows directly to their d
                destination's `to_experts` buffer (runs of local-expert groups per source rank, the
                layout the NCCL path delivers); barrier. The row follows from the copy's position
                in expert order (a counting sort, no radix sort); no sorted send buffer is written.
-            3. meanwhile the count matrix travels to the host; the received row count sizes the
-               result (a view of the buffer). The GPU is not idle while the host waits: the row
-               store is already queued.
   combine   one kernel stores each output row back into its sender's `to_sources` buffer at the
             row the copy had in the sender's sorted order; barrier; the weighted sum follows.
   backward  the same two stores in the other direction (gradients of received rows go back to
             `to_sources`, gradients of outputs out to `to_experts`).
 
+Nothing is read back to the host, so the exchange runs inside CUDA graphs. Every size is a host-
+known bound: a rank sends T*K rows (its routed copies) and receives at most ranks * T*K (every
+rank's copies all routed to its experts), so the received view is that bound, of which the first
+`tokens_per_expert.sum()` rows (on the device) are real; the experts read only those. No routing,
+however skewed, can overflow it, and no token is ever dropped. All ranks of the group must pass
+the same number of tokens per call (megatron's schedules do: micro-batch and sequence sizes are
+global settings); the push kernels never write past a buffer's capacity.
+
 Buffers are reused by every layer. That is safe because the two buffers alternate (every exchange
 toward the experts is followed by one toward the sources and back), each exchange ends with a
 barrier, and a received view is consumed (copied by the experts' permutation, or cloned) before
-the next exchange starts. Each buffer is sized for the largest count any rank needs (the count
-matrix tells every rank the same number); when a call needs more, all ranks grow their buffers
-together and repeat the store, so a first call or a larger batch costs one extra store.
+the next exchange starts. They are allocated (collectively: all ranks at once, as they see the
+same token count) at the first call and when the token count grows, never during a capture.
 
 Only for ranks of one host (CUDA peer mappings); the dispatcher falls back to NCCL otherwise.
 """
@@ -39,13 +43,12 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-GROWTH = 1.25  # buffers grow to this multiple of the rows needed (fewer regrowths as loads vary)
 ROW_ALIGN = 256
 
 
 @dataclass
 class ExchangePlan:
-    """Where rows go, on the device (int64), plus the host-side sizes once known."""
+    """Where rows go, on the device (int64), plus the host-known bounds of the exchange's sizes."""
 
     send_starts: torch.Tensor  # [R + 1]: my sorted rows for rank d are [send_starts[d], send_starts[d+1])
     dest_base: torch.Tensor  # [R]: first row of my rows in rank d's to_experts buffer
@@ -55,10 +58,8 @@ class ExchangePlan:
     tokens_per_expert: torch.Tensor  # int64 [local experts]: rows received per local expert
     offsets: torch.Tensor  # int32 [V + 1]: group starts of my copies in virtual-expert order
     counts: torch.Tensor  # int32 [V]: my copies per virtual expert
-    send_rows: int = -1  # host: rows I send (= routed copies)
-    recv_rows: int = -1  # host: rows I receive
-    most_received: int = -1  # host: the largest recv_rows of any rank
-    most_sent: int = -1  # host: the largest send_rows of any rank
+    send_rows: int = -1  # host: rows I send (= my routed copies, T*K)
+    recv_rows: int = -1  # host: bound on the rows I receive (ranks * T*K); the real count is on the device
 
 
 def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
@@ -83,17 +84,6 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
     send_starts, dest_base, recv_starts, return_base = packed.split([ranks + 1, ranks, ranks + 1, ranks])
     return ExchangePlan(send_starts, dest_base, recv_starts, return_base, counts_by_source, tokens_per_expert,
                         offsets, counts)
-
-
-def complete_plan(plan: ExchangePlan, inbox_host: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
-    """Fill in the host sizes from the count matrix copied to the host (numpy: a few microseconds)."""
-    ranks = inbox_host.shape[0]
-    matrix = inbox_host.numpy().reshape(ranks, ranks, local_experts).sum(-1, dtype="int64")
-    plan.send_rows = int(matrix[me].sum())
-    plan.recv_rows = int(matrix[:, me].sum())
-    plan.most_received = int(matrix.sum(0).max())
-    plan.most_sent = int(matrix.sum(1).max())
-    return plan
 
 
 def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None:
@@ -181,63 +171,58 @@ class SymmetricExchange:
         self.inbox = symm_mem.empty(self.ranks, num_virtual_experts, dtype=torch.int32, device=device)
         self.handle = symm_mem.rendezvous(self.inbox, group)
         self.inbox_ptrs = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
-        self.inbox_host = torch.empty(self.inbox.shape, dtype=torch.int32, pin_memory=True)
-        self.inbox_arrived = torch.cuda.Event()  # recorded after each copy of the inbox to the host
         self.buffers: Dict[Tuple[str, int, torch.dtype], _RowsBuffer] = {}
 
     def barrier(self, channel: int) -> None:
         self.handle.barrier(channel=channel)
 
-    def plan(self, counts: torch.Tensor) -> Tuple[ExchangePlan, torch.cuda.Event]:
-        """Post this rank's counts, wait for everyone's; the device offsets now, the host copy of the
-        count matrix on its way (the event marks its arrival)."""
+    def plan(self, counts: torch.Tensor) -> ExchangePlan:
+        """Post this rank's counts, wait for everyone's, and compute the offsets on the device."""
         post_counts(counts, self.inbox_ptrs, self.me)
         self.barrier(channel=0)
-        plan = exchange_plan(self.inbox, self.me, self.local_experts)
-        self.inbox_host.copy_(self.inbox, non_blocking=True)
-        self.inbox_arrived.record()
-        return plan, self.inbox_arrived
+        return exchange_plan(self.inbox, self.me, self.local_experts)
 
     def buffer(self, kind: str, hidden: int, dtype: torch.dtype) -> Optional[_RowsBuffer]:
         return self.buffers.get((kind, hidden, dtype))
 
-    def grow(self, kind: str, hidden: int, dtype: torch.dtype, rows: int) -> _RowsBuffer:
-        """A larger buffer on every rank (collective: all ranks call it with the same rows)."""
-        old = self.buffers.pop((kind, hidden, dtype), None)
-        if old is not None:
+    def reserve(self, kind: str, hidden: int, dtype: torch.dtype, rows: int) -> _RowsBuffer:
+        """The buffer of this kind, grown to at least `rows` if needed. Growing is collective: every
+        rank reaches it in the same call, since all pass the same token count; the ranks still agree
+        on the size (the largest asked for). Never while a CUDA graph is captured."""
+        buf = self.buffer(kind, hidden, dtype)
+        if buf is not None and buf.capacity >= rows:
+            return buf
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"the expert-parallel exchange needs a larger {kind} buffer ({rows} rows) while a CUDA graph is "
+                "captured; run the same token count eagerly once before capturing"
+            )
+        needed = torch.tensor([rows], dtype=torch.int64, device=self.device)
+        dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=self.group)
+        rows = int(needed.item())
+        if buf is not None:
             torch.cuda.current_stream(self.device).synchronize()  # no kernel of ours still reads it
             self.barrier(channel=0)  # nor any peer's
             torch.cuda.current_stream(self.device).synchronize()
-            del old
-        capacity = -(-int(rows * GROWTH) // ROW_ALIGN) * ROW_ALIGN
+            del self.buffers[(kind, hidden, dtype)], buf
+        capacity = -(-rows // ROW_ALIGN) * ROW_ALIGN
         tensor = self._symm_mem.empty(capacity, hidden, dtype=dtype, device=self.device)
         handle = self._symm_mem.rendezvous(tensor, self.group)
         ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=self.device)
         self.buffers[(kind, hidden, dtype)] = buf = _RowsBuffer(tensor, handle, ptrs)
         return buf
 
-    def dispatch(self, x: torch.Tensor, experts: torch.Tensor, positions: torch.Tensor, plan: ExchangePlan,
-                 event: torch.cuda.Event) -> torch.Tensor:
-        """Every routed copy of the token rows x to its expert's rank; returns the view
-        [plan.recv_rows, H] of this rank's buffer (arrival order). The host sizes are completed
-        after the store is queued; if a buffer is too small for any rank, all grow it and repeat."""
+    def dispatch(self, x: torch.Tensor, experts: torch.Tensor, positions: torch.Tensor,
+                 plan: ExchangePlan) -> torch.Tensor:
+        """Every routed copy of the token rows x to its expert's rank; returns the view [ranks * T*K, H]
+        of this rank's buffer (arrival order; the first tokens_per_expert.sum() rows are real)."""
         hidden, dtype = x.shape[1], x.dtype
-        buf = self.buffer("to_experts", hidden, dtype)
-
-        def store(buf):
-            push_copies(x, experts, positions, plan, buf.ptrs, buf.capacity, self.local_experts)
-            self.barrier(channel=1)
-
-        if buf is not None:
-            store(buf)
-        event.synchronize()
-        complete_plan(plan, self.inbox_host, self.me, self.local_experts)
-        back = self.buffer("to_sources", hidden, dtype)
-        if back is None or back.capacity < plan.most_sent:
-            self.grow("to_sources", hidden, dtype, plan.most_sent)
-        if buf is None or buf.capacity < plan.most_received:
-            buf = self.grow("to_experts", hidden, dtype, plan.most_received)
-            store(buf)
+        plan.send_rows = experts.numel()
+        plan.recv_rows = self.ranks * plan.send_rows
+        self.reserve("to_sources", hidden, dtype, plan.send_rows)
+        buf = self.reserve("to_experts", hidden, dtype, plan.recv_rows)
+        push_copies(x, experts, positions, plan, buf.ptrs, buf.capacity, self.local_experts)
+        self.barrier(channel=1)
         return buf.tensor[: plan.recv_rows]
 
     def to_experts(self, src: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
@@ -312,10 +297,10 @@ class _ToExperts(torch.autograd.Function):
     into this rank's sorted order and are summed over each token's copies."""
 
     @staticmethod
-    def forward(ctx, x, experts, positions, exchange, plan, event):
+    def forward(ctx, x, experts, positions, exchange, plan):
         ctx.exchange, ctx.plan = exchange, plan
         ctx.save_for_backward(positions)
-        return exchange.dispatch(x, experts, positions, plan, event)
+        return exchange.dispatch(x, experts, positions, plan)
 
     @staticmethod
     def backward(ctx, grad):
@@ -324,7 +309,7 @@ class _ToExperts(torch.autograd.Function):
         grad_sorted = ctx.exchange.to_sources(grad.contiguous(), ctx.plan)
         from dmoe_kernels.permute import reduce
 
-        return reduce(grad_sorted, positions), None, None, None, None, None
+        return reduce(grad_sorted, positions), None, None, None, None
 
 
 class _ToSources(torch.autograd.Function):
@@ -342,10 +327,10 @@ class _ToSources(torch.autograd.Function):
         return ctx.exchange.to_experts(grad.contiguous(), ctx.plan), None, None
 
 
-def send_to_experts(x, experts, positions, exchange: SymmetricExchange, plan: ExchangePlan, event) -> torch.Tensor:
+def send_to_experts(x, experts, positions, exchange: SymmetricExchange, plan: ExchangePlan) -> torch.Tensor:
     """x [T, H], experts/positions [T, K] (virtual expert, sorted position of each copy) -> the
     [recv_rows, H] view of the exchange's buffer: consume it (copy) before the next exchange."""
-    return _ToExperts.apply(x, experts, positions, exchange, plan, event)
+    return _ToExperts.apply(x, experts, positions, exchange, plan)
 
 
 def send_to_sources(y, exchange: SymmetricExchange, plan: ExchangePlan) -> torch.Tensor:

@@ -82,3 +82,45 @@ def test_backends_run_arrival_order_like_a_per_row_loop(backend, activation):
     assert rel_err(y, ref) < 2e-5
     for name, got, want in zip(["x", "w1", "w2", "v1"], grads, ref_grads):
         assert rel_err(got, want) < 2e-5, name
+
+
+def test_rows_past_the_real_ones_map_past_every_group():
+    """A bound-sized receive buffer (the symmetric exchange's): rows past counts.sum() go to rows
+    offsets[E], offsets[E] + 1, ... which no expert group covers."""
+    counts = torch.tensor([[2, 0, 1], [1, 3, 0]])
+    n, extra = int(counts.sum()), 5
+    for offsets in (compact_offsets(counts.sum(0)), torch.tensor([0, 16, 32, 48], dtype=torch.int32)):
+        pos = arrival_positions(counts, offsets, n + extra).view(-1)
+        assert pos[:n].tolist() == _loop_positions(counts, offsets)
+        assert pos[n:].tolist() == [int(offsets[-1]) + i for i in range(extra)]
+
+
+@pytest.mark.parametrize("backend", ["grouped", "sparse"])
+def test_rows_past_the_real_ones_change_nothing(backend):
+    """Junk (NaN) rows past the received ones: the real rows' outputs and every weight gradient are
+    those of the exact-size call, and the junk rows' gradients stay in the junk rows."""
+    g = torch.Generator().manual_seed(3)
+    hidden, ffn, experts = 8, 32, 3
+    counts = torch.tensor([[3, 0, 2], [1, 4, 0]])
+    n, extra = int(counts.sum()), 7
+    impl = BACKENDS[backend]
+    if backend == "sparse":
+        impl = type(impl)(block_size=16)
+    reason = impl.unsupported_reason(torch.device("cpu"), torch.float32, hidden, ffn)
+    if reason is not None:
+        pytest.skip(reason)
+    x = torch.randn(n, hidden, generator=g)
+    w1, w2 = (0.3 * torch.randn(experts, ffn, hidden, generator=g) for _ in range(2))
+    dy = torch.randn(n, hidden, generator=g)
+    results = []
+    for rows in (n, n + extra):
+        xi = torch.cat([x, torch.full((rows - n, hidden), float("nan"))]).requires_grad_()
+        w1i, w2i = w1.clone().requires_grad_(), w2.clone().requires_grad_()
+        y = impl.mlp_in_arrival_order(xi, counts, w1i, None, w2i, "gelu", False)
+        assert y.shape == (rows, hidden)
+        dyi = torch.cat([dy, torch.full((rows - n, hidden), float("nan"))])
+        dx, dw1, dw2 = torch.autograd.grad(y, [xi, w1i, w2i], dyi)
+        results.append((y[:n], dx[:n], dw1, dw2))
+    for exact, bounded in zip(*results):
+        assert torch.isfinite(bounded).all()
+        assert rel_err(bounded, exact) < 1e-6

@@ -15,8 +15,11 @@ def arrival_positions(counts_by_source: torch.Tensor, group_offsets: torch.Tenso
     """int32 [num_rows, 1]: row of each received row in the expert-grouped buffer.
 
     counts_by_source [R, E]: rows source r sent for expert e, in arrival order (r major).
-    group_offsets [E + 1] (or [E]): first row of expert e's group. num_rows = counts.sum(), known
-    on the host. Within a group, rows keep arrival order (source rank, then the sender's order).
+    group_offsets [E + 1]: first row of expert e's group; the last entry ends the used rows.
+    Within a group, rows keep arrival order (source rank, then the sender's order). num_rows, known
+    on the host, may exceed counts.sum() (a bound-sized receive buffer): the rows past the real
+    ones map to rows group_offsets[E], group_offsets[E] + 1, ... past every group, which the
+    experts never read, so their contents do not matter.
     """
     counts = counts_by_source.to(torch.int64)
     runs = counts.reshape(-1)
@@ -24,10 +27,14 @@ def arrival_positions(counts_by_source: torch.Tensor, group_offsets: torch.Tenso
     run_start = run_end - runs
     # expert e's run from source r lands after the rows of e from sources before r
     before = torch.cumsum(counts, 0) - counts
-    run_dest = (group_offsets[: counts.shape[1]].to(torch.int64).view(1, -1) + before).reshape(-1)
+    offsets = group_offsets.to(torch.int64)
+    run_dest = (offsets[: counts.shape[1]].view(1, -1) + before).reshape(-1)
     row = torch.arange(num_rows, device=counts.device)
-    run = torch.searchsorted(run_end, row, right=True).clamp_(max=max(runs.numel() - 1, 0))
-    return (run_dest[run] + row - run_start[run]).to(torch.int32).view(num_rows, 1)
+    run = torch.searchsorted(run_end, row, right=True)
+    last = max(runs.numel() - 1, 0)
+    inside = run_dest[run.clamp(max=last)] + row - run_start[run.clamp(max=last)]
+    past = offsets[counts.shape[1]] + row - run_end[-1:]
+    return torch.where(run <= last, inside, past).to(torch.int32).view(num_rows, 1)
 
 
 def compact_offsets(tokens_per_expert: torch.Tensor) -> torch.Tensor:
