@@ -477,8 +477,9 @@ class _Checker:
 
     def _check_cuda_graphs(self) -> None:
         """Layers captured as CUDA graphs must issue the same work every step without the host
-        reading device values: no expert-parallel exchange (its split sizes come to the host), no
-        reference experts (they read the counts), no recompute or pipeline schedule around them."""
+        reading device values: no NCCL expert-parallel exchange (its split sizes come to the host;
+        the symmetric one keeps them on the device), no reference experts (they read the counts),
+        no recompute or pipeline schedule around them."""
         v, ok, key = self.v, self.ok, "training.cuda_graphs"
         if not ok(key) or not v(key):
             return
@@ -489,9 +490,10 @@ class _Checker:
         if not self.env.cuda:
             self.problem(key, "true needs CUDA, which is not available here; set it to false")
             return
-        if ok(EP_KEY) and v(EP_KEY) > 1:
-            self.problem(key, f"true cannot capture the expert-parallel exchange ({EP_KEY} = {v(EP_KEY)}: "
-                         f"its split sizes are read on the host); use {EP_KEY}: 1 {fix}")
+        if ok(EP_KEY, "moe.ep_exchange") and v(EP_KEY) > 1 and v("moe.ep_exchange") == "nccl":
+            self.problem(key, f"true cannot capture the NCCL expert-parallel exchange ({EP_KEY} = {v(EP_KEY)}, "
+                         "moe.ep_exchange: nccl: its split sizes are read on the host); use moe.ep_exchange: "
+                         f"symmetric or auto (GPUs of one host) {fix}")
         if ok(PP_KEY) and v(PP_KEY) > 1:
             self.problem(key, f"true is not supported with {PP_KEY} = {v(PP_KEY)}; use 1 {fix}")
         if ok("training.recompute_granularity") and v("training.recompute_granularity") is not None:

@@ -20,17 +20,18 @@ symmetric memory over NVLink), and Triton kernels write rows directly to their d
 
 Nothing is read back to the host, so the exchange runs inside CUDA graphs. Every size is a host-
 known bound: a rank sends T*K rows (its routed copies) and receives at most ranks * T*K (every
-rank's copies all routed to its experts), so the received view is that bound, of which the first
+rank's copies all routed to its experts). The `to_experts` buffer holds that bound for the largest
+T any rank of the group has passed, and the received view is the whole buffer, of which the first
 `tokens_per_expert.sum()` rows (on the device) are real; the experts read only those. No routing,
-however skewed, can overflow it, and no token is ever dropped. All ranks of the group must pass
-the same number of tokens per call (megatron's schedules do: micro-batch and sequence sizes are
-global settings); the push kernels never write past a buffer's capacity.
+however skewed, can overflow it, and no token is ever dropped.
 
 Buffers are reused by every layer. That is safe because the two buffers alternate (every exchange
 toward the experts is followed by one toward the sources and back), each exchange ends with a
 barrier, and a received view is consumed (copied by the experts' permutation, or cloned) before
-the next exchange starts. They are allocated (collectively: all ranks at once, as they see the
-same token count) at the first call and when the token count grows, never during a capture.
+the next exchange starts. They are allocated at the first call, collectively, at the largest size
+any rank asks for, and grown the same way when a rank passes more tokens than any did before;
+ranks must change their token counts together (megatron's schedules do: micro-batch and sequence
+sizes are global settings). Never during a capture.
 
 Only for ranks of one host (CUDA peer mappings); the dispatcher falls back to NCCL otherwise.
 """
@@ -59,7 +60,7 @@ class ExchangePlan:
     offsets: torch.Tensor  # int32 [V + 1]: group starts of my copies in virtual-expert order
     counts: torch.Tensor  # int32 [V]: my copies per virtual expert
     send_rows: int = -1  # host: rows I send (= my routed copies, T*K)
-    recv_rows: int = -1  # host: bound on the rows I receive (ranks * T*K); the real count is on the device
+    recv_rows: int = -1  # host: bound on the rows I receive (>= ranks * T*K); the real count is on the device
 
 
 def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
@@ -214,13 +215,13 @@ class SymmetricExchange:
 
     def dispatch(self, x: torch.Tensor, experts: torch.Tensor, positions: torch.Tensor,
                  plan: ExchangePlan) -> torch.Tensor:
-        """Every routed copy of the token rows x to its expert's rank; returns the view [ranks * T*K, H]
-        of this rank's buffer (arrival order; the first tokens_per_expert.sum() rows are real)."""
+        """Every routed copy of the token rows x to its expert's rank; returns this rank's whole buffer,
+        at least [ranks * T*K, H] (arrival order; the first tokens_per_expert.sum() rows are real)."""
         hidden, dtype = x.shape[1], x.dtype
         plan.send_rows = experts.numel()
-        plan.recv_rows = self.ranks * plan.send_rows
         self.reserve("to_sources", hidden, dtype, plan.send_rows)
-        buf = self.reserve("to_experts", hidden, dtype, plan.recv_rows)
+        buf = self.reserve("to_experts", hidden, dtype, self.ranks * plan.send_rows)
+        plan.recv_rows = buf.capacity  # a bound for every rank's T, not only this one's
         push_copies(x, experts, positions, plan, buf.ptrs, buf.capacity, self.local_experts)
         self.barrier(channel=1)
         return buf.tensor[: plan.recv_rows]

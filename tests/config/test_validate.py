@@ -212,10 +212,10 @@ CASES = {
     "cuda_graphs_without_cuda": (
         {"training.cuda_graphs": True}, None, BARE_CPU, "training.cuda_graphs",
         ["needs CUDA, which is not available here"]),
-    "cuda_graphs_with_expert_parallel": (
-        {"training.cuda_graphs": True, "parallel.expert_model_parallel_size": 2}, 2, EVERYTHING,
-        "training.cuda_graphs", ["expert-parallel exchange", "expert_model_parallel_size = 2",
-                                 "set training.cuda_graphs: false"]),
+    "cuda_graphs_with_nccl_expert_exchange": (
+        {"training.cuda_graphs": True, "parallel.expert_model_parallel_size": 2, "moe.ep_exchange": "nccl"}, 2,
+        EVERYTHING, "training.cuda_graphs", ["NCCL expert-parallel exchange", "expert_model_parallel_size = 2",
+                                             "moe.ep_exchange: symmetric or auto", "set training.cuda_graphs: false"]),
     "cuda_graphs_with_recompute": (
         {"training.cuda_graphs": True, "training.recompute_granularity": "full"}, None, EVERYTHING,
         "training.cuda_graphs", ["activation recompute", "recompute_granularity: full"]),
@@ -293,6 +293,9 @@ VALID = {
     "cross_entropy_native_with_tensor_parallel": (
         {**TP2, "model.cross_entropy_fusion_impl": "native"}, 2, EVERYTHING),
     "cuda_graphs": ({"training.cuda_graphs": True, "training.bf16": True}, None, EVERYTHING),
+    "cuda_graphs_with_symmetric_expert_exchange": (
+        {"training.cuda_graphs": True, "training.bf16": True, "parallel.expert_model_parallel_size": 2}, 2,
+        EVERYTHING),
     "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "training.bf16": True}, None, EVERYTHING),
     "wgrad_per_step_sparse_on_cpu": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, None, BARE_CPU),
     "gpu_everything": ({"training.device": "cuda", "training.bf16": True,

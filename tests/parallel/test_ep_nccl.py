@@ -127,3 +127,32 @@ def test_two_gpu_expert_gradients_once_per_step_train_like_once_per_micro_batch(
     one, two = records(tmp_path / "per-micro-batch"), records(tmp_path / "per-step")
     assert sorted(one) == sorted(two) == [1, 2, 3]
     assert_same_steps(one, two, one)
+
+
+@needs_gpus(2)
+def test_expert_parallel_layer_reads_nothing_on_the_host():
+    """EP = 2 over the symmetric exchange, bf16, sparse experts: forward + backward under torch's
+    sync-debug "error" mode (any device-to-host synchronisation raises)."""
+    from ep_graph_checks import check_no_host_sync
+
+    run_in_processes(2, check_no_host_sync, device="cuda", timeout=300)
+
+
+@needs_gpus(2)
+def test_expert_parallel_layer_captures_as_a_cuda_graph():
+    from ep_graph_checks import check_graph_replay_equals_eager
+
+    run_in_processes(2, check_graph_replay_equals_eager, device="cuda", timeout=300)
+
+
+@needs_gpus(2)
+def test_two_gpu_expert_parallel_training_with_layer_graphs_matches_eager(tmp_path, corpus_cache):
+    """training.cuda_graphs with EP = 2 (the symmetric exchange auto picks on one host): the captured
+    layers replay the eager run's losses and grad norms step for step."""
+    args = SMALL + GPU_TRAINING + ["training.train_iters=5", "training.eval_interval=0",
+                                   "checkpoint.save_interval=0", f"data.cache_dir={corpus_cache}", f"{EP_KEY}=2"]
+    train(2, tmp_path / "eager", *args, device="cuda")
+    train(2, tmp_path / "graphs", *args, "training.cuda_graphs=true", device="cuda")
+    eager, graphs = records(tmp_path / "eager"), records(tmp_path / "graphs")
+    assert sorted(eager) == sorted(graphs) == [1, 2, 3, 4, 5]
+    assert_same_steps(eager, graphs, eager)
