@@ -101,9 +101,14 @@ class MoELayer(MegatronModule):
         x = hidden_states.reshape(s * b, h)
         valid = self._valid_tokens(padding_mask, s, b)
 
-        routing = self.router(x, valid)
         dispatcher = self._dispatcher_for(x)
+        # the block-padded dispatch counts every copy anyway: without padding tokens, those are the counts
+        counted_by_dispatch = dispatcher is self.padded_dispatcher and valid is None
+        routing = self.router(x, valid, count=not counted_by_dispatch)
         x_perm, tokens_per_expert, state = dispatcher.dispatch(x, routing.indices, routing.weights)
+        if counted_by_dispatch:
+            routing.tokens_per_expert = state.counts
+            self.router.record_load(state.counts)
         if isinstance(state, PaddedState):  # block-sparse experts and the weighted combine, fused
             y = padded_experts_combine(self.experts, x_perm, state)
         elif self.token_dropping:

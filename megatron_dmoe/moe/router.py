@@ -126,8 +126,11 @@ class TopKRouter(torch.nn.Module):
             self.expert_bias = kept.to(device=self.expert_bias.device, dtype=torch.float32)
         return result
 
-    def forward(self, x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> Routing:
-        """x [T, h]; valid [T] bool (False marks padding tokens, left out of the counts)."""
+    def forward(self, x: torch.Tensor, valid: Optional[torch.Tensor] = None, count: bool = True) -> Routing:
+        """x [T, h]; valid [T] bool (False marks padding tokens, left out of the counts).
+
+        count=False leaves Routing.tokens_per_expert None for a caller that counts the assignments
+        anyway (the block-padded dispatch does) and then passes them to `record_load`."""
         opts = self.options
         if self.training and opts.input_jitter_eps:
             # in fp32: bf16 resolves steps of only 2**-7 around 1
@@ -144,11 +147,17 @@ class TopKRouter(torch.nn.Module):
             topk_scaling_factor=opts.topk_scaling_factor,
             expert_bias=self.expert_bias,
         )
-        counts = count_assignments(indices, opts.num_experts, valid)
+        counts = None
+        if count:
+            counts = count_assignments(indices, opts.num_experts, valid)
+            self.record_load(counts)
+        return Routing(indices, weights, logits, scores, counts)
+
+    def record_load(self, counts: torch.Tensor) -> None:
+        """Count a training forward's assignments for the expert-bias update."""
         if self.expert_bias is not None and self.training and torch.is_grad_enabled():
             # grad-enabled only: a forward repeated for activation recompute must not count twice
             self.local_tokens_per_expert += counts
-        return Routing(indices, weights, logits, scores, counts)
 
     @torch.no_grad()
     def apply_bias_update(self, load: torch.Tensor) -> None:

@@ -49,10 +49,18 @@ class ExpertMLP(torch.nn.Module):
         self.w1 = weight()
         self.v1 = weight() if options.activation == "swiglu" else None
         self.w2 = weight()
+        self._backends = {}  # (device, dtype) -> the backend resolved for such inputs
 
     def backend_for(self, x: torch.Tensor):
-        opts = self.options
-        return resolve_backend(opts.backend, x.device, x.dtype, opts.hidden_size, self.layout.local_ffn_hidden_size)
+        """The backend for inputs like x, resolved once per device and dtype (not on every call)."""
+        key = (x.device, x.dtype)
+        backend = self._backends.get(key)
+        if backend is None:
+            opts = self.options
+            backend = resolve_backend(opts.backend, x.device, x.dtype, opts.hidden_size,
+                                      self.layout.local_ffn_hidden_size)
+            self._backends[key] = backend
+        return backend
 
     def forward(self, x_perm: torch.Tensor, tokens_per_expert: torch.Tensor,
                 counts_by_source: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -265,11 +265,14 @@ class _SparseExpertsCombine(torch.autograd.Function):
             dw2 = _weight_grad(a, topo, dy_weighted, w2, owners[2])
             del dy_weighted
         da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
+        flat_positions = positions.reshape(-1)
         row_weights = torch.zeros(rows, dtype=weights.dtype, device=weights.device)
-        row_weights[positions.reshape(-1).long()] = weights.reshape(-1)
+        row_weights.index_put_((flat_positions,), weights.reshape(-1))
         d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
         del a
-        d_weights = row_dot[positions.long()].sum(-1).to(weights.dtype) if need_weights else None
+        d_weights = None
+        if need_weights:  # each copy's partial dots (one per column block), gathered by int32 row and summed
+            d_weights = row_dot.index_select(0, flat_positions).view(*positions.shape, -1).sum(-1).to(weights.dtype)
         dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners)
         return dx, dw1, dv1, dw2, d_weights, None, None, None, None, None, None
 
