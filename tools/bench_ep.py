@@ -49,6 +49,7 @@ LAYER_COLUMNS = [
     ("exchange", "exchange", "{}"),
     ("local_experts", "local experts", "{:d}"),
     ("layer_fwd_bwd_ms", "layer fwd+bwd ms", "{:.3f}"),
+    ("layer_graph_ms", "as a CUDA graph ms", "{:.3f}"),
     ("layer_tokens_per_s", "tokens/s (all)", "{:.0f}"),
 ]
 
@@ -275,10 +276,20 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
         get_moe_metrics().reset()
 
     seconds = _timed(step, args, device)
+    graph_ms = None
+    if device.type == "cuda" and (ep == 1 or exchange == "symmetric"):
+        # the same step captured as one CUDA graph (nothing read on the host): the host's share gone
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graph_ms = 1e3 * _timed(graph.replay, args, device)
+        del graph
     return {
         "ep": ep,
         "exchange": exchange if ep > 1 else "-",
         "layer_fwd_bwd_ms": 1e3 * seconds,
+        "layer_graph_ms": graph_ms,
         "layer_tokens_per_s": args.tokens * dist.get_world_size() / seconds,
         "local_experts": layer.experts.layout.num_local_experts,
         "local_ffn": layer.experts.layout.local_ffn_hidden_size,

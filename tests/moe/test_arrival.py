@@ -95,7 +95,7 @@ def test_rows_past_the_real_ones_map_past_every_group():
         assert pos[n:].tolist() == [int(offsets[-1]) + i for i in range(extra)]
 
 
-@pytest.mark.parametrize("backend", ["grouped", "sparse"])
+@pytest.mark.parametrize("backend", ["reference", "grouped", "sparse"])
 def test_rows_past_the_real_ones_change_nothing(backend):
     """Junk (NaN) rows past the received ones: the real rows' outputs and every weight gradient are
     those of the exact-size call, and the junk rows' gradients stay in the junk rows."""
