@@ -86,7 +86,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20, help="timed calls (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="also profile --iters dispatch+combine calls per size on rank 0 (torch.profiler): "
+                        help="also profile --iters dispatch+combine calls per size, and layer steps, on rank 0 (torch.profiler): "
                              "per call the wall time, the host's wait for the split sizes and the GPU's "
                              "kernel time, and DIR/exchange_ep<EP>_<MiB>MiB.txt with the CPU ops and kernels")
     parser.add_argument("--out", type=Path, help="JSON file for the results (written by rank 0)")
@@ -276,6 +276,7 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
         get_moe_metrics().reset()
 
     seconds = _timed(step, args, device)
+    profile = _profile(step, args, device, f"layer_ep{ep}_{exchange if ep > 1 else 'local'}") if args.profile else None
     graph_ms = None
     if device.type == "cuda" and (ep == 1 or exchange == "symmetric"):
         # the same step captured as one CUDA graph (nothing read on the host): the host's share gone
@@ -290,6 +291,7 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
         "exchange": exchange if ep > 1 else "-",
         "layer_fwd_bwd_ms": 1e3 * seconds,
         "layer_graph_ms": graph_ms,
+        "profile": profile,
         "layer_tokens_per_s": args.tokens * dist.get_world_size() / seconds,
         "local_experts": layer.experts.layout.num_local_experts,
         "local_ffn": layer.experts.layout.local_ffn_hidden_size,
