@@ -55,6 +55,7 @@ _FP32_SDD = SddConfig(blocks_per_program=1, block_k=32, group_m=8, num_warps=4, 
 _FP32_DSD = DsdConfig(block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
 
 
+@functools.lru_cache(maxsize=None)  # called at every launch: the choice is a pure function of its arguments
 def sdd_config(block_size: int, blocks_per_row, K: int, device: torch.device,
                dtype: torch.dtype = torch.bfloat16) -> SddConfig:
     """Config of SDD for a topology (block size, regular row length or None), inner width K and
@@ -79,6 +80,7 @@ def sdd_config(block_size: int, blocks_per_row, K: int, device: torch.device,
     return SddConfig(blocks_per_program=nb, block_k=block_k, group_m=8, num_warps=8, num_stages=3)
 
 
+@functools.lru_cache(maxsize=None)
 def dsd_config(block_size: int, N: int, transpose: bool, device: torch.device, regular: bool = False,
                dtype: torch.dtype = torch.bfloat16) -> DsdConfig:
     """Config of DSD (and DDS through it) for a block size, output width N, orientation and dtype."""
