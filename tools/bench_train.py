@@ -389,8 +389,8 @@ def main(argv=None) -> None:
 
     device_type = resolve_device(args.device)
     launched_world = int(os.environ.get("WORLD_SIZE", 1))
-    in_children = not args.in_process and (
-        args.nproc_per_node is not None or (device_type == "cuda" and launched_world == 1 and len(model_runs(args)) > 1))
+    one_gpu_children = device_type == "cuda" and launched_world == 1 and len(model_runs(args)) > 1
+    in_children = not args.in_process and (args.nproc_per_node is not None or one_gpu_children)
     world_size = (args.nproc_per_node or 1) if in_children else launched_world
     plan = plan_runs(args, device_type, world_size)
     if in_children:
