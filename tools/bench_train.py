@@ -179,7 +179,7 @@ def plan_runs(args, device_type: str, world_size: int) -> list:
         try:
             cfg = model_config(name, args, device_type, graphs)
         except ConfigError as err:
-            raise SystemExit(f"bench_train: model {name!r}: {err}")
+            raise SystemExit(f"bench_train: --models {name!r} (a name from {sorted(MODELS)} or a config): {err}")
         try:
             validate(cfg, world_size=world_size)
             refusal = None
@@ -324,7 +324,9 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool) 
                 cfg = next(c for n, g, c, _ in plan if n == name and g == graphs)
                 rows[(name, graphs)] = dict(run_row(name, graphs, cfg, world_size),
                                             error=f"exit status {done.returncode}: {done.stdout[-2000:]}")
-    return [rows[(name, graphs)] for name, graphs, _, _ in plan]
+    return [rows.get((name, graphs)) or dict(run_row(name, graphs, cfg, world_size),
+                                              error="the child exited without a row for this run")
+            for name, graphs, cfg, _ in plan]
 
 
 def profile_step(name: str, out_dir: str, step, sync) -> dict:
