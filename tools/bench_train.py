@@ -390,6 +390,9 @@ def main(argv=None) -> None:
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed, resolve_device
 
     device_type = resolve_device(args.device)
+    if device_type == "cuda" and (args.nproc_per_node or 0) > torch.cuda.device_count():
+        raise SystemExit(f"bench_train: --nproc-per-node {args.nproc_per_node} but {torch.cuda.device_count()} "
+                         "GPU(s) are visible here; use at most that many (one process per GPU)")
     launched_world = int(os.environ.get("WORLD_SIZE", 1))
     one_gpu_children = device_type == "cuda" and launched_world == 1 and len(model_runs(args)) > 1
     in_children = not args.in_process and (args.nproc_per_node is not None or one_gpu_children)
