@@ -11,13 +11,18 @@ of the same useful FLOPs, with the operand layouts a dense MLP would use:
   bwd_dx    dx  = dh @ w1       dense: [T*k, f] @ [f, d]
   bwd_dw1   dw1 = dh^T @ x      dense: [f, T*k] @ [T*k, d]
 
-FLOPs counted: 2*T*k*d*f per product (never the padding). Times: triton.testing.do_bench, median,
-L2 flushed before each run, bf16 random data. Before timing, each sparse product is checked against
-per-expert dense matmuls (exact for balanced routing whose groups fill whole blocks). Beside them,
-cuBLAS's batched matmul (torch.bmm) of the same per-expert problems: what the vendor library reaches
-on these shapes when routing happens to split the tokens evenly (it cannot take uneven splits).
+FLOPs counted: 2*T*k*d*f per product (never the padding). Per case, the expert MLP's step adds them
+up as the sparse experts run them: GELU six products (12*T*k*d*f), SwiGLU nine (18*T*k*d*f: fwd_sdd,
+bwd_dx and bwd_dw1 once for w1 and once for v1). A case modelled on a SwiGLU model
+(deepseek-v2-lite) is always SwiGLU; the others are GELU, or SwiGLU with --swiglu.
+Times: triton.testing.do_bench, median, L2 flushed before each run, bf16 random data. Before timing,
+each sparse product is checked against per-expert dense matmuls (exact for balanced routing whose
+groups fill whole blocks). Beside them, cuBLAS's batched matmul (torch.bmm) of the same per-expert
+problems: what the vendor library reaches on these shapes when routing happens to split the tokens
+evenly (it cannot take uneven splits).
 
-  python tools/bench_kernels.py --out results.json [--cases paper-small,olmoe] [--block-size 128]
+  python tools/bench_kernels.py --out results.json [--cases paper-small,deepseek-v2-lite] [--block-size 128]
+                                [--swiglu]  # the MLP totals of the other cases as SwiGLU
                                 [--sweep]   # also time a few configs per product; report the best
   python tools/bench_kernels.py --wgrad-accumulate   # weight gradients added into fp32 main_grad
 """
@@ -35,9 +40,14 @@ from triton.testing import do_bench
 import dmoe_kernels as dk
 from dmoe_kernels import DsdConfig, SddConfig
 
-from bench_moe import CASES, profile_host  # one table of cases for the layer and its products (run from tools/)
+# one table of cases for the layer and its products (run from tools/)
+from bench_moe import CASES, case_activation, profile_host
 
 PRODUCTS = ["fwd_sdd", "fwd_dsd", "bwd_sdd", "bwd_dw2", "bwd_dx", "bwd_dw1"]
+# How often the expert MLP's step runs each product: SwiGLU's second input weight v1 repeats the
+# products of w1 (moe/experts/sparse.py runs two SDDs on one topology rather than one over [w1; v1]).
+PRODUCT_COUNT = {"gelu": dict.fromkeys(PRODUCTS, 1),
+                 "swiglu": {**dict.fromkeys(PRODUCTS, 1), "fwd_sdd": 2, "bwd_dx": 2, "bwd_dw1": 2}}
 FORM = {"fwd_sdd": "sdd", "bwd_sdd": "sdd", "fwd_dsd": "dsd", "bwd_dx": "dsd", "bwd_dw2": "dsdt", "bwd_dw1": "dsdt"}
 
 
@@ -68,12 +78,38 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm())
 
 
+def check_case(name: str, bs: int) -> None:
+    """The products are checked against per-expert matmuls on balanced routing: every expert's
+    T*k/E tokens and its width f must be whole blocks."""
+    T, d, f, E, k = CASES[name]
+    if (T * k) % E or (T * k // E) % bs or f % bs:
+        raise SystemExit(f"case {name}: balanced groups ({T}*{k}/{E} tokens per expert, width {f}) must fill "
+                         f"whole blocks of {bs}; choose another --block-size or case")
+
+
+def expert_mlp_totals(result: dict, activation: str) -> dict:
+    """One step of the expert MLP from the products' times: each product as often as the step runs
+    it (PRODUCT_COUNT), useful TFLOP/s of the whole (12 or 18 * T*k*d*f); ours, best, dense and bmm."""
+    count = PRODUCT_COUNT[activation]
+    products = result["products"]
+    flops = 2.0 * result["T"] * result["top_k"] * result["d"] * result["f"] * sum(count.values())
+    totals = {"activation": activation, "product_count": count, "flops": flops}
+    for label in ("default", "best", "dense", "bmm"):
+        ms = [p[label]["ms"] if label in ("default", "best") and p[label] else p.get(f"{label}_ms")
+              for p in products.values()]
+        if any(m is None for m in ms) or set(products) != set(PRODUCTS):
+            continue  # a product without a time (every config failed): no total
+        total = sum(count[prod] * m for prod, m in zip(products, ms))
+        totals[f"{label}_ms"] = total
+        totals[f"{label}_tflops"] = flops / (total * 1e-3) / 1e12
+    return totals
+
+
 def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bfloat16, repeats: int = 3,
-             profile: bool = False) -> dict:
+             profile: bool = False, activation: str = "gelu") -> dict:
     T, d, f, E, k = CASES[name]
     Tk = T * k
-    if Tk % E or (Tk // E) % bs or f % bs:
-        raise SystemExit(f"case {name}: balanced groups must fill whole blocks of {bs}")
+    check_case(name, bs)
     n = Tk // E
     F = f // bs
     dev = torch.device("cuda")
@@ -183,6 +219,7 @@ def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bf
         log(f"  {name} {prod}: dense {tflops(dense_ms):6.1f}  default "
             f"{default['tflops'] if default else float('nan'):6.1f}  best {best['tflops'] if best else float('nan'):6.1f} "
             f"{best['config'] if best else ''}  cuBLAS bmm {tflops(bmm_ms):6.1f}  host {host_us:.0f} us/call")
+    result["mlp"] = expert_mlp_totals(result, activation)
     del x, dy, w1, w2, a, dh, ga, gdh
     torch.cuda.empty_cache()
     return result
@@ -273,15 +310,25 @@ def print_table(results, out=sys.stdout):
             dense, bmm = p["dense_tflops"], p["bmm_tflops"]
             print(f"{res['case']:<13} {prod:<8} {ours:7.1f} {best:7.1f} {dense:7.1f} {bmm:7.1f} {ours / dense:6.3f} "
                   f"{best / dense:10.3f} {bmm / dense:9.3f}", file=out)
+        mlp = res.get("mlp", {})
+        if "default_tflops" in mlp and "dense_tflops" in mlp:
+            label = f"mlp-{mlp['activation']}"
+            ours, dense = mlp["default_tflops"], mlp["dense_tflops"]
+            best, bmm = mlp.get("best_tflops", float("nan")), mlp.get("bmm_tflops", float("nan"))
+            print(f"{res['case']:<13} {label:<8} {ours:7.1f} {best:7.1f} {dense:7.1f} {bmm:7.1f} {ours / dense:6.3f} "
+                  f"{best / dense:10.3f} {bmm / dense:9.3f}", file=out)
     print("(TFLOP/s of useful FLOPs; ours = the library's default config; ratio = ours / dense; bmm = cuBLAS's "
           "batched matmul on the same per-expert problems, possible only because balanced routing splits the "
-          "tokens evenly)", file=out)
+          "tokens evenly; mlp-gelu / mlp-swiglu = the expert MLP's step, 6 / 9 products)", file=out)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(CASES)}")
     parser.add_argument("--block-size", type=int, default=128, choices=[64, 128])
+    parser.add_argument("--swiglu", action="store_true",
+                        help="count the MLP totals of the cases without their own activation as SwiGLU "
+                             "(9 products; deepseek-v2-lite is always SwiGLU)")
     parser.add_argument("--out", default=None, help="write the results as JSON to this path")
     parser.add_argument("--sweep", action="store_true", help="also time a few configs per product")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -294,12 +341,14 @@ def main(argv=None):
     parser.add_argument("--micro-batches", type=int, default=8,
                         help="micro-batches per step for --wgrad-accumulate's per-step time (default 8)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_kernels.py needs a CUDA GPU")
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in names if c not in CASES]
     if unknown:
         raise SystemExit(f"--cases: unknown {unknown}; choose from {list(CASES)}")
+    for name in names:
+        check_case(name, args.block_size)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_kernels.py needs a CUDA GPU")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     env = {"torch": torch.__version__, "triton": triton.__version__,
            "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda, "dtype": args.dtype}
@@ -322,7 +371,8 @@ def main(argv=None):
         return
     for name in names:
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-        results.append(run_case(name, args.block_size, args.sweep, log, dtype, args.repeats, args.profile_host))
+        results.append(run_case(name, args.block_size, args.sweep, log, dtype, args.repeats, args.profile_host,
+                                case_activation(name, args.swiglu)))
         if args.out:  # keep partial results if a later case fails
             with open(args.out, "w") as fh:
                 json.dump({"environment": env, "results": results}, fh, indent=1)

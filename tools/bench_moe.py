@@ -18,13 +18,19 @@ Activation memory: peak allocated during one forward + backward, minus what was 
 it (weights, input) and minus the weights' gradients (as large as the weights, allocated during
 backward): what the step needs beyond its parameters.
 
-Routing comes from a freshly initialised router on random inputs (roughly balanced), or with
---skew S from a router biased towards low expert ids, Zipf-like: logit_e += -S * log(1 + e).
+Experts use GELU, or SwiGLU with --swiglu; a case modelled on a SwiGLU model (deepseek-v2-lite)
+always uses SwiGLU (CASE_ACTIVATION).
+
+Routing comes from a freshly initialised router on random inputs (roughly balanced). With --skew S
+every case also runs with a router biased towards low expert ids, Zipf-like: logit_e += -S * log(1 + e);
+the table then puts the skewed TFLOP/s of every MoE backend beside the balanced ones, with sparse's
+skewed / balanced ratio and the busiest expert's load (max / mean tokens per expert) of both routings.
+dense-equiv does not route, so it runs once. JSON rows carry their skew and load.
 Every MoE backend of a case gets the same weights (same seed); the benchmark checks that sparse,
 grouped and the capacity-2.0 layer give the same output before timing anything.
 
-  python tools/bench_moe.py --out moe.json --png moe.png [--cases olmoe,mixtral] [--swiglu]
-                            [--skew 1.0] [--backends sparse,dense-equiv] [--block-size 128]
+  python tools/bench_moe.py --out moe.json --png moe.png [--cases olmoe,deepseek-v2-lite] [--swiglu]
+                            [--skew 2] [--backends sparse,dense-equiv] [--block-size 128]
                             [--graph]    # also replay each step as a CUDA graph (no launch overhead)
                             [--profile]  # torch.profiler table of one step per backend
   python tools/bench_moe.py --device cpu --toy      # tiny sizes; kernels under Triton's interpreter
@@ -45,8 +51,12 @@ CASES = {  # also the cases of tools/bench_kernels.py
     "olmoe": (16384, 2048, 1024, 64, 8),
     "mixtral": (16384, 4096, 14336, 8, 2),
     "dsv3-local": (8192, 7168, 2048, 32, 8),
+    "deepseek-v2-lite": (16384, 2048, 1408, 64, 6),  # fine-grained: f = 11 blocks of 128
 }
-TOY_CASES = {"toy-top1": (48, 32, 64, 4, 1), "toy-top2": (40, 48, 32, 6, 2)}
+TOY_CASES = {"toy-top1": (48, 32, 64, 4, 1), "toy-top2": (40, 48, 32, 6, 2),
+             "toy-fine": (64, 32, 48, 8, 4)}  # a small deepseek-v2-lite: narrow experts, SwiGLU
+# Cases whose experts always use their model's activation; the others follow --swiglu.
+CASE_ACTIVATION = {"deepseek-v2-lite": "swiglu", "toy-fine": "swiglu"}
 BACKENDS = ["sparse", "grouped", "dense-equiv", "capacity-1.0", "capacity-2.0"]
 AUX_LOSS_COEFF = 1e-2  # every MoE backend computes the load-balancing loss, as in training
 
@@ -55,8 +65,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {BACKENDS}")
-    p.add_argument("--swiglu", action="store_true", help="SwiGLU experts (default GELU)")
-    p.add_argument("--skew", type=float, default=0.0, help="Zipf-like routing bias S (0: unbiased router)")
+    p.add_argument("--swiglu", action="store_true",
+                   help=f"SwiGLU experts (default GELU) for the cases without their own activation; "
+                        f"always SwiGLU: {sorted(n for n, a in CASE_ACTIVATION.items() if a == 'swiglu')}")
+    p.add_argument("--skew", type=float, default=0.0,
+                   help="also run every case with a Zipf-like routing bias S, reported beside the balanced "
+                        "run (0: the balanced run only)")
     p.add_argument("--memory-optimized", action="store_true",
                    help="the MoE backends keep only the expert input and pre-activation and recompute the "
                         "activation in backward (moe.memory_optimized)")
@@ -86,6 +100,8 @@ def parse_args(argv=None):
     for b in args.backend_list:
         if b not in BACKENDS:
             p.error(f"--backends: unknown backend {b!r}; choose from {BACKENDS}")
+    if args.skew < 0:
+        p.error(f"--skew: {args.skew} is negative; the bias favours low expert ids, use 0 (none) or more")
     if args.device == "cpu" and not args.toy:
         p.error("--device cpu runs the kernels under Triton's interpreter: add --toy")
     return args
@@ -187,7 +203,7 @@ def time_ms(step, grads, device, rep_ms):
 
 def host_ms(step, grads, device):
     """Median host time to issue one step (no synchronisation inside): near the step's time means
-    the step is bound by the host (launch overhead), not the GPU."""
+    the step is bound by the host (launch overhead), not the GPU. (On CPU it is the step's time.)"""
     import torch
 
     times = []
@@ -289,23 +305,49 @@ def routing_stats(layer, x):
     return {"load_max_over_mean": float(load.max() / load.mean()), "experts_without_tokens": int((load == 0).sum())}
 
 
+def case_activation(name, swiglu):
+    """The experts' activation in case `name`: its own, else SwiGLU when --swiglu, else GELU."""
+    return CASE_ACTIVATION.get(name, "swiglu" if swiglu else "gelu")
+
+
 def useful_flops(case, swiglu):
     T, d, f, E, k = case
     return (18 if swiglu else 12) * T * k * d * f
 
 
 def run_case(name, case, args, device, dtype, report):
+    """Rows of every backend on balanced routing, then (--skew S) of the MoE backends on skewed routing."""
+    rows = []
+    for skew in (0.0, args.skew) if args.skew else (0.0,):
+        backends = [b for b in args.backend_list if not (skew and b == "dense-equiv")]  # dense does not route
+        if skew:
+            report(f"  skew {skew:g}:")
+        rows += run_routing(name, case, args, backends, skew, device, dtype, report)
+    dense = next((r for r in rows if r["backend"] == "dense-equiv"), None)
+    balanced = {r["backend"]: r for r in rows if r["skew"] == 0}
+    for r in rows:
+        if dense is not None:
+            r["x_dense"] = r["tflops"] / dense["tflops"]
+            if r["act_mem_bytes"] is not None and dense["act_mem_bytes"]:
+                r["mem_x_dense"] = r["act_mem_bytes"] / dense["act_mem_bytes"]
+        if r["skew"]:
+            r["x_balanced"] = r["tflops"] / balanced[r["backend"]]["tflops"]
+    return rows
+
+
+def run_routing(name, case, args, backends, skew, device, dtype, report):
     import torch
 
-    flops = useful_flops(case, args.swiglu)
+    swiglu = case_activation(name, args.swiglu) == "swiglu"
+    flops = useful_flops(case, swiglu)
     outputs = {}
     rows = []
-    for backend in args.backend_list:
+    for backend in backends:
         if backend == "dense-equiv":
-            step, params, inputs = dense_step(case, args.swiglu, dtype, device)
+            step, params, inputs = dense_step(case, swiglu, dtype, device)
             extra = {}
         else:
-            step, params, inputs, layer, x = moe_step(case, backend, args.swiglu, args.skew, dtype, device,
+            step, params, inputs, layer, x = moe_step(case, backend, swiglu, skew, dtype, device,
                                                      args.block_size, memory_optimized=args.memory_optimized)
             extra = routing_stats(layer, x)
             with torch.no_grad():
@@ -317,8 +359,9 @@ def run_case(name, case, args, device, dtype, report):
         step()  # compile and warm up
         mem = activation_memory(step, params, inputs, device)
         ms = time_ms(step, params + inputs, device, args.rep_ms)
-        row = dict(case=name, backend=backend, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, act_mem_bytes=mem,
-                   host_ms=host_ms(step, params + inputs, device), **extra)
+        row = dict(case=name, backend=backend, activation="swiglu" if swiglu else "gelu", skew=skew, ms=ms,
+                   tflops=flops / (ms * 1e-3) / 1e12, act_mem_bytes=mem,
+                   host_ms=host_ms(step, params + inputs, device) if device.type == "cuda" else ms, **extra)
         rows.append(row)
         report(f"  {backend:<13} {ms:9.3f} ms {_fmt(row['tflops']):>7} TFLOP/s"
                + (f"  act mem {mem / 2**30:7.3f} GiB" if mem is not None else "")
@@ -342,12 +385,6 @@ def run_case(name, case, args, device, dtype, report):
         if device.type == "cuda":
             torch.cuda.empty_cache()
     check_agreement(outputs, dtype, report)
-    dense = next((r for r in rows if r["backend"] == "dense-equiv"), None)
-    for r in rows:
-        if dense is not None:
-            r["x_dense"] = r["tflops"] / dense["tflops"]
-            if r["act_mem_bytes"] is not None and dense["act_mem_bytes"]:
-                r["mem_x_dense"] = r["act_mem_bytes"] / dense["act_mem_bytes"]
     return rows
 
 
@@ -373,15 +410,29 @@ def _fmt(tflops: float) -> str:
     return f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.3g}"
 
 
+def _load(row):
+    return f"{row['load_max_over_mean']:.2f}" if row and "load_max_over_mean" in row else "-"
+
+
 def summary_table(rows, backends):
-    """Markdown: one row per case, TFLOP/s per backend, sparse against dense-equiv and grouped."""
+    """Markdown: one row per case, TFLOP/s per backend, sparse against dense-equiv and grouped; with
+    skewed rows, the skewed TFLOP/s of the MoE backends, sparse skewed / balanced and the busiest
+    expert's load (max / mean) of both routings."""
     cases = list(dict.fromkeys(r["case"] for r in rows))
-    get = {(r["case"], r["backend"]): r for r in rows}
+    get = {(r["case"], r["backend"]): r for r in rows if not r.get("skew")}
+    skewed = {(r["case"], r["backend"]): r for r in rows if r.get("skew")}
+    skew = next((r["skew"] for r in skewed.values()), None)
+    skew_backends = [b for b in backends if any((c, b) in skewed for c in cases)]
     head = ["case"] + [f"{b} TFLOP/s" for b in backends]
     if "sparse" in backends and "dense-equiv" in backends:
         head += ["sparse / dense", "sparse mem / dense mem"]
     if "sparse" in backends and "grouped" in backends:
         head += ["sparse / grouped"]
+    if skewed:
+        head += [f"{b} skew {skew:g} TFLOP/s" for b in skew_backends]
+        if "sparse" in skew_backends:
+            head += ["sparse skewed / balanced"]
+        head += ["load max/mean balanced", f"load max/mean skew {skew:g}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cases:
         cells = [c] + [_fmt(get[(c, b)]["tflops"]) if (c, b) in get else "-" for b in backends]
@@ -391,8 +442,16 @@ def summary_table(rows, backends):
             cells.append(f"{s['mem_x_dense']:.2f}" if s and s.get("mem_x_dense") else "-")
         if "sparse" in backends and "grouped" in backends:
             cells.append(f"{s['tflops'] / gr['tflops']:.2f}" if s and gr else "-")
+        if skewed:
+            cells += [_fmt(skewed[(c, b)]["tflops"]) if (c, b) in skewed else "-" for b in skew_backends]
+            if "sparse" in skew_backends:
+                ss = skewed.get((c, "sparse"))
+                cells.append(f"{ss['x_balanced']:.2f}" if ss and "x_balanced" in ss else "-")
+            # every MoE backend of a case has the same router: the first one's load stands for all
+            moe = [b for b in skew_backends if (c, b) in skewed]
+            cells += [_load(get.get((c, moe[0])) if moe else None), _load(skewed.get((c, moe[0])) if moe else None)]
         lines.append("| " + " | ".join(cells) + " |")
-    graphed = [r for r in rows if "graph_tflops" in r]
+    graphed = [r for r in rows if "graph_tflops" in r and not r.get("skew")]
     if graphed:
         gget = {(r["case"], r["backend"]): r["graph_tflops"] for r in graphed}
         gb = [b for b in backends if any((c, b) in gget for c in cases)]
@@ -416,7 +475,7 @@ def bar_chart(rows, backends, path, title):
     import matplotlib.pyplot as plt
 
     cases = list(dict.fromkeys(r["case"] for r in rows))
-    get = {(r["case"], r["backend"]): r["tflops"] for r in rows}
+    get = {(r["case"], r["backend"]): r["tflops"] for r in rows if not r.get("skew")}  # balanced routing
     width = 0.8 / max(1, len(backends))
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(cases)), 4))
     for i, b in enumerate(backends):
@@ -446,7 +505,7 @@ def main(argv=None) -> dict:
     def report(msg):
         print(msg, flush=True)
 
-    act = "swiglu" if args.swiglu else "gelu"
+    act = "swiglu" if args.swiglu else "gelu"  # of the cases without their own
     meta = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, dtype=str(dtype).replace("torch.", ""), activation=act, skew=args.skew,
@@ -463,18 +522,21 @@ def main(argv=None) -> dict:
     rows = []
     for name, case in args.case_table.items():
         T, d, f, E, k = case
-        report(f"{name}: T={T} d={d} f={f} E={E} k={k} {act} skew={args.skew}")
+        report(f"{name}: T={T} d={d} f={f} E={E} k={k} {case_activation(name, args.swiglu)}"
+               + (f", balanced and skew {args.skew:g}" if args.skew else ""))
         case_rows = run_case(name, case, args, device, dtype, report)
         rows.extend(case_rows)
     table = summary_table(rows, args.backend_list)
     report("\n" + table)
-    result = {"meta": meta, "cases": {n: dict(zip("T d f E k".split(), c)) for n, c in args.case_table.items()},
+    result = {"meta": meta, "cases": {n: dict(zip("T d f E k".split(), c), activation=case_activation(n, args.swiglu))
+                                      for n, c in args.case_table.items()},
               "results": rows, "table": table}
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)
     if args.png:
-        bar_chart(rows, args.backend_list, args.png, f"MoE layer fwd+bwd, {meta['device']}, {act}")
+        acts = sorted({case_activation(n, args.swiglu) for n in args.case_table})
+        bar_chart(rows, args.backend_list, args.png, f"MoE layer fwd+bwd, {meta['device']}, {'/'.join(acts)}")
     return result
 
 

@@ -1,17 +1,36 @@
 #!/usr/bin/env python
-"""Training throughput of GPT models on one device: dense, dMoE and capacity-factor MoE in one run.
+"""Training throughput of GPT models: dense, dMoE and capacity-factor MoE in one run, on one device
+or on the GPUs of one host.
 
 The dMoE runs twice: expert weight gradients accumulated per micro-batch (the default) and once per
 step (dmoe-per-step, moe.expert_wgrad_per_step: true).
 
 Each model trains for --warmup steps, then --steps timed steps of one global batch (micro-batches
 accumulated as in training) on synthetic tokens, with the same optimizer, mixed precision and DDP
-wrapper as `dmoe-train`. Reported: tokens/s, model TFLOP/s (active parameters only: one expert per
-token for top-1, plus attention and logits; see megatron_dmoe.training.flops) and MFU against a
-bf16 matmul (8192^3) measured in the same run. Prints a table and writes JSON (--out).
+wrapper as `dmoe-train`. Reported per GPU: tokens/s, model TFLOP/s (active parameters only: one
+expert per token for top-1, plus attention and logits; see megatron_dmoe.training.flops), MFU
+against a bf16 matmul (8192^3) measured in the same run, the ratio to the dense model's tokens/s and
+peak memory. Prints a table and writes JSON (--out).
+
+Several GPUs (--nproc-per-node N): this process launches `torchrun --standalone --nproc_per_node N`
+of this program with --in-process, once per model and mode on CUDA (a fresh CUDA context, rendezvous
+and set of process groups for each; nothing of one model can crowd the next), once for all models
+on CPU (gloo; nothing to isolate). Rank 0 of each launch writes its rows and this process gathers
+them. Every model gets the same N processes and the same global batch: the dense model and the
+capacity-factor MoE run data parallel over all of them, the dMoE models with
+parallel.expert_model_parallel_size = --ep (expert parallelism nested in data parallelism). Step
+time and peak memory are the largest over the ranks. A model and mode that the configuration check
+refuses (training.cuda_graphs with expert parallelism, say) becomes a row with the reason; a launch
+that fails becomes a row with the end of its output, and the program exits with status 1 after
+printing the table.
+
+Started by torchrun directly, every rank runs every model in-process, megatron's process groups
+rebuilt for each model's expert-parallel size. On one GPU without --nproc-per-node each model runs
+in a fresh child process, as the multi-GPU launches do.
 
   python tools/bench_train.py                       # dense, dMoE (twice) and capacity-1.0 Small, bf16
   python tools/bench_train.py --models dmoe --set moe.backend=grouped
+  python tools/bench_train.py --nproc-per-node 2 --ep 2 --models dense,dmoe,capacity --cuda-graphs both
 """
 from __future__ import annotations
 
@@ -64,11 +83,29 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "report GPU busy time against the step's wall time (a large gap means the host "
                         "cannot issue work fast enough), and write DIR/<model>_kernels.txt (kernels by "
                         "GPU time) and DIR/<model>_trace.json (chrome://tracing)")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="run every model on N processes of this host (N GPUs, or N gloo processes on CPU): "
+                        "this process launches torchrun --standalone --nproc_per_node N of this program per "
+                        "model and mode on CUDA (once for all models on CPU) and gathers rank 0's rows; "
+                        "start it without torchrun")
+    p.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="parallel.expert_model_parallel_size of the dropless MoE models (dmoe, dmoe-per-step; "
+                        "default 1); dense and capacity-factor models stay data parallel. --set "
+                        "parallel.expert_model_parallel_size=N applies to every model instead")
     p.add_argument("--in-process", action="store_true",
-                   help="run every model in this process (default on CUDA: each model in a fresh child "
-                        "process, so that one model's memory and captured graphs cannot crowd the next)")
+                   help="run every model in this process, under torchrun or not (default on CUDA: each "
+                        "model in a fresh child process, so that one model's memory and captured graphs "
+                        "cannot crowd the next)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.ep < 1:
+        p.error(f"--ep: {args.ep} is not a process count; use 1 (no expert parallelism) or more")
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        p.error(f"--nproc-per-node: {args.nproc_per_node} processes; use 1 or more")
+    if args.nproc_per_node is not None and not args.in_process and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        p.error("--nproc-per-node launches torchrun itself: start this program without torchrun, or drop "
+                "--nproc-per-node to run every model in-process on torchrun's ranks")
+    return args
 
 
 def matmul_tflops(device: torch.device) -> float:
@@ -82,9 +119,10 @@ def matmul_tflops(device: torch.device) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def synthetic_batches(cfg, vocab_size: int, device: torch.device, count: int = 4):
-    """A few fixed random micro-batches, cycled (data loading is not what is measured)."""
-    g = torch.Generator().manual_seed(0)
+def synthetic_batches(cfg, vocab_size: int, device: torch.device, rank: int = 0, count: int = 4):
+    """A few fixed random micro-batches, cycled (data loading is not what is measured); each rank
+    draws its own, as data-parallel ranks read different samples."""
+    g = torch.Generator().manual_seed(rank)
     b, s = cfg.training.micro_batch_size, cfg.model.seq_length
     batches = []
     for _ in range(count):
@@ -99,15 +137,17 @@ def synthetic_batches(cfg, vocab_size: int, device: torch.device, count: int = 4
         yield from batches
 
 
-def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
-    from megatron_dmoe.config import load_config, resolve, validate
-    from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
-    from megatron_dmoe.parallel.distributed import seed_everything
-    from megatron_dmoe.training.flops import model_flops_per_token
-    from megatron_dmoe.training.model_setup import wrap_for_training
-    from megatron_dmoe.training.optim import build_optimizer
-    from megatron_dmoe.training.cuda_graphs import release_layer_graphs
-    from megatron_dmoe.training.step import train_step
+def model_runs(args) -> list:
+    """(name, cuda_graphs) in the order they run: every model eagerly, then graphed."""
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
+    return [(name.strip(), graphs) for graphs in modes for name in args.models.split(",")
+            if name.strip() and not (graphs and name.strip() in WITHOUT_GRAPHS)]
+
+
+def model_config(name: str, args, device_type: str, cuda_graphs: bool):
+    """The resolved config of one model and mode (not validated). --ep goes to dropless MoE models
+    only, before --set's (which win)."""
+    from megatron_dmoe.config import load_config, resolve
 
     gbs = args.global_batch_size or args.micro_batch_size
     overrides = [
@@ -115,20 +155,96 @@ def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
         f"training.micro_batch_size={args.micro_batch_size}",
         f"training.global_batch_size={gbs}",
         f"training.bf16={'true' if args.precision == 'bf16' else 'false'}",
-        f"training.device={env.device.type}",
+        f"training.device={device_type}",
         "training.lr_warmup_iters=0",
         f"training.cuda_graphs={'true' if cuda_graphs else 'false'}",
         *MODEL_OVERRIDES.get(name, []),
-        *args.set,
     ]
-    cfg = resolve(load_config(MODELS.get(name, name), overrides))
-    validate(cfg, world_size=env.world_size)
+    config_name = MODELS.get(name, name)
+    cfg = resolve(load_config(config_name, overrides + args.set))
+    if args.ep != 1 and cfg.moe.num_experts > 0 and cfg.moe.expert_capacity_factor is None:
+        ep = [f"parallel.expert_model_parallel_size={args.ep}"]
+        cfg = resolve(load_config(config_name, overrides + ep + args.set))
+    return cfg
+
+
+def plan_runs(args, device_type: str, world_size: int) -> list:
+    """Every run's config, checked before anything is measured: (name, cuda_graphs, cfg, refusal),
+    refusal being the configuration check's message for a combination it refuses, else None. A
+    config that cannot be read at all (no such file, a malformed override) stops here."""
+    from megatron_dmoe.config import ConfigError, validate
+
+    plan = []
+    for name, graphs in model_runs(args):
+        try:
+            cfg = model_config(name, args, device_type, graphs)
+        except ConfigError as err:
+            raise SystemExit(f"bench_train: --models {name!r} (a name from {sorted(MODELS)} or a config): {err}")
+        try:
+            validate(cfg, world_size=world_size)
+            refusal = None
+        except ConfigError as err:
+            refusal = " ".join(str(err).split())
+        plan.append((name, graphs, cfg, refusal))
+    return plan
+
+
+def run_row(name: str, cuda_graphs: bool, cfg, world_size: int) -> dict:
+    """What every row says about its run, measured or not."""
+    par = cfg.parallel
+    return {
+        "model": name + ("+graphs" if cuda_graphs else ""),
+        "cuda_graphs": cuda_graphs,
+        "config": MODELS.get(name, name),
+        "world_size": world_size,
+        "expert_model_parallel_size": par.expert_model_parallel_size,
+        "data_parallel_size": world_size // (par.tensor_model_parallel_size * par.pipeline_model_parallel_size),
+        "global_batch_size": cfg.training.global_batch_size,
+    }
+
+
+def _max_over_ranks(value: float, device: torch.device) -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _global_params(model) -> int:
+    """Parameters of the whole model: expert weights (allreduce = False) are split over the
+    expert-parallel ranks, every other weight is whole on each rank."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    expert = sum(p.numel() for p in model.parameters() if not getattr(p, "allreduce", True))
+    other = sum(p.numel() for p in model.parameters() if getattr(p, "allreduce", True))
+    t = torch.tensor([expert], dtype=torch.float64, device=next(model.parameters()).device)
+    dist.all_reduce(t, group=ps.get_expert_model_parallel_group())
+    return int(t.item()) + other
+
+
+def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
+    """Train one model (an already checked config) on this process's ranks; every rank calls it."""
+    from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
+    from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
+    from megatron_dmoe.training.cuda_graphs import release_layer_graphs
+    from megatron_dmoe.training.flops import model_flops_per_token
+    from megatron_dmoe.training.model_setup import wrap_for_training
+    from megatron_dmoe.training.optim import build_optimizer
+    from megatron_dmoe.training.step import mean_over_data_parallel, train_step
+
+    par = cfg.parallel
+    # megatron's groups for this model's parallel sizes (the default process group is kept)
+    env = init_distributed(cfg.training.device, par.tensor_model_parallel_size,
+                           par.pipeline_model_parallel_size, par.expert_model_parallel_size)
     seed_everything(cfg.training.seed, env, cuda_graphs=cfg.training.cuda_graphs)
     model = wrap_for_training(build_gpt_model(cfg, vocab_size=args.vocab_size, on_cuda=env.on_cuda))
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
-    micro_batches = gbs // (args.micro_batch_size * env.world_size)
+    gbs = cfg.training.global_batch_size
+    micro_batches = gbs // (cfg.training.micro_batch_size * env.world_size)
     per_step = cfg.moe.expert_wgrad_per_step
-    data = synthetic_batches(cfg, args.vocab_size, env.device)
+    data = synthetic_batches(cfg, args.vocab_size, env.device, rank=env.rank)
     sync = torch.cuda.synchronize if env.on_cuda else (lambda: None)
     if env.on_cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -139,24 +255,24 @@ def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
     for _ in range(args.steps):
         loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device, per_step)
     sync()
-    seconds = (time.perf_counter() - start) / args.steps
-    label = name + ("+graphs" if cuda_graphs else "")
+    # the slowest rank sets the step time
+    seconds = _max_over_ranks((time.perf_counter() - start) / args.steps, env.device)
+    result = run_row(name, cuda_graphs, cfg, env.world_size)
+    label = result["model"] + (f"_rank{env.rank}" if env.world_size > 1 else "")
     profile = profile_step(label, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device, per_step),
                            sync) if args.profile and env.on_cuda else None
+    peak_memory = _max_over_ranks(torch.cuda.max_memory_allocated() / 2**30, env.device) if env.on_cuda else None
     tokens_per_s = gbs * cfg.model.seq_length / seconds
     flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(args.vocab_size, cfg))
-    result = {
-        "model": label,
-        "cuda_graphs": cuda_graphs,
-        "config": MODELS.get(name, name),
+    result.update({
         "ms_per_step": seconds * 1e3,
         "tokens_per_s": tokens_per_s / env.world_size,
         "tflops_per_gpu": flops * tokens_per_s / env.world_size / 1e12,
-        "final_loss": float(loss),
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if env.on_cuda else None,
-        "params": sum(p.numel() for p in model.parameters()),
+        "final_loss": mean_over_data_parallel(loss),
+        "peak_memory_gib": peak_memory,
+        "params": _global_params(model),
         "profile": profile,
-    }
+    })
     del model, optimizer
     if cuda_graphs:
         release_layer_graphs()
@@ -166,25 +282,51 @@ def bench_model(name: str, args, env, cuda_graphs: bool = False) -> dict:
     return result
 
 
-def bench_in_child(name: str, cuda_graphs: bool, argv: list) -> dict:
-    """bench_model in a fresh process (its own CUDA context): this run's own arguments, then the one
-    model and mode (argparse keeps the last value of an option)."""
+def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool) -> list:
+    """Rows of the planned runs, each measured by a child: one plain process (nproc None) or
+    torchrun --standalone with nproc processes, started from this run's own arguments and then the
+    models and mode it runs (argparse keeps the last value of an option). One child per run on CUDA,
+    one per mode on CPU. Refused runs become rows here; a failed child becomes a row per run it held."""
     import subprocess
     import sys
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = f"{tmp}/result.json"
-        child = [sys.executable, __file__, *argv, "--models", name, "--cuda-graphs", "on" if cuda_graphs else "off",
-                 "--in-process", "--no-matmul", "--out", out]
-        # a one-process run of its own, even when this process was started by torchrun
-        launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-        env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("TORCHELASTIC")}
-        done = subprocess.run(child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"benchmarking {name} (cuda graphs {cuda_graphs}) failed:\n{done.stdout[-4000:]}")
-        with open(out) as f:
-            return json.load(f)["results"][0]
+    world_size = nproc or 1
+    rows = {}
+    batches = []
+    for name, graphs, cfg, refusal in plan:
+        if refusal is not None:
+            rows[(name, graphs)] = dict(run_row(name, graphs, cfg, world_size), refused=refusal)
+        elif on_cuda or not batches or batches[-1][0] != graphs:
+            batches.append((graphs, [name]))
+        else:
+            batches[-1][1].append(name)
+    # a one-process run of its own (or torchrun's own ranks), even when this process was started by torchrun
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("TORCHELASTIC")}
+    for graphs, names in batches:
+        mode = "on" if graphs else "off"
+        print(f"bench_train: {','.join(names)} (cuda graphs {mode}) on {world_size} process(es)", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = f"{tmp}/result.json"
+            start = [sys.executable] if nproc is None else [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+            child = [*start, os.path.abspath(__file__), *argv, "--models", ",".join(names), "--cuda-graphs", mode,
+                     "--in-process", "--no-matmul", "--out", out]
+            done = subprocess.run(child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            if done.returncode == 0:
+                with open(out) as f:
+                    for r in json.load(f)["results"]:
+                        rows[(r["model"].split("+")[0], r["cuda_graphs"])] = r
+                continue
+            print(done.stdout[-4000:], flush=True)
+            for name in names:
+                cfg = next(c for n, g, c, _ in plan if n == name and g == graphs)
+                rows[(name, graphs)] = dict(run_row(name, graphs, cfg, world_size),
+                                            error=f"exit status {done.returncode}: {done.stdout[-2000:]}")
+    return [rows.get((name, graphs)) or dict(run_row(name, graphs, cfg, world_size),
+                                              error="the child exited without a row for this run")
+            for name, graphs, cfg, _ in plan]
 
 
 def profile_step(name: str, out_dir: str, step, sync) -> dict:
@@ -216,19 +358,27 @@ def profile_step(name: str, out_dir: str, step, sync) -> dict:
 
 
 def print_table(results: list, peak: float | None) -> None:
-    def dense_for(r):  # the dense run of the same mode (eager or graphed), else any dense run
-        same = [d for d in results if d["model"].split("+")[0] == "dense" and d["cuda_graphs"] == r["cuda_graphs"]]
-        return (same or [d for d in results if d["model"].split("+")[0] == "dense"] or [None])[0]
+    measured = [r for r in results if "tokens_per_s" in r]
 
-    header = f"{'model':16s} {'params':>8s} {'ms/step':>9s} {'tokens/s':>11s} {'TFLOP/s':>8s} {'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}"
+    def dense_for(r):  # the dense run of the same mode (eager or graphed), else any dense run
+        dense = [d for d in measured if d["model"].split("+")[0] == "dense"]
+        return ([d for d in dense if d["cuda_graphs"] == r["cuda_graphs"]] or dense or [None])[0]
+
+    header = (f"{'model':16s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'tokens/s/GPU':>13s} {'TFLOP/s':>8s} "
+              f"{'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}")
     print(header)
     print("-" * len(header))
     for r in results:
+        head = f"{r['model']:16s} {r['expert_model_parallel_size']:3d}"
+        if "tokens_per_s" not in r:
+            why = f"refused: {r['refused']}" if "refused" in r else "failed (output above; JSON has its end)"
+            print(f"{head} {why}")
+            continue
         mfu = f"{100 * r['tflops_per_gpu'] / peak:5.1f}%" if peak else "   n/a"
         dense = dense_for(r)
         rel = f"{r['tokens_per_s'] / dense['tokens_per_s']:8.2f}x" if dense else "      n/a"
         mem = f"{r['peak_memory_gib']:9.1f}" if r["peak_memory_gib"] is not None else "      n/a"
-        print(f"{r['model']:16s} {r['params'] / 1e6:7.0f}M {r['ms_per_step']:9.1f} {r['tokens_per_s']:11,.0f} "
+        print(f"{head} {r['params'] / 1e6:7.0f}M {r['ms_per_step']:9.1f} {r['tokens_per_s']:13,.0f} "
               f"{r['tflops_per_gpu']:8.1f} {mfu} {rel} {mem}")
 
 
@@ -237,24 +387,42 @@ def main(argv=None) -> None:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
+    from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed, resolve_device
 
-    env = init_distributed(args.device)
-    try:
-        peak = None if (args.no_matmul or not env.on_cuda) else matmul_tflops(env.device)
-        modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
-        runs = [(name.strip(), graphs) for graphs in modes for name in args.models.split(",")
-                if not (graphs and name.strip() in WITHOUT_GRAPHS)]
-        if env.on_cuda and env.world_size == 1 and len(runs) > 1 and not args.in_process:
-            results = [bench_in_child(name, graphs, argv) for name, graphs in runs]
-        else:
-            results = [bench_model(name, args, env, graphs) for name, graphs in runs]
-    finally:
-        destroy_distributed()
-    if env.is_main:
+    device_type = resolve_device(args.device)
+    if device_type == "cuda" and (args.nproc_per_node or 0) > torch.cuda.device_count():
+        raise SystemExit(f"bench_train: --nproc-per-node {args.nproc_per_node} but {torch.cuda.device_count()} "
+                         "GPU(s) are visible here; use at most that many (one process per GPU)")
+    launched_world = int(os.environ.get("WORLD_SIZE", 1))
+    one_gpu_children = device_type == "cuda" and launched_world == 1 and len(model_runs(args)) > 1
+    in_children = not args.in_process and (args.nproc_per_node is not None or one_gpu_children)
+    world_size = (args.nproc_per_node or 1) if in_children else launched_world
+    plan = plan_runs(args, device_type, world_size)
+    if in_children:
+        is_main = True
+        peak = None if (args.no_matmul or device_type != "cuda") else matmul_tflops(torch.device("cuda"))
+        if peak:
+            torch.cuda.empty_cache()  # leave the GPU to the children
+        results = bench_in_children(plan, argv, args.nproc_per_node, device_type == "cuda")
+    else:
+        env = init_distributed(args.device)
+        is_main = env.is_main
+        failed = True
+        try:
+            peak = None if (args.no_matmul or not env.on_cuda) else matmul_tflops(env.device)
+            results = [bench_model(name, args, cfg, graphs) if refusal is None
+                       else dict(run_row(name, graphs, cfg, env.world_size), refused=refusal)
+                       for name, graphs, cfg, refusal in plan]
+            failed = False
+        finally:
+            # after a failure the other ranks may never arrive: abort instead of waiting for them
+            destroy_distributed(abort=failed)
+    if is_main:
         versions = {"torch": torch.__version__}
-        if env.on_cuda:
+        if device_type == "cuda":
             versions["gpu"] = torch.cuda.get_device_name()
+        print(f"{world_size} process(es), global batch {args.global_batch_size or args.micro_batch_size} x "
+              f"{args.seq_length} tokens; tokens/s and TFLOP/s per GPU (per process on CPU)")
         if peak:
             print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s (MFU denominator)")
         print_table(results, peak)
@@ -263,11 +431,16 @@ def main(argv=None) -> None:
                 prof = r["profile"]
                 print(f"profile {r['model']}: step {prof['wall_ms']:.1f} ms wall (profiled), kernels "
                       f"{prof['gpu_busy_ms']:.1f} ms GPU ({100 * prof['gpu_busy_ms'] / prof['wall_ms']:.0f} % busy), "
-                      f"{prof['kernel_launches']} launches; kernels by GPU time in {args.profile}/{r['model']}_kernels.txt")
+                      f"{prof['kernel_launches']} launches; kernels by GPU time in {args.profile}/"
+                      f"{r['model']}{'_rank0' if world_size > 1 else ''}_kernels.txt")
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"matmul_tflops": peak, "versions": versions, "args": vars(args), "results": results},
-                          f, indent=2)
+                json.dump({"matmul_tflops": peak, "versions": versions, "world_size": world_size,
+                           "args": vars(args), "results": results}, f, indent=2)
+    failures = [r["model"] for r in results if "error" in r]
+    if failures or not any("tokens_per_s" in r for r in results):
+        raise SystemExit(f"bench_train: failed: {', '.join(failures)}" if failures
+                         else "bench_train: every run was refused (reasons in the table)")
 
 
 if __name__ == "__main__":

@@ -59,3 +59,66 @@ def test_bench_moe_memory_optimized_reaches_the_layer(tmp_path):
     data = json.loads(out.read_text())
     assert data["meta"]["memory_optimized"] is True
     assert [r["backend"] for r in data["results"]] == ["sparse", "dense-equiv"]
+
+
+def test_bench_moe_case_with_its_own_activation_and_skewed_routing_beside_balanced(tmp_path):
+    """toy-fine (a small deepseek-v2-lite) is SwiGLU without --swiglu, counted 18*T*k*d*f; --skew 2
+    runs each case balanced and skewed, dense-equiv once, and rows carry skew and load."""
+    bench = _load()
+    out = tmp_path / "moe.json"
+    bench.main(["--device", "cpu", "--toy", "--cases", "toy-top1,toy-fine", "--backends", "grouped,dense-equiv",
+                "--skew", "2", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["cases"]["toy-fine"]["activation"] == "swiglu" and data["cases"]["toy-top1"]["activation"] == "gelu"
+    assert data["meta"]["activation"] == "gelu"  # the flag's, for the cases without their own
+    rows = {(r["case"], r["backend"], r["skew"]): r for r in data["results"]}
+    assert list(rows) == [(c, b, s) for c in ("toy-top1", "toy-fine")
+                          for b, s in (("grouped", 0.0), ("dense-equiv", 0.0), ("grouped", 2.0))]
+    for (case, backend, skew), r in rows.items():
+        T, d, f, E, k = bench.TOY_CASES[case]
+        per_token = 18 if case == "toy-fine" else 12
+        assert r["activation"] == ("swiglu" if case == "toy-fine" else "gelu")
+        assert abs(r["tflops"] - per_token * T * k * d * f / (r["ms"] * 1e-3) / 1e12) < 1e-9 * r["tflops"]
+        # skewed rows against the balanced dense-equiv and the balanced run of their backend
+        assert abs(r["x_dense"] - r["tflops"] / rows[(case, "dense-equiv", 0.0)]["tflops"]) < 1e-9 * r["x_dense"]
+        if skew:
+            balanced = rows[(case, backend, 0.0)]
+            assert abs(r["x_balanced"] - r["tflops"] / balanced["tflops"]) < 1e-9 * r["x_balanced"]
+            assert r["load_max_over_mean"] > balanced["load_max_over_mean"]
+    head = data["table"].splitlines()[0]
+    assert "grouped skew 2 TFLOP/s" in head and "load max/mean skew 2" in head
+    assert "dense-equiv skew" not in head
+
+
+def test_bench_moe_table_skewed_columns():
+    bench = _load()
+
+    def row(backend, skew, tflops, load=None, **extra):
+        r = dict(case="c", backend=backend, skew=skew, tflops=tflops, act_mem_bytes=None, **extra)
+        if load is not None:
+            r["load_max_over_mean"] = load
+        return r
+
+    balanced = [row("sparse", 0.0, 300.0, 1.3), row("dense-equiv", 0.0, 600.0)]
+    skewed = [row("sparse", 2.0, 150.0, 7.5, x_balanced=0.5)]
+    cells = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
+    head, _, line = bench.summary_table(balanced + skewed, ["sparse", "dense-equiv"]).splitlines()
+    assert dict(zip(cells(head), cells(line))) == {
+        "case": "c", "sparse TFLOP/s": "300", "dense-equiv TFLOP/s": "600", "sparse / dense": "0.50",
+        "sparse mem / dense mem": "-", "sparse skew 2 TFLOP/s": "150", "sparse skewed / balanced": "0.50",
+        "load max/mean balanced": "1.30", "load max/mean skew 2": "7.50"}
+    # --skew 0: the balanced table alone, as before
+    assert "skew" not in bench.summary_table(balanced, ["sparse", "dense-equiv"])
+
+
+def test_bench_moe_fine_grained_case_and_activation_choice():
+    import pytest
+
+    bench = _load()
+    assert bench.CASES["deepseek-v2-lite"] == (16384, 2048, 1408, 64, 6)
+    assert bench.case_activation("deepseek-v2-lite", swiglu=False) == "swiglu"
+    assert bench.case_activation("olmoe", swiglu=False) == "gelu"
+    assert bench.case_activation("olmoe", swiglu=True) == "swiglu"
+    assert bench.useful_flops(bench.CASES["deepseek-v2-lite"], True) == 18 * 16384 * 6 * 2048 * 1408
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--skew", "-1"])

@@ -47,3 +47,64 @@ def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path
     per_micro_batch, per_step = json.loads(out.read_text())["results"]
     assert per_step["model"] == "dmoe-per-step"
     assert abs(per_step["final_loss"] - per_micro_batch["final_loss"]) < 1e-5 * per_micro_batch["final_loss"]
+
+
+TOY = ["--device", "cpu", "--precision", "fp32", "--steps", "1", "--warmup", "0",
+       "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "32", "--vocab-size", "300",
+       "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+       "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64"]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_train", TOOL)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_train_on_two_processes_with_expert_parallel_dmoe(tmp_path, capsys):
+    """--nproc-per-node 2 launches torchrun (gloo): dense and capacity data parallel, the dMoE at
+    EP = 2, all on the same global batch; graphed runs (CUDA only) are rows that say why not."""
+    out = tmp_path / "bench.json"
+    _load().main(["--nproc-per-node", "2", "--ep", "2", "--models", "dense,dmoe,capacity", "--cuda-graphs", "both",
+                  "--out", str(out), *TOY])
+    data = json.loads(out.read_text())
+    assert data["world_size"] == 2
+    rows = {r["model"]: r for r in data["results"]}
+    assert list(rows) == ["dense", "dmoe", "capacity", "dense+graphs", "dmoe+graphs", "capacity+graphs"]
+    ep = {name: rows[name]["expert_model_parallel_size"] for name in ("dense", "dmoe", "capacity")}
+    assert ep == {"dense": 1, "dmoe": 2, "capacity": 1}
+    for name in ("dense", "dmoe", "capacity"):
+        r = rows[name]
+        assert r["world_size"] == 2 and r["data_parallel_size"] == 2 and r["global_batch_size"] == 4
+        assert r["tokens_per_s"] > 0 and r["tflops_per_gpu"] > 0 and r["final_loss"] > 0
+        # per GPU: the global batch's tokens over the step time, shared by the two processes
+        assert abs(r["tokens_per_s"] - 4 * 32 / (r["ms_per_step"] * 1e-3) / 2) < 1e-6 * r["tokens_per_s"]
+    # the whole model is counted, not the experts one rank holds: the same as the capacity MoE's
+    assert rows["dmoe"]["params"] == rows["capacity"]["params"] > rows["dense"]["params"]
+    for name in ("dense+graphs", "dmoe+graphs", "capacity+graphs"):
+        assert "training.cuda_graphs" in rows[name]["refused"] and "tokens_per_s" not in rows[name]
+    table = capsys.readouterr().out
+    assert "dmoe+graphs        2 refused: " in table and "tokens/s/GPU" in table
+
+
+def test_bench_train_failed_child_becomes_a_row():
+    bench = _load()
+    args = bench.parse_args(["--models", "dense", *TOY])
+    plan = bench.plan_runs(args, "cpu", world_size=1)
+    rows = bench.bench_in_children(plan, ["--no-such-option"], None, on_cuda=False)
+    assert [r["model"] for r in rows] == ["dense"]
+    assert "--no-such-option" in rows[0]["error"] and "tokens_per_s" not in rows[0]
+
+
+def test_bench_train_checks_its_process_counts(monkeypatch):
+    import pytest
+
+    bench = _load()
+    for argv in (["--ep", "0"], ["--nproc-per-node", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # started by torchrun: it must not launch torchrun again
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--nproc-per-node", "2"])
+    bench.parse_args(["--nproc-per-node", "2", "--in-process"])  # a launched child
