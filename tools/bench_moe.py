@@ -219,6 +219,19 @@ def host_ms(step, grads, device):
     return statistics.median(times)
 
 
+def kernel_launches(step, grads) -> int:
+    """Kernels (and memsets) one step puts on the GPU, counted by torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    clear_grads(grads)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def graph_ms(step, grads, rep_ms):
     """Median time of the step captured as one CUDA graph and replayed."""
     import torch
@@ -362,6 +375,8 @@ def run_routing(name, case, args, backends, skew, device, dtype, report):
         row = dict(case=name, backend=backend, activation="swiglu" if swiglu else "gelu", skew=skew, ms=ms,
                    tflops=flops / (ms * 1e-3) / 1e12, act_mem_bytes=mem,
                    host_ms=host_ms(step, params + inputs, device) if device.type == "cuda" else ms, **extra)
+        if device.type == "cuda":
+            row["launches"] = kernel_launches(step, params + inputs)
         rows.append(row)
         report(f"  {backend:<13} {ms:9.3f} ms {_fmt(row['tflops']):>7} TFLOP/s"
                + (f"  act mem {mem / 2**30:7.3f} GiB" if mem is not None else "")
@@ -451,6 +466,19 @@ def summary_table(rows, backends):
             moe = [b for b in skew_backends if (c, b) in skewed]
             cells += [_load(get.get((c, moe[0])) if moe else None), _load(skewed.get((c, moe[0])) if moe else None)]
         lines.append("| " + " | ".join(cells) + " |")
+    if any("launches" in r for r in get.values()):
+        # the host's side of one forward + backward: time to issue it and kernels issued
+        head = ["case (host, eager)"] + [f"{b} host ms / launches" for b in backends]
+        if "sparse" in backends and "dense-equiv" in backends:
+            head.append("sparse host / dense host")
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for c in cases:
+            cells = [c] + [f"{get[(c, b)]['host_ms']:.2f} / {get[(c, b)].get('launches', '-')}" if (c, b) in get
+                           else "-" for b in backends]
+            if "sparse" in backends and "dense-equiv" in backends:
+                s, dn = get.get((c, "sparse")), get.get((c, "dense-equiv"))
+                cells.append(f"{s['host_ms'] / dn['host_ms']:.2f}" if s and dn else "-")
+            lines.append("| " + " | ".join(cells) + " |")
     graphed = [r for r in rows if "graph_tflops" in r and not r.get("skew")]
     if graphed:
         gget = {(r["case"], r["backend"]): r["graph_tflops"] for r in graphed}
