@@ -90,6 +90,9 @@ class TrainingConfig:
     loss_scale: Optional[float] = None  # fp16 only; None = dynamic loss scaling
     initial_loss_scale: float = 2.0**16
     eval_interval: int = 50  # 0 disables evaluation during training
+    # Stop (evaluating and saving a checkpoint) once this many minutes of training steps are spent,
+    # summed over resumed pieces; startup, evaluation and checkpoint saving do not count. None = no limit.
+    time_limit_minutes: Optional[float] = None
     eval_iters: int = 5
     recompute_granularity: Optional[str] = None  # None | full | selective
     use_distributed_optimizer: bool = False
@@ -104,6 +107,9 @@ class DataConfig:
     # Megatron-LM style: [prefix] or [weight, prefix, weight, prefix, ...]; empty = built-in corpus
     data_path: List[str] = field(default_factory=list)
     split: str = "969,30,1"
+    # Megatron-LM's --valid-data-path: validation data of its own (same format as data_path); when
+    # set, all of data_path is training data and split is not used.
+    valid_data_path: List[str] = field(default_factory=list)
     tokenizer_model: Optional[str] = None  # sentencepiece .model; None = built-in tokenizer
     builtin_vocab_size: int = 4096  # vocabulary of the built-in corpus's tokenizer
     cache_dir: Optional[str] = None  # built-in corpus cache; None = ~/.cache/megatron_dmoe
