@@ -166,8 +166,12 @@ def gather(sources: Sequence[str], extensions: Sequence[str], max_file_bytes: in
     wanted = set(extensions)
     skipped = dict.fromkeys(SKIP_REASONS, 0)
     kept: List[KeptFile] = []
-    seen = set()
+    seen, seen_paths = set(), set()
     for path in tqdm(files, desc="gathering", unit="file", disable=not progress):
+        real = os.path.realpath(path)
+        if real in seen_paths:  # one folder given inside another: the same file twice
+            continue
+        seen_paths.add(real)
         if _extension(path) not in wanted:
             skipped["extension"] += 1
             continue

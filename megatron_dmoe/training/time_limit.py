@@ -16,7 +16,9 @@ def time_limit_reached(train_time_s: float, limit_minutes: Optional[float],
     """
     if limit_minutes is None:
         return False
-    flag = torch.tensor([1.0 if train_time_s >= limit_minutes * 60 else 0.0], device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    reached = train_time_s >= limit_minutes * 60
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return reached
+    flag = torch.tensor([1.0 if reached else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())

@@ -69,8 +69,9 @@ def test_make_corpus_splits_by_file_and_counts_tokens(tool, tmp_path, capsys):
     tree = tmp_path / "tree"
     keep = make_tree(tree)
     out = tmp_path / "out"
-    assert _run(tool, tree, "--out", out, "--vocab-size", "300", "--valid-fraction", "0.25",
-                "--workers", "2") == 0
+    # pkg1 again inside tree: its files are read once, not counted as duplicates
+    assert _run(tool, tree, tree / "pkg1", "--out", out, "--vocab-size", "300",
+                "--valid-fraction", "0.25", "--workers", "2") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["files"]["kept"] == len(keep)
     assert {k: v for k, v in summary["files"]["skipped"].items() if v} == {
