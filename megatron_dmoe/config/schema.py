@@ -90,10 +90,10 @@ class TrainingConfig:
     loss_scale: Optional[float] = None  # fp16 only; None = dynamic loss scaling
     initial_loss_scale: float = 2.0**16
     eval_interval: int = 50  # 0 disables evaluation during training
+    eval_iters: int = 5
     # Stop (evaluating and saving a checkpoint) once this many minutes of training steps are spent,
     # summed over resumed pieces; startup, evaluation and checkpoint saving do not count. None = no limit.
     time_limit_minutes: Optional[float] = None
-    eval_iters: int = 5
     recompute_granularity: Optional[str] = None  # None | full | selective
     use_distributed_optimizer: bool = False
     # Capture each transformer layer's forward and backward as CUDA graphs after the first step

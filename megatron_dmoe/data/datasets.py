@@ -3,8 +3,9 @@
 `data.data_path` is Megatron-LM's `--data-path`: one prefix, several prefixes (blended in
 proportion to their sizes), or weight/prefix pairs. Empty, it means the built-in corpus, whose
 tokenizer `build_tokenizer` then loads. `data.valid_data_path` (Megatron-LM's `--valid-data-path`)
-names validation data of its own; then all of `data.data_path` trains and `data.split` is unused. Files, splits and the tokenizer are checked first so a
-mistake raises one `DataError` instead of a megatron-core assertion or a hang.
+names validation data of its own; then all of `data.data_path` trains and `data.split` is unused.
+Files, splits and the tokenizer are checked first so a mistake raises one `DataError` instead of a
+megatron-core assertion or a hang.
 
 With torch.distributed initialised, `build_datasets` must be called on every rank: megatron-core
 builds on rank 0 first (writing the index cache), waits at a barrier, then the other ranks build
