@@ -91,6 +91,9 @@ class TrainingConfig:
     initial_loss_scale: float = 2.0**16
     eval_interval: int = 50  # 0 disables evaluation during training
     eval_iters: int = 5
+    # Stop (evaluating and saving a checkpoint) once this many minutes of training steps are spent,
+    # summed over resumed pieces; startup, evaluation and checkpoint saving do not count. None = no limit.
+    time_limit_minutes: Optional[float] = None
     recompute_granularity: Optional[str] = None  # None | full | selective
     use_distributed_optimizer: bool = False
     # Capture each transformer layer's forward and backward as CUDA graphs after the first step
@@ -104,6 +107,9 @@ class DataConfig:
     # Megatron-LM style: [prefix] or [weight, prefix, weight, prefix, ...]; empty = built-in corpus
     data_path: List[str] = field(default_factory=list)
     split: str = "969,30,1"
+    # Megatron-LM's --valid-data-path: validation data of its own (same format as data_path); when
+    # set, all of data_path is training data and split is not used.
+    valid_data_path: List[str] = field(default_factory=list)
     tokenizer_model: Optional[str] = None  # sentencepiece .model; None = built-in tokenizer
     builtin_vocab_size: int = 4096  # vocabulary of the built-in corpus's tokenizer
     cache_dir: Optional[str] = None  # built-in corpus cache; None = ~/.cache/megatron_dmoe

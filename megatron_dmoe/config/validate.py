@@ -84,6 +84,7 @@ RANGES = {
     "training.initial_loss_scale": (0, None, False, None),
     "training.eval_interval": (0, None, True, None),
     "training.eval_iters": (0, None, True, None),
+    "training.time_limit_minutes": (0, None, False, None),
     "data.builtin_vocab_size": (1, None, True, None),
     "data.num_workers": (0, None, True, None),
     "checkpoint.save_interval": (0, None, True, None),
@@ -538,6 +539,14 @@ class _Checker:
             message = _split_problem(self.v("data.split"))
             if message:
                 self.problem("data.split", message)
+        if self.ok("data.valid_data_path", "data.data_path") and self.v("data.valid_data_path"):
+            message = _data_path_problem(self.v("data.valid_data_path"))
+            if message:
+                self.problem("data.valid_data_path", message)
+            elif not self.v("data.data_path"):
+                self.problem("data.valid_data_path", "is set but data.data_path is empty: separate "
+                             "validation data needs training data of the same tokenizer; set "
+                             "data.data_path, or leave both unset for the built-in corpus")
 
 
 def _range_text(low, high, low_in, high_in, value) -> str:

@@ -2,8 +2,10 @@
 
 `data.data_path` is Megatron-LM's `--data-path`: one prefix, several prefixes (blended in
 proportion to their sizes), or weight/prefix pairs. Empty, it means the built-in corpus, whose
-tokenizer `build_tokenizer` then loads. Files, splits and the tokenizer are checked first so a
-mistake raises one `DataError` instead of a megatron-core assertion or a hang.
+tokenizer `build_tokenizer` then loads. `data.valid_data_path` (Megatron-LM's `--valid-data-path`)
+names validation data of its own; then all of `data.data_path` trains and `data.split` is unused.
+Files, splits and the tokenizer are checked first so a mistake raises one `DataError` instead of a
+megatron-core assertion or a hang.
 
 With torch.distributed initialised, `build_datasets` must be called on every rank: megatron-core
 builds on rank 0 first (writing the index cache), waits at a barrier, then the other ranks build
@@ -99,6 +101,20 @@ def resolve_blend(cfg) -> Tuple[Blend, str]:
     return (prefixes, weights), cache
 
 
+def resolve_valid_blend(cfg) -> Optional[Blend]:
+    """data.valid_data_path as a blend of absolute prefixes, or None when it is not set."""
+    if not cfg.data.valid_data_path:
+        return None
+    if not cfg.data.data_path:
+        raise DataError("data.valid_data_path is set but data.data_path is empty: separate "
+                        "validation data needs training data made with the same tokenizer")
+    try:
+        prefixes, weights = parse_blend(cfg.data.valid_data_path)
+    except DataError as err:
+        raise DataError(str(err).replace("data.data_path", "data.valid_data_path")) from None
+    return [os.path.abspath(os.path.expanduser(p)) for p in prefixes], weights
+
+
 def build_datasets(
     cfg,
     tokenizer,
@@ -108,9 +124,9 @@ def build_datasets(
     """(train, valid, test) GPTDatasets (or BlendedDatasets) of `num_samples` samples each.
 
     A sample is a window of model.seq_length + 1 tokens as `tokens` and `labels` shifted by one,
-    with `loss_mask` and `position_ids`; None for a split whose data.split weight is 0. The
-    shuffling follows training.seed. `num_samples` entries of None mean one pass over the split
-    (not allowed with weighted blends).
+    with `loss_mask` and `position_ids`; None for a split whose data.split weight is 0, and for
+    test with data.valid_data_path. The shuffling follows training.seed. `num_samples` entries of
+    None mean one pass over the split (not allowed with weighted blends).
     """
     if len(num_samples) != 3 or any(n is not None and (int(n) != n or n < 0) for n in num_samples):
         raise ValueError(f"num_samples must be three counts >= 0 (or None), got {num_samples}")
@@ -118,13 +134,26 @@ def build_datasets(
     if weights is not None and any(n is None for n in num_samples):
         raise ValueError("weighted data.data_path blends need a sample count for every split")
     infos = check_data_files(prefixes)
-    check_splits(infos, cfg.data.split)
+    valid = resolve_valid_blend(cfg)
+    if valid is None:
+        check_splits(infos, cfg.data.split)
+        splits = dict(blend=(prefixes, weights), split=cfg.data.split)
+    else:
+        if valid[1] is not None and num_samples[1] is None:
+            raise ValueError("a weighted data.valid_data_path blend needs a validation sample count")
+        try:
+            check_data_files(valid[0])
+        except DataError as err:
+            raise DataError(str(err).replace("data.data_path", "data.valid_data_path")) from None
+        # megatron-core's per-split blends (Megatron-LM's --train/--valid-data-path): each split
+        # draws from all of its own files; there is no test split
+        splits = dict(blend_per_split=[(prefixes, weights), valid, None])
+        prefixes = prefixes + valid[0]
     check_tokenizer_matches(tokenizer, cfg.model.vocab_size, prefixes)
     config = GPTDatasetConfig(
         random_seed=cfg.training.seed,
         sequence_length=cfg.model.seq_length,
-        blend=(prefixes, weights),
-        split=cfg.data.split,
+        **splits,
         path_to_cache=cache,
         tokenizer=tokenizer,
         reset_position_ids=False,

@@ -30,18 +30,32 @@ class RunStatus:
     saves_checkpoints: bool  # checkpoint.save_interval != 0
     checkpoint_step: Optional[int]  # the newest complete checkpoint's step
     logged_step: Optional[int]  # the last step in metrics.jsonl
+    time_limit_minutes: Optional[float] = None  # training.time_limit_minutes
+    train_time_s: Optional[float] = None  # the last metrics record's training time
+
+    @property
+    def out_of_time(self) -> bool:
+        """Stopped by training.time_limit_minutes, with its checkpoint at that step when it saves."""
+        if self.time_limit_minutes is None or self.train_time_s is None or self.logged_step is None:
+            return False
+        saved = not self.saves_checkpoints or (self.checkpoint_step or 0) >= self.logged_step
+        return saved and self.train_time_s >= self.time_limit_minutes * 60
 
     @property
     def finished(self) -> bool:
-        """Training reached train_iters, and its final checkpoint is complete when it saves any."""
+        """Training reached train_iters (or its time limit), and its final checkpoint is complete
+        when it saves any."""
         if self.train_iters is None:
             return False
         done = self.checkpoint_step if self.saves_checkpoints else self.logged_step
-        return done is not None and done >= self.train_iters
+        return (done is not None and done >= self.train_iters) or self.out_of_time
 
     def describe(self) -> str:
         if self.train_iters is None:
             return "not started (no config.yaml)"
+        if self.out_of_time and (self.logged_step or 0) < self.train_iters:
+            return (f"finished (training.time_limit_minutes={self.time_limit_minutes} at step "
+                    f"{self.logged_step} of {self.train_iters})")
         if self.finished:
             return f"finished ({self.train_iters} steps)"
         step = max(self.checkpoint_step or 0, self.logged_step or 0)
@@ -50,7 +64,7 @@ class RunStatus:
 
 def run_status(run_dir) -> RunStatus:
     run_dir = Path(run_dir)
-    train_iters, saves = None, True
+    train_iters, saves, limit = None, True, None
     if (run_dir / CONFIG_FILE).is_file():
         try:
             cfg = load_config(str(run_dir / CONFIG_FILE))
@@ -58,8 +72,13 @@ def run_status(run_dir) -> RunStatus:
             pass  # unreadable: treated as not started; training itself will report the problem
         else:
             train_iters, saves = cfg.training.train_iters, cfg.checkpoint.save_interval != 0
+            limit = cfg.training.time_limit_minutes
+    last = last_record(run_dir)
+    train_time = last.get("train_time_s") if last else None
     return RunStatus(run_dir=run_dir, train_iters=train_iters, saves_checkpoints=saves,
-                     checkpoint_step=checkpoint_step(run_dir), logged_step=logged_step(run_dir))
+                     checkpoint_step=checkpoint_step(run_dir),
+                     logged_step=last["step"] if last else None, time_limit_minutes=limit,
+                     train_time_s=train_time if isinstance(train_time, (int, float)) else None)
 
 
 def checkpoint_step(run_dir: Path) -> Optional[int]:
@@ -71,14 +90,19 @@ def checkpoint_step(run_dir: Path) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
-def logged_step(run_dir: Path) -> Optional[int]:
+def last_record(run_dir: Path) -> Optional[dict]:
     if not (Path(run_dir) / METRICS_FILE).is_file():
         return None
     try:
         records = read_metrics(run_dir)
     except ValueError:
         return None
-    return records[-1]["step"] if records else None
+    return records[-1] if records else None
+
+
+def logged_step(run_dir: Path) -> Optional[int]:
+    last = last_record(run_dir)
+    return last["step"] if last else None
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -37,6 +37,7 @@ class Progress:
     iteration: int = 0
     consumed_samples: int = 0
     world_size: int = 1
+    train_time_s: float = 0.0  # seconds spent in training steps, for training.time_limit_minutes
 
 
 def checkpoint_dir(root: Path, iteration: int) -> Path:

@@ -28,6 +28,7 @@ from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.preemption import PreemptionWatcher
 from megatron_dmoe.training.run_dir import CONFIG_FILE, checkpoint_root, software_versions
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
+from megatron_dmoe.training.time_limit import time_limit_reached
 
 
 @dataclass
@@ -37,6 +38,7 @@ class TrainResult:
     losses: List[float] = field(default_factory=list)  # per logged step, on rank 0
     val_loss: Optional[float] = None
     preempted: bool = False
+    out_of_time: bool = False  # stopped by training.time_limit_minutes
 
 
 def _num_micro_batches(cfg: RunConfig) -> int:
@@ -102,8 +104,14 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
     model.train()
     window_start, window_steps = time.perf_counter(), 0
     window_loss = torch.zeros((), device=env.device)  # summed on the device: no per-step sync
+    # a resumed run whose time budget is already spent trains no further
+    out_of_time = time_limit_reached(progress.train_time_s, tr.time_limit_minutes, env.device)
+    if out_of_time:
+        logger.message(f"training.time_limit_minutes={tr.time_limit_minutes} was spent at step "
+                       f"{progress.iteration}: nothing left to train")
     try:
-        while progress.iteration < tr.train_iters:
+        while progress.iteration < tr.train_iters and not out_of_time:
+            step_start = time.perf_counter()
             loss, grad_norm, applied = train_step(model, optimizer, train_data, num_micro, env.device,
                                                   cfg.moe.expert_wgrad_per_step)
             if applied:
@@ -115,12 +123,15 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
             window_steps += 1
             window_loss += loss
             step = progress.iteration
-            last = step == tr.train_iters
+            log_due = step % cfg.logging.log_interval == 0 or step == tr.train_iters
+            if log_due and env.on_cuda:
+                torch.cuda.synchronize()
+            progress.train_time_s += time.perf_counter() - step_start
+            out_of_time = time_limit_reached(progress.train_time_s, tr.time_limit_minutes, env.device)
+            last = step == tr.train_iters or out_of_time
 
             values = None
-            if step % cfg.logging.log_interval == 0 or last:
-                if env.on_cuda:
-                    torch.cuda.synchronize()
+            if log_due or last:
                 elapsed = time.perf_counter() - window_start
                 tokens_per_s = window_steps * tokens_per_step / elapsed
                 tflops = flops_per_token * tokens_per_s / env.world_size / 1e12
@@ -145,6 +156,8 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
                 result.val_loss = values["val_loss"]
                 window_start = time.perf_counter()  # evaluation time is not training throughput
             if values is not None:
+                values["train_time_s"] = progress.train_time_s  # seconds of training steps so far
+                values["tokens"] = progress.consumed_samples * cfg.model.seq_length
                 logger.log(step, values)
 
             preempted = watcher.should_stop()
@@ -158,11 +171,17 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
                 logger.message(f"stopping at step {step} on SIGTERM; continue with --resume")
                 result.preempted = True
                 break
+            if out_of_time:
+                logger.message(f"stopping at step {step}: training.time_limit_minutes="
+                               f"{tr.time_limit_minutes} spent ({progress.train_time_s / 60:.2f} "
+                               "minutes of training steps)")
+                break
     finally:
         train_data.close()
         watcher.close()
         logger.close()
     result.iteration = progress.iteration
+    result.out_of_time = out_of_time
     if env.is_main and cfg.logging.plot and not result.preempted:
         from megatron_dmoe.training.plots import plot_expert_load, plot_runs
 

@@ -3,7 +3,9 @@
 RUN_DIR/metrics.jsonl is the record plots and analyses read: each line is one JSON object with at
 least ``step``; the training loop logs loss, lr, grad_norm, tokens_per_s, tflops_per_gpu, mfu,
 lb_loss, z_loss, expert_load_imbalance (one float per MoE layer), expert_load (per MoE layer, one
-value per expert) and val_loss on evaluation steps. Any other key passes through unchanged.
+value per expert), val_loss on evaluation steps, and on every record train_time_s (seconds spent in
+training steps since the run began, summed over resumed pieces; startup, evaluation and checkpoint
+saving left out) and tokens (training tokens consumed). Any other key passes through unchanged.
 Non-finite floats are written as NaN / Infinity, which Python's json module reads back.
 """
 from __future__ import annotations
