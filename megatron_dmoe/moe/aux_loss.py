@@ -97,7 +97,7 @@ def _set_scale(scale) -> None:
     if scale.numel() != 1:
         raise ValueError(f"the aux-loss scale must be one number, got a tensor of shape {tuple(scale.shape)}")
     buffer = AuxLossScaler._scale_on(scale.device)
-    buffer.copy_(scale.to(buffer.dtype), non_blocking=True)
+    buffer.copy_(scale.to(buffer.dtype).reshape(buffer.shape), non_blocking=True)
 
 
 def set_aux_loss_scale(loss_scale, num_micro_batches: int, cp_size: int = 1) -> None:
