@@ -78,8 +78,31 @@ def _quiet_optional_accelerator_warnings() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
+def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
+    """Config and data warnings (settings that run, but likely not as meant) as one plain line
+    each, like the errors, instead of Python's warning format with a source line."""
+    import warnings
+
+    from megatron_dmoe.config import ConfigWarning
+    from megatron_dmoe.data.errors import DataWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "plain_user_warnings", False):
+        return  # installed already (train_main called again in this process)
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, (ConfigWarning, DataWarning)):
+            print(f"{prog}: warning: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.plain_user_warnings = True
+    warnings.showwarning = show
+
+
 def train_main(argv: Optional[List[str]] = None) -> int:
     _quiet_optional_accelerator_warnings()
+    _show_user_warnings_plainly()
     from megatron_dmoe.config import ConfigError, load_config, resolve, validate
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError

@@ -9,10 +9,11 @@ detected here unless one is passed.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, List, Optional
 
 from .environment import Environment
-from .errors import ConfigError, Problem
+from .errors import ConfigError, ConfigWarning, Problem
 from .fields import check_type, default_of, did_you_mean, section_class, section_types
 from .resolve import DERIVED_FROM, resolve
 from .schema import RunConfig
@@ -100,15 +101,27 @@ def validate(cfg: RunConfig, world_size: Optional[int] = None, *,
     ``world_size`` (number of processes), when known, enables the batch-size and parallel-size
     checks that depend on it. ``env`` describes the machine; None probes this one.
     """
-    problems = find_problems(cfg, world_size, env=env)
+    checker = _Checker(cfg, world_size, env)
+    problems = checker.run()
     if problems:
         raise ConfigError(problems)
+    for key, message in checker.warnings:
+        warnings.warn(ConfigWarning(key, message), stacklevel=2)
 
 
 def find_problems(cfg: RunConfig, world_size: Optional[int] = None, *,
                   env: Optional[Environment] = None) -> List[Problem]:
     """The (key, message) problems of ``cfg``; an empty list when it is valid."""
     return _Checker(cfg, world_size, env).run()
+
+
+def find_warnings(cfg: RunConfig, world_size: Optional[int] = None, *,
+                  env: Optional[Environment] = None) -> List[Problem]:
+    """The (key, message) settings of ``cfg`` that run but are likely not meant (validate() warns
+    of them with ConfigWarning)."""
+    checker = _Checker(cfg, world_size, env)
+    checker.run()
+    return checker.warnings
 
 
 def _fmt(value: Any) -> str:
@@ -130,6 +143,7 @@ class _Checker:
         self.world_size = world_size
         self._env = env
         self.problems: List[Problem] = []
+        self.warnings: List[Problem] = []  # settings that run, but likely not as meant
         self.bad: set = set()  # keys whose own value is wrong; checks that read them are skipped
 
     @property
@@ -143,6 +157,9 @@ class _Checker:
         self.problems.append((key, message))
         if bad:
             self.bad.add(key)
+
+    def warn(self, key: str, message: str) -> None:
+        self.warnings.append((key, message))
 
     def raw(self, key: str) -> Any:
         """The value as given (a schema default where the given one has the wrong type)."""
@@ -424,21 +441,17 @@ class _Checker:
                          f"training.lr ({_fmt(v('training.lr'))}); use a value from 0 to "
                          f"{_fmt(v('training.lr'))}")
         warmup_key, decay_key = "training.lr_warmup_iters", "training.lr_decay_iters"
-        if ok(warmup_key, "training.train_iters") and \
-                v(warmup_key) > v("training.train_iters"):
-            self.problem(warmup_key, f"{v(warmup_key)} is larger than training.train_iters "
-                         f"({v('training.train_iters')}); use a value from 0 to "
-                         f"{v('training.train_iters')}", bad=True)
-        # The lr schedule (megatron-core's OptimizerParamScheduler) needs warmup < decay iters.
-        if ok(warmup_key, decay_key) and v(decay_key) <= v(warmup_key):
-            warmup, decay = v(warmup_key), v(decay_key)
-            if self.raw(decay_key) is not None:
+        # A warmup as long as a short run is fine (the rate is still rising when the run ends, as
+        # Megatron-LM allows); the scheduler then decays after it, past the run's end.
+        if ok(warmup_key, decay_key, "training.train_iters"):
+            warmup, decay, iters = v(warmup_key), v(decay_key), v("training.train_iters")
+            if warmup >= iters and decay >= iters:
+                self.warn(warmup_key, f"{warmup} is not shorter than training.train_iters ({iters}): "
+                          f"the learning rate is still rising when the run ends and never decays; "
+                          f"use fewer warmup iterations for a full schedule")
+            elif decay <= warmup:  # a decay that ends within the run must outlast the warmup
                 self.problem(decay_key, f"{decay} is not larger than {warmup_key} ({warmup}); use "
                              f"more than {warmup}, or null (= train_iters)")
-            else:
-                self.problem(warmup_key, f"{warmup} leaves no iterations to decay over: "
-                             f"{decay_key} is null, so it equals training.train_iters ({decay}); "
-                             f"use less than {decay} or set {decay_key}")
         if ok("training.bf16", "training.fp16") and v("training.bf16") and v("training.fp16"):
             self.problem("training.fp16", "true together with training.bf16: true; choose one")
         if ok("training.loss_scale", "training.fp16") and not v("training.fp16") \

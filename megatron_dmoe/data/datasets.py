@@ -118,7 +118,9 @@ def build_datasets(
     if weights is not None and any(n is None for n in num_samples):
         raise ValueError("weighted data.data_path blends need a sample count for every split")
     infos = check_data_files(prefixes)
-    check_splits(infos, cfg.data.split)
+    # a split with 0 samples asked (e.g. test, which training never reads) may be empty
+    read = [n is None or n > 0 for n in num_samples]
+    unread_empty = check_splits(infos, cfg.data.split, read)
     check_tokenizer_matches(tokenizer, cfg.model.vocab_size, prefixes)
     config = GPTDatasetConfig(
         random_seed=cfg.training.seed,
@@ -132,6 +134,8 @@ def build_datasets(
         eod_mask_loss=False,
         create_attention_mask=False,
     )
+    if unread_empty:  # not built at all: megatron-core loops forever on a split without tokens
+        config.split_matrix = [None if i in unread_empty else m for i, m in enumerate(config.split_matrix)]
     builder = BlendedMegatronDatasetBuilder(
         GPTDataset,
         [None if n is None else int(n) for n in num_samples],
