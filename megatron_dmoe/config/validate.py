@@ -12,6 +12,8 @@ import math
 import warnings
 from typing import Any, List, Optional
 
+from megatron_dmoe.moe import options as moe_options
+
 from .environment import Environment
 from .errors import ConfigError, ConfigWarning, Problem
 from .fields import check_type, default_of, did_you_mean, section_class, section_types
@@ -22,18 +24,40 @@ TP_KEY = "parallel.tensor_model_parallel_size"
 PP_KEY = "parallel.pipeline_model_parallel_size"
 EP_KEY = "parallel.expert_model_parallel_size"
 
+# The MoE layer's own settings: each MoEOptions field and the YAML key it comes from. Their allowed
+# values, ranges and cross-field rules live in megatron_dmoe/moe/options.py, which the layer obeys;
+# the checks below report them under these keys.
+MOE_KEYS = {
+    "hidden_size": "model.hidden_size",
+    "ffn_hidden_size": "moe.ffn_hidden_size",
+    "num_experts": "moe.num_experts",
+    "top_k": "moe.top_k",
+    "activation": "model.activation",
+    "score_function": "moe.router_score_function",
+    "pre_softmax": "moe.router_pre_softmax",
+    "renormalize": "moe.router_renormalize",
+    "topk_scaling_factor": "moe.router_topk_scaling_factor",
+    "input_jitter_eps": "moe.input_jitter_eps",
+    "aux_loss_coeff": "moe.aux_loss_coeff",
+    "z_loss_coeff": "moe.z_loss_coeff",
+    "expert_bias": "moe.router_enable_expert_bias",
+    "bias_update_rate": "moe.router_bias_update_rate",
+    "capacity_factor": "moe.expert_capacity_factor",
+    "token_drop_policy": "moe.token_drop_policy",
+    "backend": "moe.backend",
+    "block_size": "moe.block_size",
+    "memory_optimized": "moe.memory_optimized",
+    "ep_exchange": "moe.ep_exchange",
+    "init_method_std": "model.init_method_std",
+}
+
 # Allowed values of the enumerated keys (the `a | b` comments in schema.py).
 CHOICES = {
     "model.position_embedding_type": ("learned_absolute", "rope"),
     "model.normalization": ("LayerNorm", "RMSNorm"),
-    "model.activation": ("gelu", "swiglu"),
     "model.transformer_impl": ("auto", "local", "transformer_engine"),
     "model.cross_entropy_fusion_impl": ("auto", "triton", "native"),
-    "moe.router_score_function": ("softmax", "sigmoid"),
-    "moe.token_drop_policy": ("probs", "position"),
-    "moe.backend": ("auto", "sparse", "grouped", "reference"),
-    "moe.block_size": (64, 128),
-    "moe.ep_exchange": ("auto", "nccl", "symmetric"),
+    **{MOE_KEYS[field]: allowed for field, allowed in moe_options.CHOICES.items()},
     "training.lr_decay_style": ("cosine", "linear", "constant"),
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
@@ -56,15 +80,11 @@ RANGES = {
     "model.attention_dropout": (0, 1, True, False),
     "model.init_method_std": (0, None, False, None),
     "moe.num_experts": (0, None, True, None),
-    "moe.top_k": (1, None, True, None),
     "moe.layer_freq": (1, None, True, None),
     "moe.ffn_hidden_size": (1, None, True, None),
-    "moe.router_topk_scaling_factor": (0, None, False, None),
-    "moe.input_jitter_eps": (0, 1, False, False),
-    "moe.aux_loss_coeff": (0, None, True, None),
-    "moe.z_loss_coeff": (0, None, True, None),
-    "moe.router_bias_update_rate": (0, None, True, None),
-    "moe.expert_capacity_factor": (0, None, False, None),
+    # the layer's own (moe/options.py); moe.num_experts may be 0 here (a dense model)
+    **{MOE_KEYS[field]: limits for field, limits in moe_options.RANGES.items()
+       if MOE_KEYS[field].startswith("moe.") and field not in ("num_experts", "ffn_hidden_size")},
     "parallel.tensor_model_parallel_size": (1, None, True, None),
     "parallel.pipeline_model_parallel_size": (1, None, True, None),
     "parallel.expert_model_parallel_size": (1, None, True, None),
@@ -124,13 +144,7 @@ def find_warnings(cfg: RunConfig, world_size: Optional[int] = None, *,
     return checker.warnings
 
 
-def _fmt(value: Any) -> str:
-    """A value as the user wrote it in YAML."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
+_fmt = moe_options.fmt  # a value as the user wrote it in YAML
 
 
 def _divisors(n: int) -> str:
@@ -280,43 +294,18 @@ class _Checker:
                          f"is {v(TP_KEY)} (the logits are split over the vocabulary); use auto or native")
 
     def check_moe(self) -> None:
+        """The MoE layer's rules (moe/options.py) on the values the layer will get."""
         v, ok = self.v, self.ok
         if not ok("moe.num_experts") or v("moe.num_experts") == 0:
             return  # a dense model: the router keys are unused
-        experts = v("moe.num_experts")
-        if ok("moe.top_k") and v("moe.top_k") > experts:
-            self.problem("moe.top_k", f"{v('moe.top_k')} is larger than moe.num_experts "
-                         f"({experts}); use a value from 1 to {experts}")
-        single_weight_reported = False
-        if ok("moe.top_k", "moe.router_score_function", "moe.router_pre_softmax") \
-                and v("moe.top_k") == 1 and v("moe.router_score_function") == "softmax" \
-                and not v("moe.router_pre_softmax"):
-            self.problem("moe.router_pre_softmax", "false with moe.top_k 1 and softmax scores "
-                         "makes every routing weight 1, so the router gets no gradient; set it "
-                         "to true or use moe.top_k >= 2")
-            single_weight_reported = True
-        if not single_weight_reported and ok("moe.top_k", "moe.router_renormalize") \
-                and v("moe.top_k") == 1 and self.raw("moe.router_renormalize") is True:
-            self.problem("moe.router_renormalize", "true with moe.top_k 1 makes every routing "
-                         "weight 1, so the router gets no gradient; use false or null")
-        if ok("moe.ffn_hidden_size", "moe.block_size", "moe.backend") and self._sparse_backend():
-            width, block = v("moe.ffn_hidden_size"), v("moe.block_size")
-            shards = self._ffn_shards(experts)
-            if shards > 1:
-                # each rank runs a 1/shards slice of an expert's FFN (an indivisible width is
-                # reported by the expert-parallel checks)
-                if width % shards == 0 and (width // shards) % block:
-                    self.problem("moe.ffn_hidden_size", f"{width} split over {shards} ranks per "
-                                 f"expert ({EP_KEY} / moe.num_experts) gives shards of "
-                                 f"{width // shards}, not a multiple of moe.block_size ({block}), "
-                                 f"which the sparse backend needs; use a multiple of "
-                                 f"{shards * block} or moe.backend: grouped")
-            elif width % block:
-                lower, upper = width // block * block, (width // block + 1) * block
-                example = f"{lower} or {upper}" if lower else str(upper)
-                self.problem("moe.ffn_hidden_size", f"{width} is not a multiple of moe.block_size "
-                             f"({block}), which the sparse backend needs; use a multiple of "
-                             f"{block} (e.g. {example}) or moe.backend: grouped")
+        values = {field: v(key) for field, key in MOE_KEYS.items() if ok(key)}
+        sparse = ok("moe.backend", "training.device") and self._sparse_backend()
+        precision_ok = ok("training.bf16", "training.fp16")
+        element_bytes = (2 if v("training.bf16") or v("training.fp16") else 4) if precision_ok else None
+        for field, message in moe_options.option_problems(
+                values, MOE_KEYS.get, sparse=sparse, ffn_shards=self._ffn_shards(v("moe.num_experts")),
+                element_bytes=element_bytes):
+            self.problem(MOE_KEYS[field], message)
 
     def _ffn_shards(self, experts: int) -> int:
         """Ranks each expert's FFN is split over (1 unless EP is a multiple of the experts)."""

@@ -86,8 +86,14 @@ CASES = {
     "layers_not_divisible_by_pp": (
         {"parallel.pipeline_model_parallel_size": 3}, None, EVERYTHING, "model.num_layers",
         ["2 is not divisible by parallel.pipeline_model_parallel_size (3)", "multiple of 3"]),
-    "block_size_choice": ({"moe.block_size": 32}, None, EVERYTHING, "moe.block_size",
-                          ["32 is not allowed", "use one of: 64, 128"]),
+    "block_size_choice": ({"moe.block_size": 100}, None, EVERYTHING, "moe.block_size",
+                          ["100 is not allowed", "use one of: 16, 32, 64, 128"]),
+    "expert_bias_with_softmax": (  # megatron's TransformerConfig would refuse it after data preparation
+        {"moe.router_enable_expert_bias": True}, None, EVERYTHING, "moe.router_enable_expert_bias",
+        ["true needs moe.router_score_function: sigmoid", "it is 'softmax'"]),
+    "grouped_bf16_unaligned_width": (
+        {"moe.backend": "grouped", "moe.ffn_hidden_size": 260, "training.bf16": True}, None, EVERYTHING,
+        "moe.ffn_hidden_size", ["not a multiple of 8", "moe.backend: grouped"]),
     "sparse_ffn_not_multiple_of_block": (
         {"moe.backend": "sparse", "moe.ffn_hidden_size": 200}, None, BARE_CPU,
         "moe.ffn_hidden_size",
@@ -132,7 +138,7 @@ CASES = {
     "beta2_one": ({"training.adam_beta2": 1.0}, None, EVERYTHING, "training.adam_beta2",
                   ["0 <= value < 1"]),
     "jitter_one": ({"moe.input_jitter_eps": 1.0}, None, EVERYTHING, "moe.input_jitter_eps",
-                   ["0 < value < 1"]),
+                   ["0 <= value < 1"]),
     "save_interval_negative": ({"checkpoint.save_interval": -1}, None, EVERYTHING,
                                "checkpoint.save_interval", [">= 0"]),
     "peak_tflops_zero": ({"logging.peak_tflops": 0.0}, None, EVERYTHING, "logging.peak_tflops",
@@ -303,7 +309,7 @@ def test_valid_configs_pass(make, name):
 
 def test_every_problem_is_reported_at_once(make):
     cfg = make({"moe.top_k": 9, "model.hidden_size": 130, "training.bf16": True,
-                "training.fp16": True, "data.split": "1,2", "moe.block_size": 32,
+                "training.fp16": True, "data.split": "1,2", "moe.block_size": 100,
                 "training.lr_decay_iters": 5, "logging.log_interval": 0})
     with pytest.raises(ConfigError) as info:
         validate(cfg, env=EVERYTHING)
