@@ -9,6 +9,7 @@ detected here unless one is passed.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from typing import Any, List, Optional
 
@@ -306,6 +307,14 @@ class _Checker:
                 values, MOE_KEYS.get, sparse=sparse, ffn_shards=self._ffn_shards(v("moe.num_experts")),
                 element_bytes=element_bytes):
             self.problem(MOE_KEYS[field], message)
+        if ok("moe.backend", "training.device") and v("moe.backend") == "sparse" and not self._on_cuda() \
+                and os.environ.get("TRITON_INTERPRET") != "1":
+            self.problem("moe.backend", "sparse needs CUDA here (on CPU the block-sparse kernels run only "
+                         "under Triton's interpreter, TRITON_INTERPRET=1, slowly); use auto, reference or grouped")
+
+    def _on_cuda(self) -> bool:
+        device = self.v("training.device")
+        return device == "cuda" or (device == "auto" and self.env.cuda)
 
     def _ffn_shards(self, experts: int) -> int:
         """Ranks each expert's FFN is split over (1 unless EP is a multiple of the experts)."""

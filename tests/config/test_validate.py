@@ -432,3 +432,12 @@ def test_warmup_as_long_as_the_run_is_a_warning_and_the_schedule_works(make, war
 
 def test_short_warmup_gives_no_warning(make):
     assert find_warnings(make({"training.train_iters": 10, "training.lr_warmup_iters": 5}), env=EVERYTHING) == []
+
+
+def test_sparse_backend_on_cpu_needs_the_triton_interpreter(make, monkeypatch):
+    cfg = make({"moe.backend": "sparse"})
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the test suite runs the kernels on CPU
+    assert find_problems(cfg, env=BARE_CPU) == []
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert [k for k, _ in find_problems(cfg, env=BARE_CPU)] == ["moe.backend"]
+    assert find_problems(cfg, env=EVERYTHING) == []
