@@ -104,7 +104,14 @@ class DataConfig:
     # Megatron-LM style: [prefix] or [weight, prefix, weight, prefix, ...]; empty = built-in corpus
     data_path: List[str] = field(default_factory=list)
     split: str = "969,30,1"
-    tokenizer_model: Optional[str] = None  # sentencepiece .model; None = built-in tokenizer
+    # Megatron-LM's --tokenizer-type: GPT2BPETokenizer | HuggingFaceTokenizer | SentencePieceTokenizer |
+    # GPTSentencePieceTokenizer | Llama2Tokenizer | TikTokenizer | NullTokenizer; None = a sentencepiece
+    # data.tokenizer_model, or the built-in corpus's tokenizer (see data/tokenizers.py)
+    tokenizer_type: Optional[str] = None
+    tokenizer_model: Optional[str] = None  # --tokenizer-model: sentencepiece/tiktoken file, HuggingFace folder
+    vocab_file: Optional[str] = None  # --vocab-file: GPT2BPETokenizer's vocab.json
+    merge_file: Optional[str] = None  # --merge-file: GPT2BPETokenizer's merges.txt
+    vocab_size: Optional[int] = None  # --vocab-size: NullTokenizer's ids 0..vocab_size-1 (the eod is vocab_size)
     builtin_vocab_size: int = 4096  # vocabulary of the built-in corpus's tokenizer
     cache_dir: Optional[str] = None  # built-in corpus cache; None = ~/.cache/megatron_dmoe
     num_workers: int = 1

@@ -13,6 +13,7 @@ import os
 import warnings
 from typing import Any, List, Optional
 
+from megatron_dmoe.data import tokenizers
 from megatron_dmoe.moe import options as moe_options
 
 from .environment import Environment
@@ -63,6 +64,7 @@ CHOICES = {
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
     "logging.progress_bar": ("auto", "on", "off"),
+    "data.tokenizer_type": (None, *tokenizers.TOKENIZER_TYPES),
 }
 
 # Single-key ranges: (lowest, highest, lowest allowed?, highest allowed?); None = unbounded.
@@ -107,6 +109,7 @@ RANGES = {
     "training.eval_interval": (0, None, True, None),
     "training.eval_iters": (0, None, True, None),
     "data.builtin_vocab_size": (1, None, True, None),
+    "data.vocab_size": (1, None, True, None),
     "data.num_workers": (0, None, True, None),
     "checkpoint.save_interval": (0, None, True, None),
     "checkpoint.keep_last": (0, None, True, None),
@@ -538,7 +541,31 @@ class _Checker:
             self.problem(key, "symmetric needs CUDA GPUs (it stores rows straight into peer GPUs' memory); "
                          "use auto or nccl")
 
+    def check_tokenizer(self) -> None:
+        """Megatron-LM's tokenizer types and the files each needs (data/tokenizers.py); the files
+        themselves are read where the data is built."""
+        v, ok, key = self.v, self.ok, "data.tokenizer_type"
+        if not ok(key, "data.data_path") or v(key) is None:
+            return
+        kind = v(key)
+        if not v("data.data_path"):
+            self.problem(key, f"{kind} names the tokenizer of your data, but data.data_path is empty (the "
+                         f"built-in corpus has its own tokenizer); set data.data_path or unset {key}")
+            return
+        missing = [f"data.{name} ({tokenizers.FLAGS[name]})" for name in tokenizers.REQUIRED_KEYS[kind]
+                   if ok(f"data.{name}") and v(f"data.{name}") in (None, "")]
+        if missing:
+            self.problem(key, f"{kind} needs {' and '.join(missing)}")
+        module = tokenizers.missing_module(kind)
+        if module:
+            self.problem(key, f"{kind} needs the Python package {module}")
+        for name in ("tokenizer_model", "vocab_file", "merge_file", "vocab_size"):
+            if name not in tokenizers.REQUIRED_KEYS[kind] and ok(f"data.{name}") and v(f"data.{name}") is not None:
+                self.warn(f"data.{name}", f"is not used by {key} {kind} (it reads "
+                          f"{', '.join('data.' + n for n in tokenizers.REQUIRED_KEYS[kind])})")
+
     def check_data(self) -> None:
+        self.check_tokenizer()
         if self.ok("data.data_path"):
             message = _data_path_problem(self.v("data.data_path"))
             if message:

@@ -119,7 +119,7 @@ def test_builtin_corpus_when_data_path_is_empty(tmp_path, monkeypatch):
 def test_tokenizer_settings_must_match_the_data(tmp_path, tiny_model):
     cfg = RunConfig()
     cfg.data.data_path = [str(tmp_path / "x_text_document")]
-    with pytest.raises(DataError, match="data.tokenizer_model is not"):
+    with pytest.raises(DataError, match="data.data_path is set but no tokenizer is"):
         build_tokenizer(cfg)
     cfg.data.tokenizer_model = str(tmp_path / "missing.model")
     with pytest.raises(DataError, match=r"data.tokenizer_model: tokenizer model not found"):
