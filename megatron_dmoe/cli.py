@@ -64,6 +64,20 @@ def _split_args(args: List[str]):
     return config, overrides
 
 
+def _megatron_flags(parser: argparse.ArgumentParser, argv: List[str]):
+    """Megatron-LM's flags that have a config key, as overrides (`--micro-batch-size 4` is
+    training.micro_batch_size=4; each is reported once); an unknown flag is an error naming what to type."""
+    from megatron_dmoe.config.megatron_names import flags_to_overrides
+
+    own = [flag for action in parser._actions for flag in action.option_strings]
+    rest, overrides, problems = flags_to_overrides(argv, own)
+    if problems:
+        parser.error("; ".join(problems))
+    for override in overrides:
+        print(f"{parser.prog}: note: Megatron-LM flag read as {override}", file=sys.stderr)
+    return rest, overrides
+
+
 def _fail(message: str) -> int:
     print(f"dmoe-train: error: {message}", file=sys.stderr)
     return 2
@@ -109,8 +123,9 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.training.run_dir import CONFIG_FILE, has_checkpoints
 
     parser = _train_parser()
+    argv, megatron_overrides = _megatron_flags(parser, sys.argv[1:] if argv is None else list(argv))
     ns = parser.parse_args(argv)
-    config_name, overrides = _split_args(ns.args)
+    config_name, overrides = _split_args(ns.args + megatron_overrides)
     if ns.resume and ns.run_dir is None:
         parser.error("--resume needs --run-dir, the directory of the run to continue")
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
