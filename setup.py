@@ -40,7 +40,9 @@ setup(
         "psutil>=5.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.2"],
+        # data.tokenizer_type GPT2BPETokenizer / HuggingFaceTokenizer go through transformers
+        "tokenizers": ["transformers>=4.40"],
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=4.40"],
     },
     entry_points={
         "console_scripts": [

@@ -64,6 +64,20 @@ def _split_args(args: List[str]):
     return config, overrides
 
 
+def _megatron_flags(parser: argparse.ArgumentParser, argv: List[str]):
+    """Megatron-LM's flags that have a config key, as overrides (`--micro-batch-size 4` is
+    training.micro_batch_size=4; each is reported once); an unknown flag is an error naming what to type."""
+    from megatron_dmoe.config.megatron_names import flags_to_overrides
+
+    own = [flag for action in parser._actions for flag in action.option_strings]
+    rest, overrides, problems = flags_to_overrides(argv, own)
+    if problems:
+        parser.error("; ".join(problems))
+    for override in overrides:
+        print(f"{parser.prog}: note: Megatron-LM flag read as {override}", file=sys.stderr)
+    return rest, overrides
+
+
 def _fail(message: str) -> int:
     print(f"dmoe-train: error: {message}", file=sys.stderr)
     return 2
@@ -78,16 +92,40 @@ def _quiet_optional_accelerator_warnings() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
+def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
+    """Config and data warnings (settings that run, but likely not as meant) as one plain line
+    each, like the errors, instead of Python's warning format with a source line."""
+    import warnings
+
+    from megatron_dmoe.config import ConfigWarning
+    from megatron_dmoe.data.errors import DataWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "plain_user_warnings", False):
+        return  # installed already (train_main called again in this process)
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, (ConfigWarning, DataWarning)):
+            print(f"{prog}: warning: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.plain_user_warnings = True
+    warnings.showwarning = show
+
+
 def train_main(argv: Optional[List[str]] = None) -> int:
     _quiet_optional_accelerator_warnings()
+    _show_user_warnings_plainly()
     from megatron_dmoe.config import ConfigError, load_config, resolve, validate
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
     from megatron_dmoe.training.run_dir import CONFIG_FILE, has_checkpoints
 
     parser = _train_parser()
+    argv, megatron_overrides = _megatron_flags(parser, sys.argv[1:] if argv is None else list(argv))
     ns = parser.parse_args(argv)
-    config_name, overrides = _split_args(ns.args)
+    config_name, overrides = _split_args(ns.args + megatron_overrides)
     if ns.resume and ns.run_dir is None:
         parser.error("--resume needs --run-dir, the directory of the run to continue")
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():

@@ -127,8 +127,9 @@ def moe_config(case, swiglu, dtype, device, capacity=None):
 def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, memory_optimized=False):
     import torch
 
-    from megatron_dmoe.moe import MoELayer
+    from megatron_dmoe.moe import MoELayer, get_moe_metrics
 
+    get_moe_metrics().megatron_tracker = False  # as in dmoe-train, whose loop logs MoE metrics itself
     T, d, f, E, k = case
     capacity = float(backend.split("-")[1]) if backend.startswith("capacity") else None
     torch.manual_seed(seed)  # the same router and expert weights for every MoE backend of a case

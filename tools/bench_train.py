@@ -227,12 +227,15 @@ def _global_params(model) -> int:
 def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     """Train one model (an already checked config) on this process's ranks; every rank calls it."""
     from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
+    from megatron_dmoe.moe import get_moe_metrics
     from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
     from megatron_dmoe.training.cuda_graphs import release_layer_graphs
     from megatron_dmoe.training.flops import model_flops_per_token
     from megatron_dmoe.training.model_setup import wrap_for_training
     from megatron_dmoe.training.optim import build_optimizer
     from megatron_dmoe.training.step import mean_over_data_parallel, train_step
+
+    get_moe_metrics().megatron_tracker = False  # as dmoe-train: its loop logs MoE metrics itself
 
     par = cfg.parallel
     # megatron's groups for this model's parallel sizes (the default process group is kept)

@@ -8,6 +8,10 @@ Example:
   python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/corpus \
       --tokenizer-model tok.model --workers 4
   # then train with data.data_path=[data/corpus_text_document] data.tokenizer_model=tok.model
+  python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/corpus \
+      --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt
+  # then train with data.data_path=[data/corpus_text_document] data.tokenizer_type=GPT2BPETokenizer
+  #     data.vocab_file=vocab.json data.merge_file=merges.txt
 """
 import argparse
 import sys
@@ -25,8 +29,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "*.jsonl/*.json files are JSONL, everything else text (see --input-format)")
     p.add_argument("--output-prefix", required=True,
                    help="output path prefix; writes PREFIX_KEY_document.bin and .idx per JSON key")
-    p.add_argument("--tokenizer-model", required=True, metavar="MODEL",
-                   help="sentencepiece .model file (make one with tools/train_tokenizer.py)")
+    p.add_argument("--tokenizer-type", default=None, metavar="TYPE",
+                   help="Megatron-LM's tokenizer type: GPT2BPETokenizer (--vocab-file, --merge-file), "
+                        "HuggingFaceTokenizer (--tokenizer-model FOLDER), SentencePieceTokenizer / "
+                        "GPTSentencePieceTokenizer / Llama2Tokenizer (--tokenizer-model), TikTokenizer "
+                        "(--tokenizer-model), NullTokenizer (--vocab-size); default: a sentencepiece "
+                        "--tokenizer-model")
+    p.add_argument("--tokenizer-model", default=None, metavar="MODEL",
+                   help="sentencepiece .model file (make one with tools/train_tokenizer.py), or the "
+                        "file/folder of --tokenizer-type")
+    p.add_argument("--vocab-file", default=None, metavar="FILE", help="GPT2BPETokenizer: vocab.json")
+    p.add_argument("--merge-file", default=None, metavar="FILE", help="GPT2BPETokenizer: merges.txt")
+    p.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                   help="NullTokenizer: ids 0..N-1 (documents are space-separated ids; the end of a "
+                        "document is id N)")
     p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
                    help="JSONL fields to tokenise, one dataset each (default: text); text files "
                         "are written under the single key given here")
@@ -55,6 +71,8 @@ def main(argv=None) -> int:
     try:
         stats = preprocess_data(
             args.input, args.output_prefix, args.tokenizer_model,
+            tokenizer_type=args.tokenizer_type, vocab_file=args.vocab_file, merge_file=args.merge_file,
+            vocab_size=args.vocab_size,
             json_keys=args.json_keys, input_format=args.input_format,
             split_lines=args.split_lines, glob=args.glob, workers=args.workers,
             progress=not args.no_progress,

@@ -1,4 +1,5 @@
-"""The one exception a user's configuration mistakes raise."""
+"""The one exception a user's configuration mistakes raise, and the warning for settings that run
+but probably not as meant."""
 from __future__ import annotations
 
 from typing import Iterable, List, Tuple
@@ -28,3 +29,11 @@ class ConfigError(ValueError):
 
     def __reduce__(self):  # picklable across processes (ValueError would pass the text only)
         return (type(self), (self.problems,))
+
+
+class ConfigWarning(UserWarning):
+    """A setting that works but is likely a mistake (e.g. a warmup longer than the run)."""
+
+    def __init__(self, key: str, message: str):
+        self.key, self.message = key, message
+        super().__init__(f"{key}: {message}")

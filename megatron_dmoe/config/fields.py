@@ -8,6 +8,7 @@ import typing
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import schema
+from .megatron_names import megatron_match
 from .schema import SECTIONS, RunConfig
 
 
@@ -39,6 +40,10 @@ def did_you_mean(name: str, candidates: List[str]) -> Optional[str]:
 def unknown_key_message(section: str, key: str) -> str:
     """'unknown key; did you mean moe.top_k?' for a key that is not in its section."""
     fields = section_types()[section]
+    match = megatron_match(key, section)
+    if match and match[1].split(":")[0].split(".")[-1] != key:  # a name of ours elsewhere: see below
+        flag, ours = "--" + match[0].replace("_", "-"), match[1]
+        return f"unknown key; did you mean {ours}? (what Megatron-LM calls {flag})"
     close = did_you_mean(key, list(fields))
     if close:
         return f"unknown key; did you mean {section}.{close}?"

@@ -18,6 +18,7 @@ import yaml
 from .errors import ConfigError, Problem
 from .fields import (coerce, section_class, section_types, unknown_key_message,
                      unknown_section_message)
+from .megatron_names import key_for_megatron_name
 from .schema import SECTIONS, RunConfig
 from .yaml_io import parse_yaml
 
@@ -157,7 +158,7 @@ def parse_overrides(overrides: Iterable[str]) -> Tuple[Dict[str, Any], List[Prob
         parts = key.split(".")
         if not sep or len(parts) != 2 or not all(parts):
             problems.append((item, "an override must look like section.key=value, "
-                                   "e.g. moe.top_k=2"))
+                                   "e.g. moe.top_k=2" + _key_hint(key, text if sep else None)))
             continue
         try:
             value = parse_yaml(text) if text.strip() else None
@@ -167,6 +168,22 @@ def parse_overrides(overrides: Iterable[str]) -> Tuple[Dict[str, Any], List[Prob
             continue
         values.setdefault(parts[0], {})[parts[1]] = value
     return values, problems
+
+
+def _key_hint(name: str, value: Optional[str]) -> str:
+    """'; did you mean training.micro_batch_size=4?' for a key without its section (ours or
+    Megatron-LM's name)."""
+    if "." in name or not name:
+        return ""
+    ours = key_for_megatron_name(name)
+    if ours is None:
+        owners = [f"{s}.{name}" for s, fields in section_types().items() if name in fields]
+        ours = owners[0] if owners else None
+    if ours is None:
+        return ""
+    if ":" in ours:  # a Megatron-LM switch that sets a value
+        return f"; did you mean {ours.replace(': ', '=')}?"
+    return f"; did you mean {ours}={value if value is not None else '...'}?"
 
 
 def config_from_dict(data: Dict[str, Any]) -> RunConfig:

@@ -53,7 +53,7 @@ class MoEConfig:
     expert_capacity_factor: Optional[float] = None  # None = dropless; a number = token dropping
     token_drop_policy: str = "probs"  # probs | position, with expert_capacity_factor
     backend: str = "auto"  # auto | sparse | grouped | reference
-    block_size: int = 128  # block size of the sparse backend: 128 or 64
+    block_size: int = 128  # block size of the sparse backend: 16 | 32 | 64 | 128 (moe/options.py)
     memory_optimized: bool = False  # recompute the activation in backward
     # Expert weight gradients once per step over all micro-batches, not once per micro-batch (sparse
     # backend): main_grad read and written once; keeps every micro-batch's expert operands until then.
@@ -110,7 +110,14 @@ class DataConfig:
     # Megatron-LM's --valid-data-path: validation data of its own (same format as data_path); when
     # set, all of data_path is training data and split is not used.
     valid_data_path: List[str] = field(default_factory=list)
-    tokenizer_model: Optional[str] = None  # sentencepiece .model; None = built-in tokenizer
+    # Megatron-LM's --tokenizer-type: GPT2BPETokenizer | HuggingFaceTokenizer | SentencePieceTokenizer |
+    # GPTSentencePieceTokenizer | Llama2Tokenizer | TikTokenizer | NullTokenizer; None = a sentencepiece
+    # data.tokenizer_model, or the built-in corpus's tokenizer (see data/tokenizers.py)
+    tokenizer_type: Optional[str] = None
+    tokenizer_model: Optional[str] = None  # --tokenizer-model: sentencepiece/tiktoken file, HuggingFace folder
+    vocab_file: Optional[str] = None  # --vocab-file: GPT2BPETokenizer's vocab.json
+    merge_file: Optional[str] = None  # --merge-file: GPT2BPETokenizer's merges.txt
+    vocab_size: Optional[int] = None  # --vocab-size: NullTokenizer's ids 0..vocab_size-1 (the eod is vocab_size)
     builtin_vocab_size: int = 4096  # vocabulary of the built-in corpus's tokenizer
     cache_dir: Optional[str] = None  # built-in corpus cache; None = ~/.cache/megatron_dmoe
     num_workers: int = 1

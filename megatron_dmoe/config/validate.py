@@ -9,10 +9,15 @@ detected here unless one is passed.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from typing import Any, List, Optional
 
+from megatron_dmoe.data import tokenizers
+from megatron_dmoe.moe import options as moe_options
+
 from .environment import Environment
-from .errors import ConfigError, Problem
+from .errors import ConfigError, ConfigWarning, Problem
 from .fields import check_type, default_of, did_you_mean, section_class, section_types
 from .resolve import DERIVED_FROM, resolve
 from .schema import RunConfig
@@ -21,22 +26,45 @@ TP_KEY = "parallel.tensor_model_parallel_size"
 PP_KEY = "parallel.pipeline_model_parallel_size"
 EP_KEY = "parallel.expert_model_parallel_size"
 
+# The MoE layer's own settings: each MoEOptions field and the YAML key it comes from. Their allowed
+# values, ranges and cross-field rules live in megatron_dmoe/moe/options.py, which the layer obeys;
+# the checks below report them under these keys.
+MOE_KEYS = {
+    "hidden_size": "model.hidden_size",
+    "ffn_hidden_size": "moe.ffn_hidden_size",
+    "num_experts": "moe.num_experts",
+    "top_k": "moe.top_k",
+    "activation": "model.activation",
+    "score_function": "moe.router_score_function",
+    "pre_softmax": "moe.router_pre_softmax",
+    "renormalize": "moe.router_renormalize",
+    "topk_scaling_factor": "moe.router_topk_scaling_factor",
+    "input_jitter_eps": "moe.input_jitter_eps",
+    "aux_loss_coeff": "moe.aux_loss_coeff",
+    "z_loss_coeff": "moe.z_loss_coeff",
+    "expert_bias": "moe.router_enable_expert_bias",
+    "bias_update_rate": "moe.router_bias_update_rate",
+    "capacity_factor": "moe.expert_capacity_factor",
+    "token_drop_policy": "moe.token_drop_policy",
+    "backend": "moe.backend",
+    "block_size": "moe.block_size",
+    "memory_optimized": "moe.memory_optimized",
+    "ep_exchange": "moe.ep_exchange",
+    "init_method_std": "model.init_method_std",
+}
+
 # Allowed values of the enumerated keys (the `a | b` comments in schema.py).
 CHOICES = {
     "model.position_embedding_type": ("learned_absolute", "rope"),
     "model.normalization": ("LayerNorm", "RMSNorm"),
-    "model.activation": ("gelu", "swiglu"),
     "model.transformer_impl": ("auto", "local", "transformer_engine"),
     "model.cross_entropy_fusion_impl": ("auto", "triton", "native"),
-    "moe.router_score_function": ("softmax", "sigmoid"),
-    "moe.token_drop_policy": ("probs", "position"),
-    "moe.backend": ("auto", "sparse", "grouped", "reference"),
-    "moe.block_size": (64, 128),
-    "moe.ep_exchange": ("auto", "nccl", "symmetric"),
+    **{MOE_KEYS[field]: allowed for field, allowed in moe_options.CHOICES.items()},
     "training.lr_decay_style": ("cosine", "linear", "constant"),
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
     "logging.progress_bar": ("auto", "on", "off"),
+    "data.tokenizer_type": (None, *tokenizers.TOKENIZER_TYPES),
 }
 
 # Single-key ranges: (lowest, highest, lowest allowed?, highest allowed?); None = unbounded.
@@ -55,15 +83,11 @@ RANGES = {
     "model.attention_dropout": (0, 1, True, False),
     "model.init_method_std": (0, None, False, None),
     "moe.num_experts": (0, None, True, None),
-    "moe.top_k": (1, None, True, None),
     "moe.layer_freq": (1, None, True, None),
     "moe.ffn_hidden_size": (1, None, True, None),
-    "moe.router_topk_scaling_factor": (0, None, False, None),
-    "moe.input_jitter_eps": (0, 1, False, False),
-    "moe.aux_loss_coeff": (0, None, True, None),
-    "moe.z_loss_coeff": (0, None, True, None),
-    "moe.router_bias_update_rate": (0, None, True, None),
-    "moe.expert_capacity_factor": (0, None, False, None),
+    # the layer's own (moe/options.py); moe.num_experts may be 0 here (a dense model)
+    **{MOE_KEYS[field]: limits for field, limits in moe_options.RANGES.items()
+       if MOE_KEYS[field].startswith("moe.") and field not in ("num_experts", "ffn_hidden_size")},
     "parallel.tensor_model_parallel_size": (1, None, True, None),
     "parallel.pipeline_model_parallel_size": (1, None, True, None),
     "parallel.expert_model_parallel_size": (1, None, True, None),
@@ -86,6 +110,7 @@ RANGES = {
     "training.eval_iters": (0, None, True, None),
     "training.time_limit_minutes": (0, None, False, None),
     "data.builtin_vocab_size": (1, None, True, None),
+    "data.vocab_size": (1, None, True, None),
     "data.num_workers": (0, None, True, None),
     "checkpoint.save_interval": (0, None, True, None),
     "checkpoint.keep_last": (0, None, True, None),
@@ -101,9 +126,12 @@ def validate(cfg: RunConfig, world_size: Optional[int] = None, *,
     ``world_size`` (number of processes), when known, enables the batch-size and parallel-size
     checks that depend on it. ``env`` describes the machine; None probes this one.
     """
-    problems = find_problems(cfg, world_size, env=env)
+    checker = _Checker(cfg, world_size, env)
+    problems = checker.run()
     if problems:
         raise ConfigError(problems)
+    for key, message in checker.warnings:
+        warnings.warn(ConfigWarning(key, message), stacklevel=2)
 
 
 def find_problems(cfg: RunConfig, world_size: Optional[int] = None, *,
@@ -112,13 +140,16 @@ def find_problems(cfg: RunConfig, world_size: Optional[int] = None, *,
     return _Checker(cfg, world_size, env).run()
 
 
-def _fmt(value: Any) -> str:
-    """A value as the user wrote it in YAML."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
+def find_warnings(cfg: RunConfig, world_size: Optional[int] = None, *,
+                  env: Optional[Environment] = None) -> List[Problem]:
+    """The (key, message) settings of ``cfg`` that run but are likely not meant (validate() warns
+    of them with ConfigWarning)."""
+    checker = _Checker(cfg, world_size, env)
+    checker.run()
+    return checker.warnings
+
+
+_fmt = moe_options.fmt  # a value as the user wrote it in YAML
 
 
 def _divisors(n: int) -> str:
@@ -131,6 +162,7 @@ class _Checker:
         self.world_size = world_size
         self._env = env
         self.problems: List[Problem] = []
+        self.warnings: List[Problem] = []  # settings that run, but likely not as meant
         self.bad: set = set()  # keys whose own value is wrong; checks that read them are skipped
 
     @property
@@ -144,6 +176,9 @@ class _Checker:
         self.problems.append((key, message))
         if bad:
             self.bad.add(key)
+
+    def warn(self, key: str, message: str) -> None:
+        self.warnings.append((key, message))
 
     def raw(self, key: str) -> Any:
         """The value as given (a schema default where the given one has the wrong type)."""
@@ -264,43 +299,26 @@ class _Checker:
                          f"is {v(TP_KEY)} (the logits are split over the vocabulary); use auto or native")
 
     def check_moe(self) -> None:
+        """The MoE layer's rules (moe/options.py) on the values the layer will get."""
         v, ok = self.v, self.ok
         if not ok("moe.num_experts") or v("moe.num_experts") == 0:
             return  # a dense model: the router keys are unused
-        experts = v("moe.num_experts")
-        if ok("moe.top_k") and v("moe.top_k") > experts:
-            self.problem("moe.top_k", f"{v('moe.top_k')} is larger than moe.num_experts "
-                         f"({experts}); use a value from 1 to {experts}")
-        single_weight_reported = False
-        if ok("moe.top_k", "moe.router_score_function", "moe.router_pre_softmax") \
-                and v("moe.top_k") == 1 and v("moe.router_score_function") == "softmax" \
-                and not v("moe.router_pre_softmax"):
-            self.problem("moe.router_pre_softmax", "false with moe.top_k 1 and softmax scores "
-                         "makes every routing weight 1, so the router gets no gradient; set it "
-                         "to true or use moe.top_k >= 2")
-            single_weight_reported = True
-        if not single_weight_reported and ok("moe.top_k", "moe.router_renormalize") \
-                and v("moe.top_k") == 1 and self.raw("moe.router_renormalize") is True:
-            self.problem("moe.router_renormalize", "true with moe.top_k 1 makes every routing "
-                         "weight 1, so the router gets no gradient; use false or null")
-        if ok("moe.ffn_hidden_size", "moe.block_size", "moe.backend") and self._sparse_backend():
-            width, block = v("moe.ffn_hidden_size"), v("moe.block_size")
-            shards = self._ffn_shards(experts)
-            if shards > 1:
-                # each rank runs a 1/shards slice of an expert's FFN (an indivisible width is
-                # reported by the expert-parallel checks)
-                if width % shards == 0 and (width // shards) % block:
-                    self.problem("moe.ffn_hidden_size", f"{width} split over {shards} ranks per "
-                                 f"expert ({EP_KEY} / moe.num_experts) gives shards of "
-                                 f"{width // shards}, not a multiple of moe.block_size ({block}), "
-                                 f"which the sparse backend needs; use a multiple of "
-                                 f"{shards * block} or moe.backend: grouped")
-            elif width % block:
-                lower, upper = width // block * block, (width // block + 1) * block
-                example = f"{lower} or {upper}" if lower else str(upper)
-                self.problem("moe.ffn_hidden_size", f"{width} is not a multiple of moe.block_size "
-                             f"({block}), which the sparse backend needs; use a multiple of "
-                             f"{block} (e.g. {example}) or moe.backend: grouped")
+        values = {field: v(key) for field, key in MOE_KEYS.items() if ok(key)}
+        sparse = ok("moe.backend", "training.device") and self._sparse_backend()
+        precision_ok = ok("training.bf16", "training.fp16")
+        element_bytes = (2 if v("training.bf16") or v("training.fp16") else 4) if precision_ok else None
+        for field, message in moe_options.option_problems(
+                values, MOE_KEYS.get, sparse=sparse, ffn_shards=self._ffn_shards(v("moe.num_experts")),
+                element_bytes=element_bytes):
+            self.problem(MOE_KEYS[field], message)
+        if ok("moe.backend", "training.device") and v("moe.backend") == "sparse" and not self._on_cuda() \
+                and os.environ.get("TRITON_INTERPRET") != "1":
+            self.problem("moe.backend", "sparse needs CUDA here (on CPU the block-sparse kernels run only "
+                         "under Triton's interpreter, TRITON_INTERPRET=1, slowly); use auto, reference or grouped")
+
+    def _on_cuda(self) -> bool:
+        device = self.v("training.device")
+        return device == "cuda" or (device == "auto" and self.env.cuda)
 
     def _ffn_shards(self, experts: int) -> int:
         """Ranks each expert's FFN is split over (1 unless EP is a multiple of the experts)."""
@@ -425,21 +443,17 @@ class _Checker:
                          f"training.lr ({_fmt(v('training.lr'))}); use a value from 0 to "
                          f"{_fmt(v('training.lr'))}")
         warmup_key, decay_key = "training.lr_warmup_iters", "training.lr_decay_iters"
-        if ok(warmup_key, "training.train_iters") and \
-                v(warmup_key) > v("training.train_iters"):
-            self.problem(warmup_key, f"{v(warmup_key)} is larger than training.train_iters "
-                         f"({v('training.train_iters')}); use a value from 0 to "
-                         f"{v('training.train_iters')}", bad=True)
-        # The lr schedule (megatron-core's OptimizerParamScheduler) needs warmup < decay iters.
-        if ok(warmup_key, decay_key) and v(decay_key) <= v(warmup_key):
-            warmup, decay = v(warmup_key), v(decay_key)
-            if self.raw(decay_key) is not None:
+        # A warmup as long as a short run is fine (the rate is still rising when the run ends, as
+        # Megatron-LM allows); the scheduler then decays after it, past the run's end.
+        if ok(warmup_key, decay_key, "training.train_iters"):
+            warmup, decay, iters = v(warmup_key), v(decay_key), v("training.train_iters")
+            if warmup >= iters and decay >= iters:
+                self.warn(warmup_key, f"{warmup} is not shorter than training.train_iters ({iters}): "
+                          f"the learning rate is still rising when the run ends and never decays; "
+                          f"use fewer warmup iterations for a full schedule")
+            elif decay <= warmup:  # a decay that ends within the run must outlast the warmup
                 self.problem(decay_key, f"{decay} is not larger than {warmup_key} ({warmup}); use "
                              f"more than {warmup}, or null (= train_iters)")
-            else:
-                self.problem(warmup_key, f"{warmup} leaves no iterations to decay over: "
-                             f"{decay_key} is null, so it equals training.train_iters ({decay}); "
-                             f"use less than {decay} or set {decay_key}")
         if ok("training.bf16", "training.fp16") and v("training.bf16") and v("training.fp16"):
             self.problem("training.fp16", "true together with training.bf16: true; choose one")
         if ok("training.loss_scale", "training.fp16") and not v("training.fp16") \
@@ -530,7 +544,31 @@ class _Checker:
             self.problem(key, "symmetric needs CUDA GPUs (it stores rows straight into peer GPUs' memory); "
                          "use auto or nccl")
 
+    def check_tokenizer(self) -> None:
+        """Megatron-LM's tokenizer types and the files each needs (data/tokenizers.py); the files
+        themselves are read where the data is built."""
+        v, ok, key = self.v, self.ok, "data.tokenizer_type"
+        if not ok(key, "data.data_path") or v(key) is None:
+            return
+        kind = v(key)
+        if not v("data.data_path"):
+            self.problem(key, f"{kind} names the tokenizer of your data, but data.data_path is empty (the "
+                         f"built-in corpus has its own tokenizer); set data.data_path or unset {key}")
+            return
+        missing = [f"data.{name} ({tokenizers.FLAGS[name]})" for name in tokenizers.REQUIRED_KEYS[kind]
+                   if ok(f"data.{name}") and v(f"data.{name}") in (None, "")]
+        if missing:
+            self.problem(key, f"{kind} needs {' and '.join(missing)}")
+        module = tokenizers.missing_module(kind)
+        if module:
+            self.problem(key, f"{kind} needs the Python package {module}")
+        for name in ("tokenizer_model", "vocab_file", "merge_file", "vocab_size"):
+            if name not in tokenizers.REQUIRED_KEYS[kind] and ok(f"data.{name}") and v(f"data.{name}") is not None:
+                self.warn(f"data.{name}", f"is not used by {key} {kind} (it reads "
+                          f"{', '.join('data.' + n for n in tokenizers.REQUIRED_KEYS[kind])})")
+
     def check_data(self) -> None:
+        self.check_tokenizer()
         if self.ok("data.data_path"):
             message = _data_path_problem(self.v("data.data_path"))
             if message:

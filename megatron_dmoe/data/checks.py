@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import warnings
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -21,7 +22,7 @@ from megatron.core.datasets.blended_megatron_dataset_config import (
 )
 from megatron.core.datasets.indexed_dataset import DType
 
-from megatron_dmoe.data.errors import DataError
+from megatron_dmoe.data.errors import DataError, DataWarning
 
 _HEADER = b"MMIDIDX\x00\x00"
 _HEADER_BYTES = 34
@@ -131,20 +132,30 @@ def split_matrix(split: str) -> List[Optional[Tuple[float, float]]]:
     return convert_split_vector_to_split_matrix(parse_and_normalize_split(str(split)))
 
 
-def check_splits(infos: Sequence[IndexInfo], split: str) -> None:
-    """Every split that data.split turns on must get tokens from every dataset: megatron-core's
-    GPTDataset never finishes building a split that has none."""
+def check_splits(infos: Sequence[IndexInfo], split: str,
+                 read: Sequence[bool] = (True, True, True)) -> List[int]:
+    """Every split that data.split turns on and training reads (`read`, per train/valid/test)
+    must get tokens from every dataset: megatron-core's GPTDataset never finishes building a split
+    that has none. A split left without tokens that nothing reads is a DataWarning, and its index
+    is returned: the caller turns it off (megatron-core would loop building it)."""
     matrix = split_matrix(split)
-    problems = []
+    problems, unread_empty = [], set()
     for info in infos:
         n = len(info.sequence_lengths)
-        for name, bookends in zip(SPLIT_NAMES, matrix):
+        for i, (name, bookends) in enumerate(zip(SPLIT_NAMES, matrix)):
             if bookends is None:
                 continue
             begin, end = (int(round(f * n)) for f in bookends)
             if int(info.sequence_lengths[begin:end].sum(dtype=np.int64)) == 0:
-                problems.append(f"  {info.prefix}: the {name} split gets {end - begin} of its "
-                                f"{n} documents")
+                line = f"  {info.prefix}: the {name} split gets {end - begin} of its {n} documents"
+                if read[i]:
+                    problems.append(line)
+                else:
+                    unread_empty.add(i)
+                    warnings.warn(DataWarning(
+                        f"data.split={split!r} leaves the {name} split without documents, which "
+                        f"this run does not read; it is left out:\n{line}\nA weight of 0 turns a "
+                        f"split off (e.g. '98,2,0')."), stacklevel=2)
     if problems:
         raise DataError(
             f"data.split={split!r} leaves a split without tokens, which megatron-core's "
@@ -152,6 +163,7 @@ def check_splits(infos: Sequence[IndexInfo], split: str) -> None:
             "documents, or weights that give each split at least one document; a weight of 0 "
             "turns a split off (e.g. '98,2,0')."
         )
+    return sorted(unread_empty)
 
 
 def check_tokenizer_matches(

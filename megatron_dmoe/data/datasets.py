@@ -24,7 +24,8 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron_dmoe.data.builtin import default_cache_dir, prepare_builtin_corpus
 from megatron_dmoe.data.checks import check_data_files, check_splits, check_tokenizer_matches
 from megatron_dmoe.data.errors import DataError
-from megatron_dmoe.data.tokenizer import SentencePieceTokenizer, load_tokenizer
+from megatron_dmoe.data.tokenizer import load_tokenizer
+from megatron_dmoe.data.tokenizers import spec_from_data_config
 
 Blend = Tuple[List[str], Optional[List[float]]]
 
@@ -61,24 +62,25 @@ def _blend_error(data_path) -> DataError:
     )
 
 
-def build_tokenizer(cfg) -> SentencePieceTokenizer:
-    """The run's tokenizer: data.tokenizer_model, or the built-in corpus's own tokenizer."""
+def build_tokenizer(cfg):
+    """The run's tokenizer: data.tokenizer_type (Megatron-LM's types, data/tokenizers.py), a
+    sentencepiece data.tokenizer_model, or the built-in corpus's own tokenizer."""
     data = cfg.data
-    if data.tokenizer_model:
+    spec = spec_from_data_config(data)
+    if spec is not None:
         if not data.data_path:
+            setting = "data.tokenizer_type" if data.tokenizer_type else "data.tokenizer_model"
             raise DataError(
-                "data.tokenizer_model is set but data.data_path is empty: the built-in corpus "
-                "comes with its own tokenizer; set data.data_path to data made with "
-                f"{data.tokenizer_model}, or unset data.tokenizer_model"
+                f"{setting} is set but data.data_path is empty: the built-in corpus comes with its own "
+                f"tokenizer; set data.data_path to data made with that tokenizer, or unset {setting}"
             )
-        try:
-            return load_tokenizer(data.tokenizer_model)
-        except DataError as err:
-            raise DataError(f"data.tokenizer_model: {err}") from None
+        return spec.build()
     if data.data_path:
         raise DataError(
-            "data.data_path is set but data.tokenizer_model is not: give the sentencepiece "
-            ".model the data was made with (tools/preprocess_data.py --tokenizer-model)"
+            "data.data_path is set but no tokenizer is: give the one the data was made with, e.g. "
+            "data.tokenizer_model=TOKENIZER.model (sentencepiece, tools/preprocess_data.py "
+            "--tokenizer-model), or data.tokenizer_type with its files as in Megatron-LM "
+            "(data.tokenizer_type=GPT2BPETokenizer data.vocab_file=... data.merge_file=...)"
         )
     _, model = prepare_builtin_corpus(data.builtin_vocab_size, data.cache_dir)
     return load_tokenizer(model)
@@ -135,8 +137,11 @@ def build_datasets(
         raise ValueError("weighted data.data_path blends need a sample count for every split")
     infos = check_data_files(prefixes)
     valid = resolve_valid_blend(cfg)
+    unread_empty = ()
     if valid is None:
-        check_splits(infos, cfg.data.split)
+        # a split with 0 samples asked (e.g. test, which training never reads) may be empty
+        read = [n is None or n > 0 for n in num_samples]
+        unread_empty = check_splits(infos, cfg.data.split, read)
         splits = dict(blend=(prefixes, weights), split=cfg.data.split)
     else:
         if valid[1] is not None and num_samples[1] is None:
@@ -161,6 +166,8 @@ def build_datasets(
         eod_mask_loss=False,
         create_attention_mask=False,
     )
+    if unread_empty:  # not built at all: megatron-core loops forever on a split without tokens
+        config.split_matrix = [None if i in unread_empty else m for i, m in enumerate(config.split_matrix)]
     builder = BlendedMegatronDatasetBuilder(
         GPTDataset,
         [None if n is None else int(n) for n in num_samples],

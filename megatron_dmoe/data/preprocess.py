@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from megatron_dmoe.data.documents import Document, iter_documents, list_input_files
 from megatron_dmoe.data.errors import DataError
-from megatron_dmoe.data.tokenizer import SentencePieceTokenizer, load_tokenizer
+from megatron_dmoe.data.tokenizers import TokenizerSpec
 
 # Documents per task sent to a worker: large enough to amortise inter-process traffic.
 _BATCH_DOCUMENTS = 128
@@ -88,12 +88,12 @@ class IndexedDatasetWriter:
 
 
 # -- encoding, in this process or in worker processes ---------------------------------------------
-_worker_tokenizer: Optional[SentencePieceTokenizer] = None
+_worker_tokenizer = None
 
 
-def _init_worker(model_path: str) -> None:
+def _init_worker(spec: TokenizerSpec) -> None:
     global _worker_tokenizer
-    _worker_tokenizer = load_tokenizer(model_path)
+    _worker_tokenizer = spec.build()
 
 
 def _encode_batch(batch: List[Document]) -> List[Dict[str, Optional[np.ndarray]]]:
@@ -101,7 +101,7 @@ def _encode_batch(batch: List[Document]) -> List[Dict[str, Optional[np.ndarray]]
 
 
 def encode_documents(
-    tokenizer: SentencePieceTokenizer, batch: List[Document]
+    tokenizer, batch: List[Document]
 ) -> List[Dict[str, Optional[np.ndarray]]]:
     """Token ids (end-of-document appended) per document and key; None where the text is empty."""
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
@@ -124,7 +124,7 @@ def _batches(documents: Iterable[Document], size: int) -> Iterator[List[Document
 
 
 def _encoded_stream(
-    documents: Iterable[Document], tokenizer: SentencePieceTokenizer, workers: int
+    documents: Iterable[Document], tokenizer, spec: TokenizerSpec, workers: int
 ) -> Iterator[List[Dict[str, Optional[np.ndarray]]]]:
     batches = _batches(documents, _BATCH_DOCUMENTS)
     if workers <= 1:
@@ -134,7 +134,7 @@ def _encoded_stream(
     # fork where the platform has it: workers then start without re-importing torch
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer.path,)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(spec,)) as pool:
         # imap keeps the input order, so any number of workers writes the same files
         yield from pool.imap(_encode_batch, batches)
 
@@ -142,8 +142,12 @@ def _encoded_stream(
 def preprocess_data(
     inputs: Sequence[str],
     output_prefix: str,
-    tokenizer_model: str,
+    tokenizer_model: Optional[str] = None,
     *,
+    tokenizer_type: Optional[str] = None,
+    vocab_file: Optional[str] = None,
+    merge_file: Optional[str] = None,
+    vocab_size: Optional[int] = None,
     json_keys: Sequence[str] = ("text",),
     input_format: str = "auto",
     split_lines: bool = False,
@@ -153,21 +157,28 @@ def preprocess_data(
 ) -> Dict[str, DatasetStats]:
     """Tokenise `inputs` (files or folders) into one indexed dataset per JSON key.
 
-    Returns {key: DatasetStats}. See `iter_documents` for what a document is.
+    The tokenizer is named as in Megatron-LM (see data/tokenizers.py): `tokenizer_type` with its
+    files, or just a sentencepiece `tokenizer_model`. Returns {key: DatasetStats}. See
+    `iter_documents` for what a document is.
     """
     json_keys = list(json_keys)
     if len(set(json_keys)) != len(json_keys):
         raise DataError(f"--json-keys repeats a key: {json_keys}")
     if workers < 1:
         raise DataError(f"--workers must be at least 1, got {workers}")
-    tokenizer = load_tokenizer(tokenizer_model)
+    if tokenizer_type is None and tokenizer_model is None:
+        raise DataError("no tokenizer: give --tokenizer-model (a sentencepiece .model), or --tokenizer-type "
+                        "with its files as in Megatron-LM (e.g. GPT2BPETokenizer --vocab-file --merge-file)")
+    spec = TokenizerSpec(tokenizer_type or "SentencePieceTokenizer", tokenizer_model, vocab_file, merge_file,
+                         vocab_size)
+    tokenizer = spec.build()
     files = list_input_files(inputs, glob)
     documents = iter_documents(files, json_keys, input_format, split_lines)
     writers = {k: IndexedDatasetWriter(dataset_prefix(output_prefix, k), tokenizer.vocab_size)
                for k in json_keys}
     bar = tqdm(unit="doc", desc="tokenising", disable=None if progress else True)
     try:
-        for encoded_batch in _encoded_stream(documents, tokenizer, workers):
+        for encoded_batch in _encoded_stream(documents, tokenizer, spec, workers):
             for encoded in encoded_batch:
                 for key, ids in encoded.items():
                     writers[key].add(ids)

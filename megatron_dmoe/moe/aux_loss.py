@@ -1,15 +1,17 @@
 """Router auxiliary losses and the autograd function that feeds their gradient to the router.
 
-The losses never join the language-model loss as numbers: `AuxLossScaler` is applied to the MoE
-layer's output, and its backward hands the aux loss the gradient `loss_scale`. So the gradient is
-right under activation recompute, pipeline stages and any number of micro-batches without a
-module-global list of losses.
+The losses never join the language-model loss as numbers: `AuxLossScaler` (megatron-core's
+MoEAuxLossAutoScaler) is applied to the MoE layer's output, and its backward hands the aux loss the
+gradient megatron-core's schedule (or our loop, the same way) set for the micro-batch. So the
+gradient is right under activation recompute, pipeline stages and any number of micro-batches
+without a module-global list of losses.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
 
 def _token_count(valid: Optional[torch.Tensor], num_tokens: int, like: torch.Tensor):
@@ -52,46 +54,54 @@ def z_loss(logits: torch.Tensor, coeff: float, valid: Optional[torch.Tensor] = N
     return coeff * per_token.sum() / _token_count(valid, per_token.shape[0], per_token)
 
 
-class AuxLossScaler(torch.autograd.Function):
-    """forward(output, aux_loss) = output; backward gives aux_loss the gradient `loss_scale`.
+class AuxLossScaler(MoEAuxLossAutoScaler):
+    """megatron-core's MoEAuxLossAutoScaler: forward(output, aux_loss) = output, and backward gives
+    aux_loss the gradient megatron-core's scale (`MoEAuxLossAutoScaler.main_loss_backward_scale`).
 
-    The training loop sets the scale each step with `set_loss_scale`, e.g. 1/num_microbatches
-    (times the fp16 loss scale), so aux losses are scaled like the main loss.
+    One scale for megatron's MoE and ours: megatron-core's pipeline schedules set it every
+    micro-batch (`loss_scale * cp_size / num_microbatches`), and our own loop does the same through
+    `set_aux_loss_scale`. Only forward differs: it returns a copy (see there).
     """
-
-    loss_scale = 1.0
-    # One 0-dim fp32 tensor per device holding loss_scale, updated in place: a backward captured
-    # in a CUDA graph reads the scale from this address on every replay.
-    _scale_buffers: dict = {}
 
     @staticmethod
     def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor):
         ctx.save_for_backward(aux_loss)
-        # a fresh tensor, not a view of the input: the caller may modify it in place
-        # (bias-dropout-add does), which autograd forbids on a custom Function's returned input
+        # a fresh tensor, not the input: the caller may modify it in place (bias-dropout-add
+        # does), which autograd forbids on an input a custom Function returns as is
         return output.clone()
 
+    # backward: megatron-core's, reading MoEAuxLossAutoScaler.main_loss_backward_scale
+
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
-        (aux_loss,) = ctx.saved_tensors
-        scale = AuxLossScaler._scale_on(aux_loss.device)
-        return grad_output, torch.ones_like(aux_loss) * scale.to(aux_loss.dtype)
+    def set_loss_scale(scale) -> None:
+        """Gradient the aux losses get per unit of their value: a float or a tensor of one element."""
+        _set_scale(scale)
 
-    @classmethod
-    def _scale_on(cls, device: torch.device) -> torch.Tensor:
-        buffer = cls._scale_buffers.get(device)
-        if buffer is None:
-            buffer = torch.zeros((), dtype=torch.float32, device=device)
-            buffer.copy_(torch.as_tensor(cls.loss_scale, dtype=torch.float32).reshape(()))
-            cls._scale_buffers[device] = buffer
-        return buffer
+    @staticmethod
+    def _scale_on(device: torch.device) -> torch.Tensor:
+        """megatron-core's scale tensor, on `device` (moved there once if it lives elsewhere)."""
+        current = MoEAuxLossAutoScaler.main_loss_backward_scale
+        if current is None or current.device != torch.device(device):
+            value = 1.0 if current is None else current.detach().to(device)
+            MoEAuxLossAutoScaler.main_loss_backward_scale = torch.ones(1, dtype=torch.float32, device=device) * value
+        return MoEAuxLossAutoScaler.main_loss_backward_scale
 
-    @classmethod
-    def set_loss_scale(cls, scale) -> None:
-        """Gradient the aux losses get per unit of their value: a float or a 0-dim tensor."""
-        cls.loss_scale = scale
-        for buffer in cls._scale_buffers.values():
-            if isinstance(scale, torch.Tensor):
-                buffer.copy_(scale.detach().reshape(()), non_blocking=True)
-            else:
-                buffer.fill_(float(scale))
+
+def _set_scale(scale) -> None:
+    """Write `scale` into megatron-core's one scale tensor, in place where it already lives on the
+    same device: a backward captured in a CUDA graph reads it from that address on every replay.
+
+    megatron-core's own set_loss_scale keeps the first tensor it is given and copies later ones
+    into it; a float, or a tensor on another device, would break that, so both are handled here."""
+    scale = torch.as_tensor(scale, dtype=torch.float32).detach().reshape(-1)
+    if scale.numel() != 1:
+        raise ValueError(f"the aux-loss scale must be one number, got a tensor of shape {tuple(scale.shape)}")
+    buffer = AuxLossScaler._scale_on(scale.device)
+    buffer.copy_(scale.to(buffer.dtype).reshape(buffer.shape), non_blocking=True)
+
+
+def set_aux_loss_scale(loss_scale, num_micro_batches: int, cp_size: int = 1) -> None:
+    """What megatron-core's schedule sets before each micro-batch's backward (without
+    calculate_per_token_loss): the main loss's scale (the fp16 loss scale, or 1) times the
+    context-parallel size over the number of micro-batches."""
+    _set_scale(torch.as_tensor(loss_scale, dtype=torch.float32) * cp_size / num_micro_batches)

@@ -155,7 +155,12 @@ class MoELayer(MegatronModule):
             )
         if opts.z_loss_coeff > 0:
             z = z_loss(routing.logits, opts.z_loss_coeff, valid)
-        get_moe_metrics().record(self.layer_number, lb_loss=lb, z_loss=z, tokens_per_expert=routing.tokens_per_expert)
+        # megatron-core's tracker too (Megatron-LM logs it), indexed by global layer like its own MoE
+        num_layers = self.config.num_layers + (getattr(self.config, "mtp_num_layers", None) or 0)
+        get_moe_metrics().record(
+            self.layer_number, lb_loss=lb, z_loss=z, tokens_per_expert=routing.tokens_per_expert,
+            num_layers=num_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
+        )
         losses = [loss for loss in (lb, z) if loss is not None]
         if not losses:
             return y

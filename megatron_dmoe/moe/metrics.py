@@ -4,12 +4,25 @@ Layers call `record` in training forwards with gradients enabled (so a forward r
 activation recompute and eval forwards record nothing). The training loop calls `snapshot` at log
 time and `reset` after it. Loss values are the coefficient-weighted values that enter the loss
 (before the AuxLossScaler's scale), averaged over the recorded micro-batches; loads are summed.
+
+The same record also goes into megatron-core's aux-loss tracker (`save_to_aux_losses_tracker`),
+which Megatron-LM's training loop reads, reduces and logs (`track_moe_metrics`: its log line and
+TensorBoard): the losses per unit coefficient under megatron's own names, as megatron's router
+writes them, and each layer's expert-load imbalance (max / mean tokens per expert).
 """
 from __future__ import annotations
 
 from typing import Dict, Optional
 
 import torch
+from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker, save_to_aux_losses_tracker
+
+# Names in megatron-core's tracker: megatron's router's own for the losses, so Megatron-LM logs
+# ours where it logs its own MoE's.
+TRACKER_LB_LOSS = "load_balancing_loss"
+TRACKER_Z_LOSS = "z_loss"
+TRACKER_LOAD_IMBALANCE = "expert_load_imbalance"
+TRACKER_NAMES = (TRACKER_LB_LOSS, TRACKER_Z_LOSS, TRACKER_LOAD_IMBALANCE)
 
 
 class _LayerRecord:
@@ -46,6 +59,9 @@ def _count(total: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 class MoEMetrics:
     def __init__(self):
         self._layers: Dict[int, _LayerRecord] = {}
+        # whether records also go to megatron-core's tracker, for Megatron-LM's training loop; ours
+        # logs these sums itself and turns it off (about ten small launches per layer and forward)
+        self.megatron_tracker = True
 
     def record(
         self,
@@ -53,7 +69,17 @@ class MoEMetrics:
         lb_loss: Optional[torch.Tensor] = None,
         z_loss: Optional[torch.Tensor] = None,
         tokens_per_expert: Optional[torch.Tensor] = None,
+        *,
+        num_layers: Optional[int] = None,
+        lb_coeff: float = 0.0,
+        z_coeff: float = 0.0,
     ) -> None:
+        """Add one micro-batch of one layer. With `num_layers` (the model's layer count, megatron's
+        tracker is indexed by global layer) and a layer number >= 1, megatron-core's tracker gets the
+        same values; `lb_coeff` / `z_coeff` are the coefficients the losses carry."""
+        if self.megatron_tracker and num_layers is not None and 1 <= layer_number <= num_layers:
+            _save_to_megatron_tracker(layer_number, num_layers, lb_loss, lb_coeff, z_loss, z_coeff,
+                                      tokens_per_expert)
         rec = self._layers.setdefault(layer_number, _LayerRecord())
         if lb_loss is not None:
             rec.lb_sum, rec.lb_count = _accumulate(rec.lb_sum, lb_loss), _count(rec.lb_count, lb_loss)
@@ -63,14 +89,19 @@ class MoEMetrics:
             rec.load = _accumulate(rec.load, tokens_per_expert)
 
     def tensors(self):
-        """Every accumulator, for callers that must save and restore them in place."""
-        return [t for rec in self._layers.values() for name in _LayerRecord.__slots__
+        """Every accumulator (megatron-core's tracker entries we write included), for callers that
+        must save and restore them in place."""
+        ours = [t for rec in self._layers.values() for name in _LayerRecord.__slots__
                 if (t := getattr(rec, name)) is not None]
+        return ours + _megatron_tracker_values()
 
     def reset(self) -> None:
-        """Zero every sum in place (CUDA graphs hold these buffers' addresses)."""
+        """Zero every sum in place (CUDA graphs hold these buffers' addresses), megatron-core's
+        tracker entries we write included (our loop logs them itself)."""
         for rec in self._layers.values():
             rec.zero_()
+        for values in _megatron_tracker_values():
+            values.zero_()
 
     def snapshot(self, group=None) -> dict:
         """Python floats of everything recorded since the last reset.
@@ -144,6 +175,25 @@ class MoEMetrics:
             result["load_imbalance"] = sum(imbalances) / len(imbalances)
             result["load_imbalance_max"] = max(imbalances)
         return result
+
+
+def _save_to_megatron_tracker(layer_number, num_layers, lb_loss, lb_coeff, z_loss, z_coeff, tokens_per_expert):
+    # megatron's router saves loss / coefficient; values add up over micro-batches and
+    # Megatron-LM scales them by 1 / num_microbatches when it logs
+    if lb_loss is not None and lb_coeff > 0:
+        save_to_aux_losses_tracker(TRACKER_LB_LOSS, lb_loss / lb_coeff, layer_number, num_layers)
+    if z_loss is not None and z_coeff > 0:
+        save_to_aux_losses_tracker(TRACKER_Z_LOSS, z_loss / z_coeff, layer_number, num_layers)
+    if tokens_per_expert is not None:
+        load = tokens_per_expert.detach().float()
+        mean = load.mean()
+        imbalance = torch.where(mean > 0, load.max() / mean.clamp(min=1e-12), torch.zeros_like(mean))
+        save_to_aux_losses_tracker(TRACKER_LOAD_IMBALANCE, imbalance, layer_number, num_layers)
+
+
+def _megatron_tracker_values():
+    tracker = get_moe_layer_wise_logging_tracker()
+    return [tracker[name]["values"] for name in TRACKER_NAMES if name in tracker]
 
 
 def _scalar(total: Optional[torch.Tensor], device) -> torch.Tensor:

@@ -4,15 +4,158 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.nn.functional as F
 
+# The MoE layer's rules, in one place: MoEOptions obeys them and config/validate.py reports them for
+# a run configuration (under its YAML keys, through `option_problems(values, key=...)`).
 ACTIVATIONS = ("gelu", "swiglu")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 DROP_POLICIES = ("probs", "position")
-BACKENDS = ("auto", "grouped", "reference", "sparse")
+BACKENDS = ("auto", "sparse", "grouped", "reference")
+BLOCK_SIZES = (16, 32, 64, 128)  # the block-sparse kernels' (dmoe_kernels.topology)
 EP_EXCHANGES = ("auto", "nccl", "symmetric")
+
+# field: allowed values
+CHOICES = {
+    "activation": ACTIVATIONS,
+    "score_function": SCORE_FUNCTIONS,
+    "token_drop_policy": DROP_POLICIES,
+    "backend": BACKENDS,
+    "block_size": BLOCK_SIZES,
+    "ep_exchange": EP_EXCHANGES,
+}
+# field: (lowest, highest, lowest allowed?, highest allowed?); None = unbounded or not given
+RANGES = {
+    "hidden_size": (1, None, True, None),
+    "ffn_hidden_size": (1, None, True, None),
+    "num_experts": (1, None, True, None),
+    "top_k": (1, None, True, None),
+    "topk_scaling_factor": (0, None, False, None),
+    "input_jitter_eps": (0, 1, True, False),
+    "aux_loss_coeff": (0, None, True, None),
+    "z_loss_coeff": (0, None, True, None),
+    "bias_update_rate": (0, None, True, None),
+    "capacity_factor": (0, None, False, None),
+    "init_method_std": (0, None, False, None),
+}
+_INTEGERS = ("hidden_size", "ffn_hidden_size", "num_experts", "top_k", "block_size")
+
+
+def fmt(value) -> str:
+    """A value as written in YAML (true, null, 0.5, 'softmax')."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def range_text(low, high, low_in, high_in, value) -> str:
+    kind = "an integer" if isinstance(value, int) and not isinstance(value, bool) else "a number"
+    if high is None:
+        return f"{kind} {'>=' if low_in else '>'} {fmt(low)}"
+    return f"{kind} with {fmt(low)} {'<=' if low_in else '<'} value {'<=' if high_in else '<'} {fmt(high)}"
+
+
+def choice_problem(field: str, value) -> Optional[str]:
+    allowed = CHOICES[field]
+    if value in allowed and not isinstance(value, bool):
+        return None
+    return f"{fmt(value)} is not allowed; use one of: {', '.join(a if isinstance(a, str) else fmt(a) for a in allowed)}"
+
+
+def range_problem(field: str, value) -> Optional[str]:
+    if value is None:
+        return None
+    low, high, low_in, high_in = RANGES[field]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if field in _INTEGERS and not (isinstance(value, int) and not isinstance(value, bool)):
+        number = False
+    too_low = number and low is not None and (value < low if low_in else value <= low)
+    too_high = number and high is not None and (value > high if high_in else value >= high)
+    if number and not (too_low or too_high):
+        return None
+    return f"{fmt(value)} is out of range; use {range_text(low, high, low_in, high_in, value if number else 0.0)}"
+
+
+def option_problems(values: Dict[str, Any], key: Callable[[str], str] = lambda field: field, *,
+                    sparse: Optional[bool] = None, ffn_shards: int = 1,
+                    element_bytes: Optional[int] = None) -> List[Tuple[str, str]]:
+    """Every broken rule among `values` (MoEOptions fields; absent ones are not checked), as
+    (field, message) with other fields named by `key(field)` (config/validate.py passes YAML keys).
+
+    sparse: whether the block-sparse kernels will run the experts (None: only when backend is
+    'sparse'); ffn_shards: ranks each expert's FFN is split over (expert parallelism beyond the
+    expert count), each shard must be a multiple of the block size; element_bytes: size of the
+    parameters' dtype, for the grouped backend's alignment (None: not checked).
+    """
+    problems: List[Tuple[str, str]] = []
+    bad = set()
+
+    def report(field, message):
+        problems.append((field, message))
+        bad.add(field)
+
+    for field in CHOICES:
+        if field in values and (message := choice_problem(field, values[field])):
+            report(field, message)
+    for field in RANGES:
+        if field in values and (message := range_problem(field, values[field])):
+            report(field, message)
+
+    def have(*fields):
+        return all(f in values and f not in bad for f in fields)
+
+    get = values.get
+    if have("top_k", "num_experts") and get("top_k") > get("num_experts"):
+        report("top_k", f"{get('top_k')} is larger than {key('num_experts')} ({get('num_experts')}); "
+                        f"use a value from 1 to {get('num_experts')}")
+    single_weight = False
+    if have("top_k", "score_function", "pre_softmax") and get("top_k") == 1 \
+            and get("score_function") == "softmax" and not get("pre_softmax"):
+        single_weight = True
+        report("pre_softmax", f"false with {key('top_k')} 1 and softmax scores makes every routing "
+                              f"weight 1, so the router gets no gradient; set it to true or use "
+                              f"{key('top_k')} >= 2")
+    if not single_weight and have("top_k", "renormalize") and get("top_k") == 1 and get("renormalize") is True:
+        report("renormalize", f"true with {key('top_k')} 1 makes every routing weight 1, so the router "
+                              f"gets no gradient; use false or null")
+    if have("expert_bias", "score_function") and get("expert_bias") and get("score_function") != "sigmoid":
+        # megatron-core's TransformerConfig refuses it too: the bias is added to sigmoid scores
+        report("expert_bias", f"true needs {key('score_function')}: sigmoid (aux-loss-free balancing "
+                              f"adds the bias to sigmoid scores), but it is {fmt(get('score_function'))}; "
+                              f"set {key('score_function')}: sigmoid or {key('expert_bias')}: false")
+    if sparse is None:
+        sparse = get("backend") == "sparse"
+    if sparse and have("ffn_hidden_size", "block_size"):
+        width, block = get("ffn_hidden_size"), get("block_size")
+        if ffn_shards > 1:
+            if width % ffn_shards == 0 and (width // ffn_shards) % block:
+                report("ffn_hidden_size", f"{width} split over {ffn_shards} ranks per expert gives shards of "
+                       f"{width // ffn_shards}, not a multiple of {key('block_size')} ({block}), which the "
+                       f"sparse backend needs; use a multiple of {ffn_shards * block} or "
+                       f"{key('backend')}: grouped")
+        elif width % block:
+            lower, upper = width // block * block, (width // block + 1) * block
+            example = f"{lower} or {upper}" if lower else str(upper)
+            report("ffn_hidden_size", f"{width} is not a multiple of {key('block_size')} ({block}), which "
+                   f"the sparse backend needs; use a multiple of {block} (e.g. {example}) or "
+                   f"{key('backend')}: grouped")
+    if get("backend") == "grouped" and element_bytes and have("hidden_size", "ffn_hidden_size"):
+        # torch's grouped_mm needs 16-byte row strides
+        multiple = max(1, 16 // element_bytes)
+        for field in ("hidden_size", "ffn_hidden_size"):
+            shards = ffn_shards if field == "ffn_hidden_size" else 1
+            if get(field) % shards:
+                continue  # a width the expert-parallel ranks cannot split: reported by the caller
+            size = get(field) // shards
+            if size % multiple:
+                report(field, f"{get(field)} gives rows of {size} elements, not a multiple of {multiple}, which "
+                              f"{key('backend')}: grouped needs at this precision (16-byte rows); use a "
+                              f"multiple of {multiple} or another {key('backend')}")
+    return problems
 
 
 @dataclass
@@ -34,61 +177,18 @@ class MoEOptions:
     capacity_factor: Optional[float] = None  # None = dropless; a number = token-dropping baseline
     token_drop_policy: str = "probs"  # probs | position
     backend: str = "auto"  # auto | sparse | grouped | reference (auto: sparse on CUDA, reference on CPU)
-    block_size: int = 128  # block size of the sparse backend
+    block_size: int = 128  # block size of the sparse backend: one of BLOCK_SIZES
     memory_optimized: bool = False  # keep only the expert input and pre-activation; recompute the rest
     ep_exchange: str = "auto"  # expert parallelism: auto | nccl | symmetric (see parallel/expert_dispatcher.py)
     init_method_std: float = 0.02
 
     def __post_init__(self):
-        def fail(key, problem, fix):
-            raise ValueError(f"MoE option '{key}'={getattr(self, key)!r}: {problem}; {fix}.")
-
-        for key in ("hidden_size", "ffn_hidden_size", "num_experts", "top_k"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail(key, "must be a positive integer", "set it to a whole number >= 1")
-        if self.top_k > self.num_experts:
-            fail("top_k", f"exceeds num_experts={self.num_experts}", "route to at most num_experts experts")
-        if self.activation not in ACTIVATIONS:
-            fail("activation", "is not supported", f"use one of {ACTIVATIONS}")
-        if self.score_function not in SCORE_FUNCTIONS:
-            fail("score_function", "is not supported", f"use one of {SCORE_FUNCTIONS}")
-        if self.top_k == 1 and self.score_function == "softmax" and not self.pre_softmax:
-            fail(
-                "pre_softmax",
-                "with top_k=1 a softmax over the single chosen logit is always 1, so the router gets no gradient",
-                "set pre_softmax=True for top-1 routing",
-            )
+        problems = option_problems(dataclasses.asdict(self))
+        if problems:
+            raise ValueError("; ".join(f"MoE option '{field}'={getattr(self, field)!r}: {message}"
+                                       for field, message in problems))
         if self.renormalize is None:
             self.renormalize = self.score_function == "sigmoid" and self.top_k > 1
-        if self.renormalize and self.top_k == 1:
-            fail(
-                "renormalize",
-                "with top_k=1 every renormalised weight is 1, so the router gets no gradient from the loss",
-                "set renormalize=False for top-1 routing",
-            )
-        if not (self.topk_scaling_factor > 0 and math.isfinite(self.topk_scaling_factor)):
-            fail("topk_scaling_factor", "must be a positive number", "use 1.0 for no scaling")
-        if self.input_jitter_eps is not None and not 0.0 <= self.input_jitter_eps < 1.0:
-            fail("input_jitter_eps", "must lie in [0, 1)", "use a small value such as 0.01, or None to disable")
-        for key in ("aux_loss_coeff", "z_loss_coeff", "bias_update_rate"):
-            value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
-                fail(key, "must be a number >= 0", "use 0 to disable it")
-        if self.expert_bias and self.score_function != "sigmoid":
-            fail("expert_bias", "needs the sigmoid score function", "set score_function='sigmoid'")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            fail("capacity_factor", "must be > 0", "use None for dropless routing")
-        if self.token_drop_policy not in DROP_POLICIES:
-            fail("token_drop_policy", "is not supported", f"use one of {DROP_POLICIES}")
-        if self.backend not in BACKENDS:
-            fail("backend", "is not supported", f"use one of {BACKENDS}")
-        if self.ep_exchange not in EP_EXCHANGES:
-            fail("ep_exchange", "is not supported", f"use one of {EP_EXCHANGES}")
-        if self.block_size < 16 or self.block_size & (self.block_size - 1):
-            fail("block_size", "must be a power of two >= 16", "use 128 or 64")
-        if not self.init_method_std > 0:
-            fail("init_method_std", "must be > 0", "use e.g. 0.02")
 
     @classmethod
     def from_transformer_config(cls, config, **overrides) -> "MoEOptions":

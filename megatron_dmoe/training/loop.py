@@ -100,6 +100,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
     watcher = PreemptionWatcher(env.device)
     result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
     moe_metrics = get_moe_metrics()
+    moe_metrics.megatron_tracker = False  # this loop logs the sums itself
     moe_metrics.reset()
     model.train()
     window_start, window_steps = time.perf_counter(), 0

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 
-from megatron_dmoe.moe.aux_loss import AuxLossScaler
+from megatron_dmoe.moe.aux_loss import set_aux_loss_scale
 from megatron_dmoe.moe.experts.per_step_wgrad import expert_weight_grads_per_step
 from megatron_dmoe.training.cuda_graphs import capture_layer_graphs, eager_layers
 
@@ -34,14 +34,15 @@ def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, d
     """
     model.zero_grad_buffer()
     optimizer.zero_grad()
-    # Aux losses inject their gradient in backward at this scale: averaged like the LM loss,
-    # and multiplied by the fp16 loss scale like it.
-    AuxLossScaler.set_loss_scale(optimizer.get_loss_scale().to(device) / num_micro_batches)
+    loss_scale = optimizer.get_loss_scale().to(device)
     losses: List[torch.Tensor] = []
     with expert_weight_grads_per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
         for _ in range(num_micro_batches):
             batch = _to_device(next(data), device)
             loss = micro_batch_loss(model, batch)
+            # as megatron-core's schedule does after each forward: aux losses get their gradient at
+            # the LM loss's scale (the fp16 loss scale over the number of micro-batches)
+            set_aux_loss_scale(loss_scale, num_micro_batches)
             optimizer.scale_loss(loss / num_micro_batches).backward()
             losses.append(loss.detach())
     capture_layer_graphs(model)  # after the first step, with training.cuda_graphs

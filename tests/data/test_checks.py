@@ -12,7 +12,7 @@ from megatron_dmoe.data.checks import (
     split_matrix,
 )
 from megatron_dmoe.data.datasets import build_datasets
-from megatron_dmoe.data.errors import DataError
+from megatron_dmoe.data.errors import DataError, DataWarning
 
 
 @pytest.fixture
@@ -108,6 +108,11 @@ def test_split_without_documents(tmp_path, write_dataset, numbered_docs, tiny_to
     assert "test split gets 0 of its 3" in message and few in message
     check_splits(infos, "1,1,1")  # one document each: fine
     check_splits(infos, "2,1,0")  # test turned off: fine
+    # splits training does not read may be empty: a warning, and they are returned to be left out
+    with pytest.warns(DataWarning, match="leaves the test split without documents, which this run does not read"):
+        assert check_splits(infos, "5,4,1", read=(True, True, False)) == [2]
+    with pytest.raises(DataError, match="valid split gets 0 of its 3"):
+        check_splits(infos, "969,30,1", read=(True, True, False))  # valid is read
     with pytest.raises(DataError, match="data.split='a,b'"):
         split_matrix("a,b")
 

@@ -8,7 +8,7 @@ import torch
 
 from megatron_dmoe.config.schema import RunConfig
 from megatron_dmoe.data.datasets import build_datasets, build_tokenizer, parse_blend
-from megatron_dmoe.data.errors import DataError
+from megatron_dmoe.data.errors import DataError, DataWarning
 from megatron_dmoe.data.loader import build_loader
 
 SEQ = 16
@@ -66,6 +66,18 @@ def test_samples_are_shifted_windows_of_their_split(twelve_docs, tiny_model, tin
     assert all(torch.equal(again[i]["tokens"], train[i]["tokens"]) for i in range(len(train)))
 
 
+def test_sixty_documents_train_with_the_default_split(tmp_path, tiny_model, tiny_tokenizer, write_dataset,
+                                                      numbered_docs):
+    """The default '969,30,1' leaves the test split of 60 documents empty; training never reads it."""
+    prefix = write_dataset(tmp_path / "sixty_text_document", numbered_docs(10, [5] * 60, tiny_tokenizer.eod))
+    cfg = _config([prefix], tiny_model, split=RunConfig().data.split)
+    with pytest.warns(DataWarning, match="test split without documents"):
+        train, valid, test = build_datasets(cfg, tiny_tokenizer, (20, 4, 0))
+    assert test is None and len(train) >= 20 and len(valid) >= 4
+    with pytest.raises(DataError, match="test split gets 0 of its 60"):  # asked for: refused
+        build_datasets(cfg, tiny_tokenizer, (20, 4, 1))
+
+
 def test_blending_two_prefixes(tmp_path, tiny_model, tiny_tokenizer, write_dataset,
                                numbered_docs):
     eod = tiny_tokenizer.eod
@@ -107,7 +119,7 @@ def test_builtin_corpus_when_data_path_is_empty(tmp_path, monkeypatch):
 def test_tokenizer_settings_must_match_the_data(tmp_path, tiny_model):
     cfg = RunConfig()
     cfg.data.data_path = [str(tmp_path / "x_text_document")]
-    with pytest.raises(DataError, match="data.tokenizer_model is not"):
+    with pytest.raises(DataError, match="data.data_path is set but no tokenizer is"):
         build_tokenizer(cfg)
     cfg.data.tokenizer_model = str(tmp_path / "missing.model")
     with pytest.raises(DataError, match=r"data.tokenizer_model: tokenizer model not found"):

@@ -133,12 +133,12 @@ def test_invalid_values_name_the_runs_they_concern(tmp_path):
 def test_a_problem_of_every_run_is_listed_once(tmp_path):
     spec = load_sweep(_sweep(tmp_path, """
 base: tiny
-overrides: {training.lr_warmup_iters: 500}
+overrides: {training.lr_decay_iters: 5}
 grid: {moe.top_k: [1, 2]}
 """))
     with pytest.raises(SweepError) as err:
         plan_runs(spec, tmp_path / "runs", Environment.detect())
-    assert str(err.value).count("training.lr_warmup_iters") == 1
+    assert str(err.value).count("training.lr_decay_iters") == 1
     assert "(every run)" in str(err.value)
 
 
