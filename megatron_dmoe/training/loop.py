@@ -100,7 +100,8 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
     watcher = PreemptionWatcher(env.device)
     result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
     moe_metrics = get_moe_metrics()
-    moe_metrics.megatron_tracker = False  # this loop logs the sums itself
+    # this loop logs the sums itself: megatron-core's tracker is off while it runs
+    tracker_was_on, moe_metrics.megatron_tracker = moe_metrics.megatron_tracker, False
     moe_metrics.reset()
     model.train()
     window_start, window_steps = time.perf_counter(), 0
@@ -181,6 +182,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
         train_data.close()
         watcher.close()
         logger.close()
+        moe_metrics.megatron_tracker = tracker_was_on
     result.iteration = progress.iteration
     result.out_of_time = out_of_time
     if env.is_main and cfg.logging.plot and not result.preempted:
