@@ -40,12 +40,17 @@ setup(
         "psutil>=5.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.2"],
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=4.46", "safetensors>=0.4"],
+        # dmoe-export --format hf writes safetensors; training never needs it
+        "hf": ["safetensors>=0.4"],
     },
     entry_points={
         "console_scripts": [
             "dmoe-train=megatron_dmoe.cli:main",
             "dmoe-sweep=megatron_dmoe.cli:sweep_main",
+            "dmoe-eval=megatron_dmoe.inference.eval_cli:main",
+            "dmoe-generate=megatron_dmoe.inference.generate_cli:main",
+            "dmoe-export=megatron_dmoe.export.cli:main",
         ],
     },
 )
