@@ -38,14 +38,14 @@ def _parser() -> argparse.ArgumentParser:
 def export_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
     quiet_warnings()
-    from megatron_dmoe.export.compat import hf_architecture
-    from megatron_dmoe.inference.errors import UsageError
-    from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config
-
     if ns.format not in FORMATS:
         return fail(PROG, f"--format {ns.format!r} is not supported; use one of: {', '.join(FORMATS)}")
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         return fail(PROG, "run dmoe-export as one process (not under torchrun): it loads any checkpoint whole")
+    from megatron_dmoe.export.compat import hf_architecture
+    from megatron_dmoe.inference.errors import UsageError
+    from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config
+
     try:
         # everything that can be refused from the run directory alone, before building anything
         hf_architecture(read_run_config(ns.run_dir))

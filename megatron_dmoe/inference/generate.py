@@ -37,7 +37,7 @@ def generate(model, prompt: Sequence[int], *, max_new_tokens: int, context_lengt
              generator: Optional[torch.Generator] = None, device: Optional[torch.device] = None) -> Generation:
     """Generate after `prompt` (token ids) with `model` (in eval mode).
 
-    context_length: the model's (prompt and output together never exceed it). vocab_size: the
+    context_length: the model's; prompt and output together never exceed it. vocab_size: the
     tokenizer's; logits of the embedding's padding rows are never chosen.
     """
     if not prompt:
@@ -51,6 +51,8 @@ def generate(model, prompt: Sequence[int], *, max_new_tokens: int, context_lengt
     tokens = torch.tensor([list(prompt)], dtype=torch.long, device=device)
     start = 0  # position of tokens[0, 0]
     while len(out) < max_new_tokens:
+        if len(prompt) + len(out) >= context_length:  # no position left for another token
+            return Generation(out, "context")
         logits = _logits(model, tokens, start, cache)
         logits[:, vocab_size:] = float("-inf")
         token = int(next_token(logits, sampling, generator)[0])
@@ -58,7 +60,5 @@ def generate(model, prompt: Sequence[int], *, max_new_tokens: int, context_lengt
             return Generation(out, "eod")
         out.append(token)
         start += tokens.shape[1]
-        if start >= context_length:  # the model has no position for another input token
-            return Generation(out, "context")
         tokens = torch.tensor([[token]], dtype=torch.long, device=device)
     return Generation(out, "max_tokens")

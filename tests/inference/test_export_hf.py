@@ -1,0 +1,68 @@
+"""dmoe-export --format hf: transformers loads the directory and computes what our model computes."""
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from megatron_dmoe.inference.generate import generate  # noqa: E402
+from megatron_dmoe.inference.run_model import load_run  # noqa: E402
+from megatron_dmoe.parallel.distributed import destroy_distributed  # noqa: E402
+
+TEXT = "import os\n\ndef main(argv):\n    return os.path.join(argv[0], 'x')  # héllo ☃\n"
+
+
+@pytest.fixture
+def loaded(runs):
+    """load_run(name) in this process; the process group is torn down afterwards."""
+    yield lambda name: load_run(runs[name], device="cpu")
+    destroy_distributed()
+
+
+@pytest.mark.parametrize("name, architecture", [("dense", "GPT2LMHeadModel"), ("mixtral", "MixtralForCausalLM")])
+def test_exported_model_gives_our_logits_and_greedy_tokens(name, architecture, loaded, exported):
+    run = loaded(name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported[name]).eval()
+    assert type(hf).__name__ == architecture
+    torch.manual_seed(0)
+    tokens = torch.randint(0, run.vocab_size, (2, 48))
+    with torch.no_grad():
+        ours = run.model(tokens, torch.arange(48).expand(2, 48), None).float()
+        theirs = hf(tokens).logits.float()
+    assert ours.shape == theirs.shape
+    assert (ours - theirs).abs().max() <= 1e-4 * ours.abs().max()
+
+    prompt = run.tokenizer.tokenize(TEXT)[:20]
+    ours_gen = generate(run.model, prompt, max_new_tokens=24, context_length=64, eod=run.tokenizer.eod,
+                        vocab_size=run.vocab_size)
+    theirs_gen = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
+    if ours_gen.stop_reason == "eod":
+        theirs_gen = theirs_gen[:theirs_gen.index(run.tokenizer.eod)]
+    assert ours_gen.tokens == theirs_gen
+    assert len(set(ours_gen.tokens)) > 2  # a continuation that depends on what came before
+
+
+def test_exported_tokenizer_gives_our_tokens(runs, exported):
+    from megatron_dmoe.data.tokenizer import load_tokenizer
+
+    hf = transformers.AutoTokenizer.from_pretrained(exported["mixtral"])
+    ours = load_tokenizer(exported["mixtral"] / "tokenizer.model")
+    for text in (TEXT, "  two leading spaces", "x  y\t\tz\n\n", "Unicode: żółć 中文 🙂"):
+        assert hf.encode(text) == ours.tokenize(text)
+        assert hf.decode(hf.encode(text)) == text
+    assert hf.eos_token_id == ours.eod
+
+
+def test_checkpoint_saved_at_expert_parallel_2_exports_as_one_saved_at_1(exported):
+    one = safetensors_torch.load_file(exported["mixtral"] / "model.safetensors")
+    two = safetensors_torch.load_file(exported["mixtral_ep2"] / "model.safetensors")
+    assert sorted(one) == sorted(two)
+    assert any(".block_sparse_moe.experts.3.w2.weight" in k for k in one)
+    for key in one:
+        # the same training in 1 and 2 processes: only float32 reduction order differs
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=2e-6, msg=key)
+    config = [json.loads((exported[n] / "config.json").read_text()) for n in ("mixtral", "mixtral_ep2")]
+    assert config[0] == config[1]
