@@ -65,7 +65,7 @@ def evaluate_run(run: LoadedRun, data_path: Optional[List[str]] = None, progress
             raise UsageError("the run has no validation split (training.eval_interval is 0 or data.split "
                              "gives validation no share); pass --data-path")
         dataset = run.data.valid
-        source = {"split": "validation", "samples": len(dataset)}
+        source = {"split": "validation"}
         if tr.global_batch_size % per_step:
             raise UsageError(f"training.global_batch_size={tr.global_batch_size} is not a multiple of "
                              f"micro_batch_size x data-parallel size = {per_step}")
@@ -78,7 +78,7 @@ def evaluate_run(run: LoadedRun, data_path: Optional[List[str]] = None, progress
         "loss": loss,
         "perplexity": math.exp(loss) if loss < 700 else float("inf"),
         "tokens": batches * groups * per_step * cfg.model.seq_length,
-        "micro_batches": batches * groups,
+        "micro_batches": batches * groups * dp,  # over all data-parallel ranks
         "checkpoint_iteration": run.iteration,
         **source,
     }
