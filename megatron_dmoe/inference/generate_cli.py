@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     prompts = parser.add_mutually_exclusive_group(required=True)
     prompts.add_argument("--prompt", metavar="TEXT", help="the text to continue")
     prompts.add_argument("--prompts", type=Path, metavar="FILE",
-                         help="a file of prompts: JSON lines with a \"prompt\" field, or one prompt per line")
+                         help="a file of prompts: JSON lines with a \"prompt\" field, or one prompt per line "
+                         "(\\n in such a line stands for a newline)")
     parser.add_argument("--max-tokens", type=positive_int, default=64, metavar="N",
                         help="at most N new tokens per prompt (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
