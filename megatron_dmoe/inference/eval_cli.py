@@ -46,10 +46,14 @@ def eval_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
     quiet_warnings()
     from megatron_dmoe.inference.errors import UsageError
-    from megatron_dmoe.inference.evaluate import evaluate_run
-    from megatron_dmoe.inference.run_model import load_run
+    from megatron_dmoe.inference.evaluate import check_data_path, evaluate_run
+    from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config
 
     try:
+        read_run_config(ns.run_dir)
+        find_checkpoint(ns.run_dir, ns.checkpoint)
+        if ns.data_path:
+            check_data_path(ns.data_path)
         with distributed_session():
             run = load_run(ns.run_dir, device=ns.device, checkpoint=ns.checkpoint,
                            expert_parallel=ns.expert_parallel, with_data=ns.data_path is None)

@@ -22,10 +22,26 @@ def _progress(loader, total: int, enabled: bool):
     return iter(tqdm(loader, total=total, desc="evaluating", unit="batch", disable=not enabled, leave=False))
 
 
+def check_data_path(prefixes: List[str]) -> None:
+    """Prefixes without weights whose .bin/.idx files exist; UsageError otherwise (cheap: run it first)."""
+    import os
+
+    from megatron_dmoe.data import DataError, check_data_files, parse_blend
+
+    try:
+        if parse_blend(prefixes)[1] is not None:
+            raise UsageError(f"--data-path {' '.join(prefixes)}: give dataset prefixes without weights; "
+                             "every document is read once")
+        check_data_files([os.path.abspath(os.path.expanduser(p)) for p in prefixes])
+    except DataError as err:
+        raise UsageError("--data-path: " + " ".join(line.strip() for line in str(err).splitlines())) from None
+
+
 def _dataset_over(run: LoadedRun, prefixes: List[str]):
     """One pass over every document of `prefixes` (megatron's GPTDataset, the run's sequence length)."""
     from megatron_dmoe.data import DataError, build_datasets
 
+    check_data_path(prefixes)
     cfg = copy.deepcopy(run.cfg)
     cfg.data.data_path = list(prefixes)
     cfg.data.split = "100,0,0"

@@ -67,6 +67,26 @@ def _read_prompts(ns) -> List[str]:
     return prompts
 
 
+def _encode(cfg, prompts: List[str]) -> List[List[int]]:
+    """Token ids of the prompts with the run's tokenizer; each must fit the model's context."""
+    from megatron_dmoe.data import DataError, build_tokenizer
+    from megatron_dmoe.inference.errors import UsageError
+
+    try:
+        tok = build_tokenizer(cfg)
+    except DataError as err:
+        raise UsageError(str(err)) from None
+    context = cfg.model.max_position_embeddings
+    encoded = [tok.tokenize(p) for p in prompts]
+    for n, ids in enumerate(encoded, 1):
+        if not ids:
+            raise UsageError(f"prompt {n} is empty")
+        if len(ids) > context:
+            raise UsageError(f"prompt {n} has {len(ids)} tokens, more than the model's context of {context} "
+                             "(model.max_position_embeddings); shorten it")
+    return encoded
+
+
 def generate_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
     quiet_warnings()
@@ -83,19 +103,14 @@ def generate_main(argv: Optional[List[str]] = None) -> int:
         except ValueError as err:
             raise UsageError(str(err)) from None
         prompts = _read_prompts(ns)
-        context = read_run_config(ns.run_dir).model.max_position_embeddings
+        cfg = read_run_config(ns.run_dir)
         find_checkpoint(ns.run_dir, ns.checkpoint)
+        encoded = _encode(cfg, prompts)
+        context = cfg.model.max_position_embeddings
         results = []
         with distributed_session():
             run = load_run(ns.run_dir, device=ns.device, checkpoint=ns.checkpoint)
             tok = run.tokenizer
-            encoded = [tok.tokenize(p) for p in prompts]
-            for n, ids in enumerate(encoded, 1):
-                if not ids:
-                    raise UsageError(f"prompt {n} is empty")
-                if len(ids) > context:
-                    raise UsageError(f"prompt {n} has {len(ids)} tokens, more than the model's context of "
-                                     f"{context} (model.max_position_embeddings); shorten it")
             generator = torch.Generator().manual_seed(ns.seed)
             for prompt, ids in zip(prompts, encoded):
                 out = generate(run.model, ids, max_new_tokens=ns.max_tokens, context_length=context,

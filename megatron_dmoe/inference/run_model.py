@@ -16,7 +16,7 @@ from typing import Any, List, Optional
 
 from megatron_dmoe.config import ConfigError, RunConfig, load_config, resolve, validate
 from megatron_dmoe.inference.errors import UsageError
-from megatron_dmoe.training.checkpoint import checkpoint_dir, latest_iteration
+from megatron_dmoe.training.checkpoint import CheckpointError, checkpoint_dir, latest_iteration
 from megatron_dmoe.training.run_dir import CONFIG_FILE, checkpoint_root
 
 
@@ -51,7 +51,10 @@ def find_checkpoint(run_dir: Path, iteration: Optional[int] = None) -> Path:
     done = sorted(int(p.name[len("iter_"):]) for p in root.glob("iter_*")
                   if p.is_dir() and p.name[len("iter_"):].isdigit()) if root.is_dir() else []
     if iteration is None:
-        latest = latest_iteration(root) if root.is_dir() else None
+        try:
+            latest = latest_iteration(root) if root.is_dir() else None
+        except CheckpointError as err:
+            raise UsageError(str(err)) from None
         if latest is None:
             raise UsageError(f"{run_dir} has no checkpoint ({root}/latest is missing): train it first, "
                              "or give a run that saved one (checkpoint.save_interval must not be 0)")
@@ -126,7 +129,10 @@ def load_run(run_dir: Path, *, device: str = "auto", checkpoint: Optional[int] =
     model = build_gpt_model(cfg, vocab_size=vocab_size, on_cuda=env.on_cuda)
     if model.config.bf16 or model.config.fp16:
         model = Float16Module(model.config, model)  # as training wraps it: fp32 logits out
-    load_checkpoint(path, [model])
+    try:
+        load_checkpoint(path, [model])
+    except CheckpointError as err:
+        raise UsageError(str(err)) from None
     model.eval()
     return LoadedRun(cfg=cfg, model=model, tokenizer=tokenizer, vocab_size=vocab_size,
                      iteration=int(path.name[len("iter_"):]), env=env, data=data)

@@ -62,6 +62,13 @@ def test_an_architecture_without_equivalent_is_refused_naming_its_settings(runs,
     assert "position_embedding_type" not in capsys.readouterr().err
 
 
+def test_missing_or_weighted_datasets_are_refused(runs, tmp_path, capsys):
+    assert eval_main([str(runs["mixtral"]), "--data-path", str(tmp_path / "nothing")]) == 2
+    _one_error_line(capsys, "dmoe-eval", "--data-path", str(tmp_path / "nothing") + ".bin")
+    assert eval_main([str(runs["mixtral"]), "--data-path", "0.5", "a", "0.5", "b"]) == 2
+    _one_error_line(capsys, "dmoe-eval", "without weights")
+
+
 def test_a_prompt_longer_than_the_context_is_refused(runs, capsys):
     assert generate_main([str(runs["mixtral"]), "--device", "cpu", "--prompt", "word " * 200]) == 2
     _one_error_line(capsys, "dmoe-generate", "more than the model's context of 64")
