@@ -78,7 +78,10 @@ def inference_config(cfg: RunConfig, device: str, expert_parallel: int = 1) -> R
     out.parallel.pipeline_model_parallel_size = 1
     out.parallel.sequence_parallel = False
     out.parallel.expert_model_parallel_size = expert_parallel
+    out.training.use_distributed_optimizer = False  # no optimizer here
     if out.training.device == "cpu":
+        if out.moe.ep_exchange == "symmetric":
+            out.moe.ep_exchange = "auto"
         out.model.transformer_impl = "local"
         if out.moe.backend == "sparse":
             out.moe.backend = "auto"  # the reference experts: the same weights and results
@@ -90,9 +93,15 @@ def _world_size() -> int:
 
 
 def check_inference_config(cfg: RunConfig) -> None:
-    """validate() for this process group's size; problems become one UsageError."""
+    """validate() for this process group's size; problems become one UsageError.
+
+    bf16/fp16 are checked as fp32: validation refuses them on a CPU for the sake of training's
+    mixed-precision optimizer, which inference does not build; the model itself runs in them."""
+    probe = copy.deepcopy(cfg)
+    probe.training.bf16 = probe.training.fp16 = False
+    probe.training.loss_scale = None
     try:
-        validate(cfg, world_size=_world_size())
+        validate(probe, world_size=_world_size())
     except ConfigError as err:
         raise UsageError(f"the run's config cannot be used here: {err}") from None
 

@@ -67,3 +67,35 @@ def test_checkpoint_saved_at_expert_parallel_2_exports_as_one_saved_at_1(exporte
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=2e-6, msg=key)
     config = [json.loads((exported[n] / "config.json").read_text()) for n in ("mixtral", "mixtral_ep2")]
     assert config[0] == config[1]
+
+
+@pytest.mark.parametrize("variant, overrides, tolerance", [
+    # tied output layer; softmax over the chosen logits (the same weights as renormalising)
+    ("tied", ["model.untie_embeddings_and_output_weights=false", "moe.router_pre_softmax=false",
+              "moe.router_renormalize=false"], 1e-4),
+    # bf16 as the zoo trains (validation refuses bf16 on a CPU for training only); the two
+    # implementations round differently in bf16, which can flip a near-tied expert choice: compared
+    # on average
+    ("bf16", ["training.bf16=true", "model.vocab_size=4000"], 2e-2),
+])
+def test_other_mixtral_settings_export_too(variant, overrides, tolerance, corpus_cache, runs, tmp_path):
+    from inference_runs import COMMON, MIXTRAL, make_untrained_run
+    from megatron_dmoe.export.cli import export_main
+
+    make_untrained_run(tmp_path / "run", COMMON + MIXTRAL + [f"data.cache_dir={corpus_cache}"] + overrides)
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["torch_dtype"] == ("bfloat16" if variant == "bf16" else "float32")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    run = load_run(tmp_path / "run", device="cpu")
+    try:
+        tokens = torch.randint(0, 4000, (1, 32), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            ours = run.model(tokens, torch.arange(32)[None], None).float()
+            theirs = hf(tokens).logits.float()
+        if variant == "bf16":
+            assert (ours - theirs).abs().mean() <= tolerance * ours.abs().mean()
+        else:
+            assert (ours - theirs).abs().max() <= tolerance * ours.abs().max()
+    finally:
+        destroy_distributed()
