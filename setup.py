@@ -42,12 +42,17 @@ setup(
     extras_require={
         # data.tokenizer_type GPT2BPETokenizer / HuggingFaceTokenizer go through transformers
         "tokenizers": ["transformers>=4.40"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=4.40"],
+        # dmoe-export --format hf writes safetensors; training never needs it
+        "hf": ["safetensors>=0.4"],
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=5.0", "safetensors>=0.4"],
     },
     entry_points={
         "console_scripts": [
             "dmoe-train=megatron_dmoe.cli:main",
             "dmoe-sweep=megatron_dmoe.cli:sweep_main",
+            "dmoe-eval=megatron_dmoe.inference.eval_cli:main",
+            "dmoe-generate=megatron_dmoe.inference.generate_cli:main",
+            "dmoe-export=megatron_dmoe.export.cli:main",
         ],
     },
 )

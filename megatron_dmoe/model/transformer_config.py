@@ -57,6 +57,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         num_attention_heads=m.num_attention_heads,
         num_query_groups=m.num_query_groups,
         ffn_hidden_size=m.ffn_hidden_size,
+        add_bias_linear=m.add_bias_linear,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,

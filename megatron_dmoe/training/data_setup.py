@@ -42,3 +42,20 @@ def prepare_run_data(cfg: RunConfig, env: DistEnv) -> RunData:
         dist.barrier()
     vocab_size = cfg.model.vocab_size or tokenizer.vocab_size
     return RunData(tokenizer=tokenizer, vocab_size=vocab_size, train=train, valid=valid)
+
+
+def run_loader(cfg: RunConfig, dataset, consumed_samples: int = 0):
+    """The micro-batch loader training reads `dataset` with (this rank's share, the run's seed)."""
+    from megatron.core import parallel_state as ps
+
+    from megatron_dmoe.data import build_loader
+
+    return build_loader(
+        dataset,
+        micro_batch_size=cfg.training.micro_batch_size,
+        consumed_samples=consumed_samples,
+        dp_rank=ps.get_data_parallel_rank(),
+        dp_size=ps.get_data_parallel_world_size(),
+        num_workers=cfg.data.num_workers,
+        seed=cfg.training.seed,
+    )

@@ -1,0 +1,72 @@
+"""Write a loaded run as a transformers model directory: config.json, model.safetensors,
+generation_config.json and the tokenizer files (see compat.py for which models have an equivalent)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from megatron_dmoe.export.compat import GPT2, hf_architecture
+from megatron_dmoe.export.gpt2 import gpt2_config, gpt2_weights
+from megatron_dmoe.export.mixtral import mixtral_config, mixtral_weights
+from megatron_dmoe.export.tokenizer_files import check_exportable_tokenizer, write_tokenizer_files
+from megatron_dmoe.export.weights import model_state
+from megatron_dmoe.inference.errors import UsageError
+from megatron_dmoe.inference.run_model import LoadedRun, unwrapped
+
+_DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+
+
+def check_hf_export(run: LoadedRun) -> str:
+    """The architecture, after every check that needs no writing; raises UsageError."""
+    arch = hf_architecture(run.cfg)
+    check_exportable_tokenizer(run.tokenizer)
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise UsageError("exporting needs the safetensors package: python -m pip install safetensors") from None
+    return arch
+
+
+def export_hf(run: LoadedRun, out: Path) -> Path:
+    """Write `run`'s model into the directory `out` (created; must not hold files yet)."""
+    from safetensors.torch import save_file
+
+    arch = check_hf_export(run)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out} exists and is not an empty directory; choose a new output directory")
+    model = unwrapped(run.model)
+    tc = model.config
+    state = model_state(model)
+    vocab = state["embedding.word_embeddings.weight"].shape[0]  # padded, as the logits
+    tok = run.tokenizer
+    if arch == GPT2:
+        config = gpt2_config(run.cfg, tc, vocab, tok.eod)
+        tensors = gpt2_weights(state, run.cfg)
+    else:
+        config = mixtral_config(run.cfg, tc, vocab, tok.eod, _bos(tok))
+        tensors = mixtral_weights(state, run.cfg, tc.kv_channels)
+    dtype = _DTYPES[str(state["embedding.word_embeddings.weight"].dtype)]
+    config["torch_dtype"] = dtype
+    staging = out.with_name(out.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    # safetensors stores each tensor's own bytes: no views into larger tensors, no shared storage
+    save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(staging / "model.safetensors"),
+              metadata={"format": "pt"})
+    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": tok.eod}
+    (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    write_tokenizer_files(tok, staging, run.cfg.model.max_position_embeddings)
+    if out.exists():
+        out.rmdir()
+    staging.rename(out)
+    return out
+
+
+def _bos(tokenizer) -> int:
+    try:
+        return tokenizer.bos
+    except NotImplementedError:
+        return tokenizer.eod
