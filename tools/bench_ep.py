@@ -43,6 +43,8 @@ EXCHANGE_COLUMNS = [
     ("raw_all_to_all_ms", "raw 2x a2a ms", "{:.3f}"),
     ("raw_busbw_gbs", "raw busbw GB/s", "{:.1f}"),
     ("efficiency", "disp/raw", "{:.1%}"),
+    ("graph_ms", "as a CUDA graph ms", "{:.3f}"),
+    ("graph_efficiency", "graph/raw", "{:.1%}"),
 ]
 LAYER_COLUMNS = [
     ("ep", "EP", "{:d}"),
@@ -147,6 +149,21 @@ def _timed(fn, args, device) -> float:
     return seconds.item()
 
 
+def _graph_timed(fn, args, device) -> float:
+    """Seconds per replay of fn captured as one CUDA graph (after _timed has warmed it up), the largest
+    over all ranks: the call without the host's share."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return _timed(graph.replay, args, device)
+    finally:
+        del graph
+
+
 def _profile(fn, args, device, name: str) -> Optional[dict]:
     """Profile --iters calls of fn on every rank, report rank 0's: where a call's time goes."""
     import torch
@@ -216,6 +233,9 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> d
         return dispatcher.combine(x_local, state)
 
     seconds = _timed(dispatch_combine, args, device)
+    # nothing read on the host: the symmetric exchange captures as a graph
+    graph_seconds = _graph_timed(dispatch_combine, args, device) if exchange == "symmetric" and device.type == "cuda" \
+        else None
     profile = (_profile(dispatch_combine, args, device, f"exchange_ep{ep}_{exchange}_{mib:g}MiB")
                if args.profile else None)
     rows = tokens * copies  # every assignment leaves once, comes back once
@@ -246,6 +266,8 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> d
         "raw_bytes_per_rank": raw_bytes,
         "raw_busbw_gbs": raw_busbw,
         "efficiency": busbw / raw_busbw,
+        "graph_ms": None if graph_seconds is None else 1e3 * graph_seconds,
+        "graph_efficiency": None if graph_seconds is None else raw_seconds / graph_seconds,
         "profile": profile,
     }
 
@@ -278,14 +300,8 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
     seconds = _timed(step, args, device)
     profile = _profile(step, args, device, f"layer_ep{ep}_{exchange if ep > 1 else 'local'}") if args.profile else None
     graph_ms = None
-    if device.type == "cuda" and (ep == 1 or exchange == "symmetric"):
-        # the same step captured as one CUDA graph (nothing read on the host): the host's share gone
-        torch.cuda.synchronize(device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        graph_ms = 1e3 * _timed(graph.replay, args, device)
-        del graph
+    if device.type == "cuda" and (ep == 1 or exchange == "symmetric"):  # nothing read on the host
+        graph_ms = 1e3 * _graph_timed(step, args, device)
     return {
         "ep": ep,
         "exchange": exchange if ep > 1 else "-",
