@@ -230,6 +230,7 @@ def sweep_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.sweep.commands import run_sweep, summarize
     from megatron_dmoe.sweep.slurm import SubmitError
 
+    _show_user_warnings_plainly("dmoe-sweep")
     parser = _sweep_parser()
     ns = parser.parse_args(argv)
     if (ns.sweep is None) == (ns.summary is None):

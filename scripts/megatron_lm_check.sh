@@ -60,8 +60,10 @@ rm -rf "$work/stage" && mkdir -p "$work/stage/megatron" "$work/site"
 for tree in training legacy post_training rl; do
     ln -s "$mlm/megatron/$tree" "$work/stage/megatron/$tree"
 done
+# copies, not links: Python puts the script's resolved folder first on sys.path, and the checkout's
+# own megatron/core must not shadow the installed megatron-core
 for file in pretrain_gpt.py gpt_builders.py model_provider.py; do
-    ln -s "$mlm/$file" "$work/stage/$file"
+    cp "$mlm/$file" "$work/stage/$file"
 done
 ln -sfn "$repo/kernels" "$work/stage/dmoe_kernels"
 ln -sfn "$repo/configs" "$work/stage/megatron_dmoe_configs"

@@ -181,14 +181,22 @@ def _save_to_megatron_tracker(layer_number, num_layers, lb_loss, lb_coeff, z_los
     # megatron's router saves loss / coefficient; values add up over micro-batches and
     # Megatron-LM scales them by 1 / num_microbatches when it logs
     if lb_loss is not None and lb_coeff > 0:
-        save_to_aux_losses_tracker(TRACKER_LB_LOSS, lb_loss / lb_coeff, layer_number, num_layers)
+        _save(TRACKER_LB_LOSS, lb_loss / lb_coeff, layer_number, num_layers)
     if z_loss is not None and z_coeff > 0:
-        save_to_aux_losses_tracker(TRACKER_Z_LOSS, z_loss / z_coeff, layer_number, num_layers)
+        _save(TRACKER_Z_LOSS, z_loss / z_coeff, layer_number, num_layers)
     if tokens_per_expert is not None:
         load = tokens_per_expert.detach().float()
         mean = load.mean()
         imbalance = torch.where(mean > 0, load.max() / mean.clamp(min=1e-12), torch.zeros_like(mean))
-        save_to_aux_losses_tracker(TRACKER_LOAD_IMBALANCE, imbalance, layer_number, num_layers)
+        _save(TRACKER_LOAD_IMBALANCE, imbalance, layer_number, num_layers)
+
+
+def _save(name: str, value: torch.Tensor, layer_number: int, num_layers: int) -> None:
+    entry = get_moe_layer_wise_logging_tracker().get(name)
+    if entry is not None and (entry["values"].numel() != num_layers or entry["values"].device != value.device):
+        # left by a model of another depth (or device) in this process: megatron would index past it
+        del get_moe_layer_wise_logging_tracker()[name]
+    save_to_aux_losses_tracker(name, value, layer_number, num_layers)
 
 
 def _megatron_tracker_values():

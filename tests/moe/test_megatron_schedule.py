@@ -10,7 +10,8 @@ import torch
 from megatron.core.enums import ModelType
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
+from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker,
+                                                     save_to_aux_losses_tracker)
 
 from megatron_dmoe.moe import MoELayer, get_moe_metrics, load_balancing_loss, z_loss
 from megatron_dmoe.moe.aux_loss import AuxLossScaler
@@ -106,6 +107,8 @@ def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_d
         return out, lambda output: (_main_loss(output, target), {"loss": _main_loss(output, target).detach()})
 
     clear_aux_losses_tracker()
+    # an entry an earlier one-layer model left in this process's tracker
+    save_to_aux_losses_tracker("load_balancing_loss", torch.tensor(0.5), 1, 1)
     get_moe_metrics().reset()
     AuxLossScaler.set_loss_scale(1.0)
     try:

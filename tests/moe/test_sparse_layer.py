@@ -142,7 +142,7 @@ def test_backend_choice_and_errors():
         resolve_backend("sparse", cpu, torch.float32, 16, 24)
     assert [block_size_for(f, 128) for f in (384, 192, 96, 48, 24)] == [128, 64, 32, 16, None]
     assert block_size_for(384, 64) == 64
-    with pytest.raises(ValueError, match="'block_size'=128 with ffn_hidden_size=48"):
+    with pytest.raises(ValueError, match=r"MoE option 'ffn_hidden_size'=48: 48 is not a multiple of block_size \(128\)"):
         MoELayer(make_config(HIDDEN, 48, 4, 2), backend="sparse")
 
 
