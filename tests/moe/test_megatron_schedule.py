@@ -93,7 +93,20 @@ def _expected_router_grad(layer, xs, targets):
         layer.zero_grad()
 
 
-def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_dist):
+@pytest.fixture
+def fresh_megatron_scale():
+    """megatron-core keeps its aux-loss scale on a class; an earlier test's backward may have left a
+    0-dim one there, which its schedule's [1]-shaped scale cannot be copied into. Start as a fresh
+    process does (no scale yet) and put the old one back afterwards."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    saved = MoEAuxLossAutoScaler.main_loss_backward_scale
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None
+    yield
+    MoEAuxLossAutoScaler.main_loss_backward_scale = saved
+
+
+def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_dist, fresh_megatron_scale):
     config = make_config(HIDDEN, 12, 4, 2, moe_aux_loss_coeff=AUX, moe_z_loss_coeff=ZLOSS)
     config.num_layers = 3  # the layer is number 2 of 3: megatron's tracker is indexed by global layer
     config.grad_scale_func = lambda loss: loss * FP16_LOSS_SCALE
