@@ -8,7 +8,6 @@ import shutil
 import pytest
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-from megatron_dmoe.training.checkpoint import _write_failure
 from train_helpers import small_args, snapshot
 
 FAILURES = {
@@ -53,6 +52,8 @@ def test_a_failed_save_keeps_the_last_checkpoint_and_says_why(cli_run, tmp_path,
 
 
 def test_permission_and_other_errors_are_told_apart():
+    from megatron_dmoe.training.checkpoint import _write_failure
+
     assert "no permission" in _write_failure(PermissionError(errno.EACCES, "Permission denied"))
     assert "no permission" in _write_failure(OSError(errno.EROFS, "Read-only file system"))
     wrapped = RuntimeError("Worker failure")
