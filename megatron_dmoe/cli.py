@@ -115,15 +115,8 @@ def _check_run_dir(ns, cfg) -> Optional[str]:
     return mismatch_message(run_dir, mismatches) if mismatches else None
 
 
-def train_main(argv: Optional[List[str]] = None) -> int:
-    _quiet_optional_accelerator_warnings()
-    from megatron_dmoe.config import ConfigError, load_config, resolve, validate
-    from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
-    from megatron_dmoe.config.environment import cuda_available
-    from megatron_dmoe.data import DataError
-    from megatron_dmoe.training.checkpoint import CheckpointError
-    from megatron_dmoe.training.run_dir import CONFIG_FILE
-
+def parse_train_args(argv: Optional[List[str]]):
+    """dmoe-train's command line -> (namespace, config name or None, overrides); exits on misuse."""
     parser = _train_parser()
     # intermixed: overrides may also follow the flags (`--run-dir R --resume key=value`)
     ns = parser.parse_intermixed_args(argv)
@@ -134,6 +127,19 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         parser.error("--overwrite needs --run-dir, the directory whose previous run it replaces")
     if ns.resume and ns.overwrite:
         parser.error("--resume continues the run in --run-dir and --overwrite replaces it: pass one")
+    return ns, config_name, overrides
+
+
+def train_main(argv: Optional[List[str]] = None) -> int:
+    _quiet_optional_accelerator_warnings()
+    from megatron_dmoe.config import ConfigError, load_config, resolve, validate
+    from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
+    from megatron_dmoe.config.environment import cuda_available
+    from megatron_dmoe.data import DataError
+    from megatron_dmoe.training.checkpoint import CheckpointError
+    from megatron_dmoe.training.run_dir import CONFIG_FILE
+
+    ns, config_name, overrides = parse_train_args(argv)
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
         config_name = str(ns.run_dir / CONFIG_FILE)
     # Everything below up to train() only reads: a refused run leaves the run directory as it was.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_dmoe.cli import _split_args, _train_parser
+from megatron_dmoe.cli import parse_train_args
 from megatron_dmoe.config import Environment, load_config, resolve, validate
 from train_helpers import small_args
 
@@ -91,8 +91,7 @@ def test_runs_on_this_cpu(cli_run, tmp_path, corpus_cache, command):
 
 @pytest.mark.parametrize("command", sorted(GPU_EXAMPLES))
 def test_gpu_examples_are_valid_for_gpus(command):
-    ns = _train_parser().parse_intermixed_args(_dmoe_args(command))
-    config, overrides = _split_args(ns.args)
+    ns, config, overrides = parse_train_args(_dmoe_args(command))
     if config is None:
         assert ns.resume, "without a CONFIG only a resume has a config (the run directory's)"
         config = "zoo/dmoe_small"  # the run this example continues
