@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from megatron_dmoe.cli import parse_train_args
 from megatron_dmoe.config import Environment, load_config, resolve, validate
 from train_helpers import small_args
 
@@ -91,6 +90,8 @@ def test_runs_on_this_cpu(cli_run, tmp_path, corpus_cache, command):
 
 @pytest.mark.parametrize("command", sorted(GPU_EXAMPLES))
 def test_gpu_examples_are_valid_for_gpus(command):
+    from megatron_dmoe.cli import parse_train_args
+
     ns, config, overrides = parse_train_args(_dmoe_args(command))
     if config is None:
         assert ns.resume, "without a CONFIG only a resume has a config (the run directory's)"
