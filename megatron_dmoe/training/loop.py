@@ -121,8 +121,9 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     if progress.iteration:
         logger.message(f"resumed from {checkpoint_dir(ckpt_root, progress.iteration)}")
     first_step = progress.iteration + 1  # logged whatever the interval: a sign of life in seconds
+    every = cfg.logging.log_interval
     logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, "
-                   f"logging step {first_step} and every {cfg.logging.log_interval}th")
+                   f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
     watcher = PreemptionWatcher(env.device)
     result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
     moe_metrics = get_moe_metrics()

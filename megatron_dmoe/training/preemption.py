@@ -3,6 +3,7 @@ then exit cleanly'. A second Ctrl-C aborts at once, without saving."""
 from __future__ import annotations
 
 import signal
+import time
 from typing import Optional
 
 import torch
@@ -16,9 +17,13 @@ NAMES = {1: "SIGTERM", 2: "SIGINT"}
 class PreemptionWatcher:
     """Records stop signals; `should_stop()` agrees across ranks so every rank saves at the same step."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, repeat_after: float = 1.0):
         self.device = device
         self.code = 0
+        # One Ctrl-C can arrive twice within milliseconds: from the terminal, and forwarded by
+        # torchrun to its workers. Only a SIGINT this many seconds after the first one aborts.
+        self.repeat_after = repeat_after
+        self._first_interrupt: Optional[float] = None
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
 
     @property
@@ -26,8 +31,12 @@ class PreemptionWatcher:
         return self.code > 0
 
     def _on_signal(self, signum, frame):
-        if signum == signal.SIGINT and self.received:
-            raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the save
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._first_interrupt is None:
+                self._first_interrupt = now
+            elif now - self._first_interrupt >= self.repeat_after:
+                raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the save
         self.code = max(self.code, STOP_SIGNALS[signum])
 
     def should_stop(self) -> Optional[str]:

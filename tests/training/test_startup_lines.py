@@ -14,7 +14,7 @@ def test_first_lines_and_a_first_step_line(cli_run, tmp_path, corpus_cache):
     assert lines[2].startswith("data: built-in corpus") and "sequences of 64 tokens" in lines[2]
     # 2 layers x 64, 4 experts of 64 -> 128 -> 64 (GELU) with top-2: half the expert weights active
     assert lines[3].startswith("model: ") and "parameters" in lines[3] and "active per token" in lines[3]
-    assert lines[4] == "training: steps 1 to 2, 512 tokens per step, logging step 1 and every 100th"
+    assert lines[4] == "training: steps 1 to 2, 512 tokens per step, a log line after step 1, then every 100 steps"
     assert lines[5].startswith("step 1/2 | loss ")
     assert "(max of 2 layers)" in lines[5]
     assert set(snapshot(run)) >= {"config.yaml", "metrics.jsonl", "checkpoints/latest"}
