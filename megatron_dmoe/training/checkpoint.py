@@ -11,14 +11,12 @@ for space or permissions removes its staging directory and says so in one line (
 """
 from __future__ import annotations
 
-import errno
 import os
 import random
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -30,6 +28,7 @@ from megatron.core.tensor_parallel import get_cuda_rng_tracker
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_dmoe.training.checkpoint_writer import InProcessSaveStrategy
+from megatron_dmoe.training.write_errors import causes, free_space, write_failure
 
 LATEST = "latest"
 
@@ -136,7 +135,7 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
             marker_tmp.write_text(str(progress.iteration))
             os.replace(marker_tmp, root / LATEST)
     except BaseException as err:  # torch's CheckpointException is a BaseException
-        reason = _write_failure(err)
+        reason = write_failure(err)
         if reason is None:
             raise
         if dist.get_rank() == 0:
@@ -146,71 +145,12 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
         kept_text = f"{checkpoint_dir(root, kept)} stays latest" if kept is not None else "there is no earlier checkpoint"
         raise CheckpointError(
             f"cannot save the checkpoint of step {progress.iteration} to {staging}: {reason} "
-            f"({_free_space(root)} free there); {kept_text}; make room (or fix the permissions) and "
+            f"({free_space(root)} free there); {kept_text}; make room (or fix the permissions) and "
             "continue with --resume") from err
     if dist.get_rank() == 0:
         _prune(root, keep_last, keep=progress.iteration)
     dist.barrier()
     return final
-
-
-# errno values of a write refused for space or for permissions
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
-# torch's zip writer reports a short write (a full disk) only as text, e.g.
-# "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
-_SHORT_WRITE = ("inline_container", "unexpected pos", "file write failed")
-
-
-def _causes(err: BaseException) -> Iterator[BaseException]:
-    """The error, its causes and contexts, and the per-rank failures torch's CheckpointException
-    collects (as exceptions or (exception, traceback) pairs)."""
-    seen, todo = set(), [err]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__]
-        for failure in (getattr(e, "failures", None) or {}).values():
-            todo.append(failure[0] if isinstance(failure, tuple) else failure)
-
-
-def _errno(e: BaseException) -> Optional[int]:
-    if isinstance(e, OSError) and e.errno is not None:
-        return e.errno
-    # Worker errors reach this rank pickled into text, e.g. "Worker failure: [Errno 28] No space ..."
-    match = re.search(r"\[Errno (\d+)\]", str(e))
-    return int(match.group(1)) if match else None
-
-
-def _write_failure(err: BaseException) -> Optional[str]:
-    """What went wrong when a save failed for space or permissions; None for anything else."""
-    for e in _causes(err):
-        code = _errno(e)
-        if code in _NO_SPACE:
-            return "no space left on the device"
-        if code in _NO_PERMISSION:
-            return f"no permission to write ({os.strerror(code)})"
-    for e in _causes(err):
-        if any(t in str(e) for t in _SHORT_WRITE):
-            return "a file could not be written in full, as on a full device"
-    return None
-
-
-def _free_space(path: Path) -> str:
-    path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        free = shutil.disk_usage(path).free
-    except OSError:
-        return "unknown space"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if free >= size:
-            return f"{free / size:.1f} {unit}"
-    return f"{free} bytes"
 
 
 def _prune(root: Path, keep_last: int, keep: int) -> None:
@@ -236,7 +176,7 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
         loaded = dist_checkpointing.load(template, str(path))
     except (CheckpointingException, CheckpointException) as err:
         # torch's CheckpointException wraps megatron's, whose first line says what differs
-        cause = next((e for e in _causes(err) if isinstance(e, CheckpointingException)), err)
+        cause = next((e for e in causes(err) if isinstance(e, CheckpointingException)), err)
         first_line = (str(cause).strip() or type(cause).__name__).splitlines()[0]
         raise CheckpointError(f"cannot load {path} into this model: {first_line}; resume with the "
                               "configuration the run was saved with (its config.yaml)") from err

@@ -52,11 +52,11 @@ def test_a_failed_save_keeps_the_last_checkpoint_and_says_why(cli_run, tmp_path,
 
 
 def test_permission_and_other_errors_are_told_apart():
-    from megatron_dmoe.training.checkpoint import _write_failure
+    from megatron_dmoe.training.write_errors import write_failure
 
-    assert "no permission" in _write_failure(PermissionError(errno.EACCES, "Permission denied"))
-    assert "no permission" in _write_failure(OSError(errno.EROFS, "Read-only file system"))
+    assert "no permission" in write_failure(PermissionError(errno.EACCES, "Permission denied"))
+    assert "no permission" in write_failure(OSError(errno.EROFS, "Read-only file system"))
     wrapped = RuntimeError("Worker failure")
     wrapped.__cause__ = OSError(errno.EDQUOT, "Disk quota exceeded")
-    assert "no space" in _write_failure(wrapped)
-    assert _write_failure(ValueError("a bug")) is None
+    assert "no space" in write_failure(wrapped)
+    assert write_failure(ValueError("a bug")) is None
