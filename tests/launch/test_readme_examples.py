@@ -1,8 +1,9 @@
-"""Every dmoe-train example of README.md runs as written on the machine it names.
+"""Every dmoe-train and dmoe-sweep example of README.md runs as written on the machine it names.
 
 The CPU examples train here, shortened (later overrides win); the GPU examples are parsed and
 their configs validated for GPUs, and zoo/dmoe_xs also starts on this CPU (fp32, with a notice).
-A new example must be added to one of the lists below, so none goes untested.
+Sweep dry runs run as written. A new example must be added to one of the lists below, so none
+goes untested.
 """
 import re
 import shlex
@@ -37,17 +38,30 @@ NOT_RUNNABLE = {
 }
 
 
-def readme_commands():
-    """The dmoe-train / `-m megatron_dmoe` commands of README.md, in code blocks and inline code."""
+SWEEP_DRY_RUNS = {"dmoe-sweep configs/sweeps/tiny_topk_lr.yaml --dry-run"}
+# what tests/launch/test_sweep_local.py and test_sweep_cli.py check on sweeps of their own
+SWEEP_TESTED_ELSEWHERE = {
+    "dmoe-sweep configs/sweeps/tiny_topk_lr.yaml",
+    "dmoe-sweep configs/sweeps/xs_dmoe_vs_capacity.yaml --slurm",
+    "dmoe-sweep --summary runs/tiny_topk_lr --plot loss.png",
+}
+REPO = README.parent
+
+
+def readme_commands(programs=("dmoe-train",)):
+    """The commands of README.md that start with one of ``programs`` (dmoe-train also as
+    `-m megatron_dmoe`), in code blocks and inline code."""
     text = README.read_text()
     pieces = []
     for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
-        pieces += [line.split("  #")[0] for line in block.splitlines()]
-    pieces += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+        pieces += [re.split(r"\s+#\s", line)[0] for line in block.splitlines()]
+    # inline code with arguments (a bare `dmoe-sweep` in the text names the program)
+    pieces += [p for p in re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S)) if " " in p]
     commands = set()
     for piece in pieces:
         piece = piece.split("&&")[-1].strip()
-        if piece.startswith("dmoe-train") or re.search(r"-m megatron_dmoe\b", piece):
+        if piece.startswith(programs) or ("dmoe-train" in programs
+                                          and re.search(r"-m megatron_dmoe\b", piece)):
             commands.add(piece)
     return commands
 
@@ -59,6 +73,16 @@ def _dmoe_args(command):
 
 def test_every_example_is_classified():
     assert readme_commands() == CPU_EXAMPLES | set(GPU_EXAMPLES) | NOT_RUNNABLE
+    assert readme_commands(("dmoe-sweep",)) == SWEEP_DRY_RUNS | SWEEP_TESTED_ELSEWHERE
+
+
+@pytest.mark.parametrize("command", sorted(SWEEP_DRY_RUNS))
+def test_sweep_dry_runs_run_as_written(command, monkeypatch, capsys):
+    from megatron_dmoe.cli import sweep_main
+
+    monkeypatch.chdir(REPO)  # the README's paths are relative to the repository
+    assert sweep_main(shlex.split(command)[1:]) == 0, capsys.readouterr().err
+    assert "top_k=" in capsys.readouterr().out
 
 
 def _without_run_dir(args):
