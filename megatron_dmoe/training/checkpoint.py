@@ -5,7 +5,8 @@ Layout under the checkpoint root:
     latest            the iteration of the newest COMPLETE checkpoint (written last, atomically)
 A checkpoint is written to `iter_N.tmp`, renamed once every rank has finished, and only then named
 in `latest`; an interrupted save therefore never becomes the checkpoint a resume loads. Older
-checkpoints beyond `keep_last` are deleted after the new one is in place. A save that fails
+checkpoints beyond `keep_last` are deleted after the new one is in place, and the staging
+directories of killed saves when the next save starts. A save that fails
 for space or permissions removes its staging directory and says so in one line (CheckpointError);
 `latest` keeps naming the last complete checkpoint.
 """
@@ -121,7 +122,8 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
     try:
         if dist.get_rank() == 0:
             root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(staging, ignore_errors=True)
+            for stale in root.glob("iter_*.tmp"):  # left by a save that was killed
+                shutil.rmtree(stale, ignore_errors=True)
             staging.mkdir()
         dist.barrier()
         state = _state_dict(model_chunks, optimizer, scheduler, progress, _rng_state(), is_loading=False)

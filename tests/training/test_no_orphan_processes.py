@@ -25,7 +25,7 @@ def _alive(processes):
     return alive
 
 
-def test_kill_9_during_a_save_leaves_no_process_behind(tmp_path, corpus_cache):
+def test_kill_9_during_a_save_leaves_no_process_behind(cli_run, tmp_path, corpus_cache):
     run = tmp_path / "run"
     proc = subprocess.Popen(train_command(run, *small_args(corpus_cache, 500, "checkpoint.save_interval=1")),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -53,3 +53,9 @@ def test_kill_9_during_a_save_leaves_no_process_behind(tmp_path, corpus_cache):
     finally:
         for p in _alive(seen | {trainer}):
             p.kill()
+    # nothing lost: the newest complete checkpoint is still `latest`, and the run resumes from it
+    latest = int((checkpoints / "latest").read_text())
+    resumed = cli_run(run, f"training.train_iters={latest + 1}", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {checkpoints / f'iter_{latest:07d}'}" in resumed.stdout
+    assert not list(checkpoints.glob("*.tmp"))  # the killed save's staging is cleared by the next save

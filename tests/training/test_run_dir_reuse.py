@@ -42,6 +42,7 @@ def test_resume_without_checkpoint_says_it_starts_a_new_run(cli_run, tmp_path, c
     run = tmp_path / "misspelled"
     if state == "empty":
         run.mkdir()
+    assert snapshot(run) == {}  # nothing there to lose
     result = cli_run(run, *small_args(corpus_cache, 1), "--resume")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"no checkpoint in {run / 'checkpoints'}: starting a new run at step 0" in result.stdout
