@@ -6,9 +6,9 @@ Layout under the checkpoint root:
 A checkpoint is written to `iter_N.tmp`, renamed once every rank has finished, and only then named
 in `latest`; an interrupted save therefore never becomes the checkpoint a resume loads. Older
 checkpoints beyond `keep_last` are deleted after the new one is in place, and the staging
-directories of killed saves when the next save starts. A save that fails
-for space or permissions removes its staging directory and says so in one line (CheckpointError);
-`latest` keeps naming the last complete checkpoint.
+directories of killed saves when the next save starts. A save that fails for space or permissions
+removes its staging directory and says so in one line (CheckpointError); `latest` keeps naming
+the last complete checkpoint.
 """
 from __future__ import annotations
 
