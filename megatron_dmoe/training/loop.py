@@ -77,7 +77,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         say(notice)
     say(f"run directory: {run_dir}")
     ckpt_root = checkpoint_root(run_dir)
-    latest = latest_iteration(ckpt_root) if resume else None  # a new run ignores (and --overwrite drops) old ones
+    latest = latest_iteration(ckpt_root) if resume else None  # a new run ignores old checkpoints
     if resume and latest is None:
         afresh = f" ({METRICS_FILE} starts afresh)" if METRICS_FILE in previous_run_files(run_dir) else ""
         say(f"no checkpoint in {ckpt_root}: starting a new run at step 0{afresh}")
