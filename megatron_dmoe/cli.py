@@ -44,7 +44,16 @@ def _train_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue from the newest checkpoint in --run-dir (same data order and RNG); without a "
-        "CONFIG the run directory's own config.yaml is used; with no checkpoint yet, start at step 0",
+        "CONFIG the run directory's own config.yaml is used; a config that differs in a key the "
+        "checkpoint depends on is refused before anything is written; with no checkpoint yet, a "
+        "new run starts at step 0 (and says so)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run in a --run-dir that holds a previous run's files (config.yaml, "
+        "metrics.jsonl, checkpoints/, ...): they are deleted once the new run is built. Without "
+        "--overwrite or --resume such a directory is refused",
     )
     return parser
 
@@ -53,7 +62,11 @@ def _split_args(args: List[str]):
     config = None
     overrides = []
     for i, arg in enumerate(args):
-        if "=" in arg:
+        # An existing file is the config even when its path holds '=' (dmoe-sweep's run
+        # directories are named top_k=1,lr=0.001,...).
+        if i == 0 and Path(os.path.expanduser(arg)).is_file():
+            config = arg
+        elif "=" in arg:
             overrides.append(arg)
         elif i == 0:
             config = arg
@@ -114,32 +127,75 @@ def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
     warnings.showwarning = show
 
 
+def _check_run_dir(ns, cfg) -> Optional[str]:
+    """Why the run directory cannot take this run (None when it can); reads, never writes."""
+    from megatron_dmoe.config import load_config, resolve
+    from megatron_dmoe.training.resume_check import mismatch_message, resume_mismatches
+    from megatron_dmoe.training.run_dir import CONFIG_FILE, has_checkpoints, previous_run_files
+
+    run_dir = ns.run_dir
+    if run_dir is None:
+        return None
+    if not ns.resume:
+        files = previous_run_files(run_dir)
+        if files and not ns.overwrite:
+            what = "checkpoints" if has_checkpoints(run_dir) else "a previous run's files"
+            return (f"{run_dir} already holds {what} ({', '.join(files)}); pass --resume to continue "
+                    "that run, --overwrite to replace it, or choose another --run-dir")
+        return None
+    saved_path = run_dir / CONFIG_FILE
+    if not has_checkpoints(run_dir) or not saved_path.is_file():
+        return None
+    saved = resolve(load_config(str(saved_path)))
+    mismatches = resume_mismatches(saved, cfg)
+    return mismatch_message(run_dir, mismatches) if mismatches else None
+
+
+def parse_train_args(argv: Optional[List[str]]):
+    """dmoe-train's command line -> (namespace, config name or None, overrides); exits on misuse."""
+    parser = _train_parser()
+    # intermixed: overrides may also follow the flags (`--run-dir R --resume key=value`); Megatron-LM's
+    # flags that name one of our keys become overrides
+    argv, megatron_overrides = _megatron_flags(parser, sys.argv[1:] if argv is None else list(argv))
+    ns = parser.parse_intermixed_args(argv)
+    config_name, overrides = _split_args(ns.args + megatron_overrides)
+    if ns.resume and ns.run_dir is None:
+        parser.error("--resume needs --run-dir, the directory of the run to continue")
+    if ns.overwrite and ns.run_dir is None:
+        parser.error("--overwrite needs --run-dir, the directory whose previous run it replaces")
+    if ns.resume and ns.overwrite:
+        parser.error("--resume continues the run in --run-dir and --overwrite replaces it: pass one")
+    return ns, config_name, overrides
+
+
 def train_main(argv: Optional[List[str]] = None) -> int:
     _quiet_optional_accelerator_warnings()
     _show_user_warnings_plainly()
     from megatron_dmoe.config import ConfigError, load_config, resolve, validate
+    from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
+    from megatron_dmoe.config.environment import cuda_available
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
-    from megatron_dmoe.training.run_dir import CONFIG_FILE, has_checkpoints
+    from megatron_dmoe.training.run_dir import CONFIG_FILE
 
-    parser = _train_parser()
-    argv, megatron_overrides = _megatron_flags(parser, sys.argv[1:] if argv is None else list(argv))
-    ns = parser.parse_args(argv)
-    config_name, overrides = _split_args(ns.args + megatron_overrides)
-    if ns.resume and ns.run_dir is None:
-        parser.error("--resume needs --run-dir, the directory of the run to continue")
+    ns, config_name, overrides = parse_train_args(argv)
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
         config_name = str(ns.run_dir / CONFIG_FILE)
+    # Everything below up to train() only reads: a refused run leaves the run directory as it was.
     try:
         cfg = resolve(load_config(config_name, overrides))
+        cfg, notices = cpu_precision_fallback(cfg, cuda_available())
         validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as err:
         return _fail(str(err))
-    if has_checkpoints(ns.run_dir) and not ns.resume:
-        return _fail(
-            f"{ns.run_dir} already holds checkpoints; pass --resume to continue that run, "
-            "or choose another --run-dir"
-        )
+    try:
+        problem = _check_run_dir(ns, cfg)
+    except ConfigError as err:
+        return _fail(f"cannot read the config.yaml of {ns.run_dir} to compare it: {err}")
+    except CheckpointError as err:
+        return _fail(str(err))
+    if problem:
+        return _fail(problem)
 
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
     from megatron_dmoe.training.loop import train
@@ -155,10 +211,15 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     failed = True
     try:
         run_dir = ns.run_dir or default_run_dir(config_name or "tiny")
-        result = train(cfg, env, run_dir, resume=ns.resume)
+        result = train(cfg, env, run_dir, resume=ns.resume, overwrite=ns.overwrite, notices=notices)
         failed = False
     except (DataError, CheckpointError) as err:
         return _fail(str(err))
+    except KeyboardInterrupt:
+        # The second Ctrl-C: stop at once; an unfinished save never becomes `latest`.
+        print("dmoe-train: interrupted without saving; the newest complete checkpoint (if any) is kept; "
+              "continue with --resume", file=sys.stderr)
+        return 130
     finally:
         # after a failure the other ranks may never arrive: abort instead of waiting for them
         destroy_distributed(abort=failed)
@@ -167,7 +228,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         if result.val_loss is not None:
             summary += f", validation loss {result.val_loss:.4f}"
         print(summary + ")")
-    return 0
+    return 130 if result.stop_signal == "SIGINT" else 0
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ Without CUDA, Triton kernels run through Triton's interpreter. Triton reads TRIT
 kernel is decorated, so it is set here, before any test module (or megatron-core) imports triton.
 """
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -35,3 +36,18 @@ def cpu_dist():
 def corpus_cache(tmp_path_factory):
     """One built-in corpus cache for every end-to-end run of the session."""
     return str(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture
+def cli_run(capsys):
+    """cli_run(run_dir, *args): dmoe-train in this process (no interpreter start-up per call);
+    returns returncode, stdout and stderr. run_dir None leaves --run-dir out."""
+    from megatron_dmoe.cli import train_main
+
+    def run(run_dir, *args):
+        argv = list(args) + (["--run-dir", str(run_dir)] if run_dir is not None else [])
+        code = train_main(argv)
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
+
+    return run

@@ -1,4 +1,5 @@
 """Helpers for tests that run `dmoe-train` end to end in a subprocess (imported via pytest.ini pythonpath)."""
+import hashlib
 import json
 import os
 import subprocess
@@ -42,3 +43,20 @@ def run_train(run_dir, *args, config=None, timeout=600):
 def losses(run_dir):
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return {rec["step"]: rec["loss"] for rec in map(json.loads, lines)}
+
+
+def snapshot(run_dir):
+    """{path relative to run_dir: sha256 of its content} for every file under run_dir ({} when
+    it does not exist): two snapshots are equal when nothing was added, removed or changed."""
+    root = Path(run_dir)
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def small_args(corpus_cache, train_iters, *extra):
+    """The SMALL overrides for a quick CPU run of `train_iters` steps, without evaluation or
+    warm-up (any number of steps is valid)."""
+    return SMALL + [f"training.train_iters={train_iters}", "training.lr_warmup_iters=0",
+                    "training.eval_interval=0", f"data.cache_dir={corpus_cache}", *extra]

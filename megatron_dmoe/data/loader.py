@@ -68,15 +68,17 @@ def _collate(samples: List[Dict]) -> Dict[str, torch.Tensor]:
 
 
 def _ignore_termination(worker_id: int) -> None:
-    """Workers leave SIGTERM to the training process: schedulers and torchrun signal the whole
-    process group on preemption, and a worker dying first would crash the run before it saves."""
+    """Workers leave SIGTERM and SIGINT to the training process: schedulers and torchrun signal the
+    whole process group on preemption, a terminal's Ctrl-C reaches the whole foreground group, and
+    a worker dying first would crash the run before it saves."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class MicroBatchLoader:
     """An endless iterator of micro-batches whose worker processes stop on `close()`.
 
-    Workers ignore SIGTERM (see `_ignore_termination`), so multiprocessing's exit handler, which
+    Workers ignore SIGTERM and SIGINT (see `_ignore_termination`), so multiprocessing's exit handler, which
     sends SIGTERM to daemonic children and then joins them, would wait on them forever if a loader
     were still open when the interpreter exits. `close()` shuts them down; so does a finalizer that
     runs when the loader is collected or, at the latest, at exit before multiprocessing's handler.

@@ -5,7 +5,10 @@ Layout under the checkpoint root:
     latest            the iteration of the newest COMPLETE checkpoint (written last, atomically)
 A checkpoint is written to `iter_N.tmp`, renamed once every rank has finished, and only then named
 in `latest`; an interrupted save therefore never becomes the checkpoint a resume loads. Older
-checkpoints beyond `keep_last` are deleted after the new one is in place.
+checkpoints beyond `keep_last` are deleted after the new one is in place, and the staging
+directories of killed saves when the next save starts. A save that fails for space or permissions
+removes its staging directory and says so in one line (CheckpointError); `latest` keeps naming
+the last complete checkpoint.
 """
 from __future__ import annotations
 
@@ -20,8 +23,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.core import CheckpointingException
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
+from torch.distributed.checkpoint.api import CheckpointException
+
+from megatron_dmoe.training.checkpoint_writer import InProcessSaveStrategy
+from megatron_dmoe.training.write_errors import causes, free_space, write_failure
 
 LATEST = "latest"
 
@@ -112,21 +120,37 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
     root = Path(root)
     final = checkpoint_dir(root, progress.iteration)
     staging = final.with_name(final.name + ".tmp")
+    try:
+        if dist.get_rank() == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob("iter_*.tmp"):  # left by a save that was killed
+                shutil.rmtree(stale, ignore_errors=True)
+            staging.mkdir()
+        dist.barrier()
+        state = _state_dict(model_chunks, optimizer, scheduler, progress, _rng_state(), is_loading=False)
+        dist_checkpointing.save(state, str(staging), sharded_strategy=InProcessSaveStrategy())
+        dist.barrier()
+        if dist.get_rank() == 0:
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
+            marker_tmp = root / (LATEST + ".tmp")
+            marker_tmp.write_text(str(progress.iteration))
+            os.replace(marker_tmp, root / LATEST)
+    except BaseException as err:  # torch's CheckpointException is a BaseException
+        reason = write_failure(err)
+        if reason is None:
+            raise
+        if dist.get_rank() == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # frees what the failed save took
+            (root / (LATEST + ".tmp")).unlink(missing_ok=True)
+        kept = latest_iteration(root) if root.is_dir() else None
+        kept_text = f"{checkpoint_dir(root, kept)} stays latest" if kept is not None else "there is no earlier checkpoint"
+        raise CheckpointError(
+            f"cannot save the checkpoint of step {progress.iteration} to {staging}: {reason} "
+            f"({free_space(root)} free there); {kept_text}; make room (or fix the permissions) and "
+            "continue with --resume") from err
     if dist.get_rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-    dist.barrier()
-    state = _state_dict(model_chunks, optimizer, scheduler, progress, _rng_state(), is_loading=False)
-    dist_checkpointing.save(state, str(staging))
-    dist.barrier()
-    if dist.get_rank() == 0:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-        marker_tmp = root / (LATEST + ".tmp")
-        marker_tmp.write_text(str(progress.iteration))
-        os.replace(marker_tmp, root / LATEST)
         _prune(root, keep_last, keep=progress.iteration)
     dist.barrier()
     return final
@@ -151,7 +175,14 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
     same_layout = saved.world_size == dist.get_world_size()
     rng_template = _rng_state() if (optimizer is not None and same_layout) else None
     template = _state_dict(model_chunks, optimizer, scheduler, saved, rng_template, is_loading=True)
-    loaded = dist_checkpointing.load(template, str(path))
+    try:
+        loaded = dist_checkpointing.load(template, str(path))
+    except (CheckpointingException, CheckpointException) as err:
+        # torch's CheckpointException wraps megatron's, whose first line says what differs
+        cause = next((e for e in causes(err) if isinstance(e, CheckpointingException)), err)
+        first_line = (str(cause).strip() or type(cause).__name__).splitlines()[0]
+        raise CheckpointError(f"cannot load {path} into this model: {first_line}; resume with the "
+                              "configuration the run was saved with (its config.yaml)") from err
     for i, chunk in enumerate(model_chunks):
         _unwrap(chunk).load_state_dict(loaded["model" if len(model_chunks) == 1 else f"model{i}"])
     if optimizer is not None:

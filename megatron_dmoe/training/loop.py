@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -23,10 +23,12 @@ from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_i
 from megatron_dmoe.training.data_setup import RunData, prepare_run_data
 from megatron_dmoe.training.flops import model_flops_per_token
 from megatron_dmoe.training.model_setup import wrap_for_training
-from megatron_dmoe.training.metrics import MetricsLogger, moe_log_values
+from megatron_dmoe.training.metrics import METRICS_FILE, MetricsLogger, moe_log_values
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.preemption import PreemptionWatcher
-from megatron_dmoe.training.run_dir import CONFIG_FILE, checkpoint_root, software_versions
+from megatron_dmoe.training.run_dir import (CONFIG_FILE, checkpoint_root, previous_run_files, remove_run_files,
+                                            software_versions)
+from megatron_dmoe.training.startup import describe_data, describe_device, describe_model
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
 from megatron_dmoe.training.time_limit import time_limit_reached
 
@@ -39,6 +41,7 @@ class TrainResult:
     val_loss: Optional[float] = None
     preempted: bool = False
     out_of_time: bool = False  # stopped by training.time_limit_minutes
+    stop_signal: Optional[str] = None  # SIGTERM or SIGINT when a signal stopped the run
 
 
 def _num_micro_batches(cfg: RunConfig) -> int:
@@ -58,30 +61,52 @@ def _loader(cfg: RunConfig, dataset, consumed_samples: int):
     )
 
 
-def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainResult:
-    """Run the whole training; `cfg` is resolved and validated, process groups are initialised."""
+def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: bool = False,
+          notices: Sequence[str] = ()) -> TrainResult:
+    """Run the whole training; `cfg` is resolved and validated, process groups are initialised.
+
+    Nothing in `run_dir` changes until the data, the model and (on resume) the checkpoint are
+    loaded: then `overwrite` deletes a previous run's files and the resolved config is written.
+    """
     run_dir = Path(run_dir)
     tr = cfg.training
+
+    def say(text: str) -> None:
+        if env.is_main:
+            print(text, flush=True)
+
+    for notice in notices:
+        say(notice)
+    say(f"run directory: {run_dir}")
+    ckpt_root = checkpoint_root(run_dir)
+    latest = latest_iteration(ckpt_root) if resume else None  # a new run ignores old checkpoints
+    if resume and latest is None:
+        afresh = f" ({METRICS_FILE} starts afresh)" if METRICS_FILE in previous_run_files(run_dir) else ""
+        say(f"no checkpoint in {ckpt_root}: starting a new run at step 0{afresh}")
+    say(f"device: {describe_device(cfg, env)}")
     data: RunData = prepare_run_data(cfg, env)  # raises DataError before anything is built
-    if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / CONFIG_FILE, versions=software_versions())
-    dist.barrier()
+    say(f"data: {describe_data(cfg, data)}")
 
     seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
     model = build_gpt_model(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda)
+    say(f"model: {describe_model(model, cfg, env.device)}")
     model = wrap_for_training(model, tr.use_distributed_optimizer)
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
     scheduler = build_scheduler(cfg, optimizer)
 
     progress = Progress(world_size=env.world_size)
-    ckpt_root = checkpoint_root(run_dir)
-    latest = latest_iteration(ckpt_root)
     if resume and latest is not None:
         progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), [model], optimizer, scheduler)
         progress.world_size = env.world_size
     elif cfg.checkpoint.load:
         load_checkpoint(Path(cfg.checkpoint.load), [model])
+    dist.barrier()  # every rank has loaded before the run directory changes
+    if env.is_main:
+        if overwrite:
+            remove_run_files(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / CONFIG_FILE, versions=software_versions())
+    dist.barrier()
 
     num_micro = _num_micro_batches(cfg)
     train_data = _loader(cfg, data.train, progress.consumed_samples)
@@ -97,6 +122,10 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
     )
     if progress.iteration:
         logger.message(f"resumed from {checkpoint_dir(ckpt_root, progress.iteration)}")
+    first_step = progress.iteration + 1  # logged whatever the interval: a sign of life in seconds
+    every = cfg.logging.log_interval
+    logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, "
+                   f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
     watcher = PreemptionWatcher(env.device)
     result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
     moe_metrics = get_moe_metrics()
@@ -125,13 +154,15 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
             window_steps += 1
             window_loss += loss
             step = progress.iteration
-            log_due = step % cfg.logging.log_interval == 0 or step == tr.train_iters
+            # the first step logs too: a sign of life within seconds of the start
+            log_due = step % cfg.logging.log_interval == 0 or step == tr.train_iters or step == first_step
             if log_due and env.on_cuda:
                 torch.cuda.synchronize()
             progress.train_time_s += time.perf_counter() - step_start
             out_of_time = time_limit_reached(progress.train_time_s, tr.time_limit_minutes, env.device)
             last = step == tr.train_iters or out_of_time
 
+            logger.advance(step)
             values = None
             if log_due or last:
                 elapsed = time.perf_counter() - window_start
@@ -162,16 +193,22 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
                 values["tokens"] = progress.consumed_samples * cfg.model.seq_length
                 logger.log(step, values)
 
-            preempted = watcher.should_stop()
+            stop_signal = watcher.should_stop()
             interval = cfg.checkpoint.save_interval
-            save_due = (interval and step % interval == 0) or ((last or preempted) and interval != 0)
+            save_due = (interval and step % interval == 0) or ((last or stop_signal) and interval != 0)
             if save_due:
                 path = save_checkpoint(ckpt_root, [model], optimizer, scheduler, progress, cfg.checkpoint.keep_last)
                 logger.message(f"saved checkpoint {path}")
                 window_start = time.perf_counter()
-            if preempted:
-                logger.message(f"stopping at step {step} on SIGTERM; continue with --resume")
+            if stop_signal:
+                if interval == 0:
+                    logger.message(f"stopping at step {step} on {stop_signal}; no checkpoint saved "
+                                   "(checkpoint.save_interval is 0)")
+                else:
+                    logger.message(f"stopping at step {step} on {stop_signal}; continue with: "
+                                   f"dmoe-train --run-dir {run_dir} --resume")
                 result.preempted = True
+                result.stop_signal = stop_signal
                 break
             if out_of_time:
                 logger.message(f"stopping at step {step}: training.time_limit_minutes="

@@ -198,8 +198,9 @@ def format_log_line(record: Dict[str, Any], total_steps: Optional[int] = None) -
         value = record.get(key)
         if key == "expert_load_imbalance" and isinstance(value, list):
             numbers = [v for v in value if _is_number(v)]
-            if numbers:
-                parts.append(f"imbalance {max(numbers):.3g}")
+            if numbers:  # the worst layer; metrics.jsonl keeps every layer's value
+                layers = f"max of {len(numbers)} layers" if len(numbers) > 1 else "1 layer"
+                parts.append(f"imbalance {max(numbers):.3g} ({layers})")
         elif not _is_number(value):
             continue
         elif key == "tokens_per_s":

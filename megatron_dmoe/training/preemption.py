@@ -1,28 +1,51 @@
-"""Turn SIGTERM (a scheduler's preemption notice) into 'save a checkpoint, then exit cleanly'."""
+"""Turn SIGTERM (a scheduler's preemption notice) and Ctrl-C (SIGINT) into 'save a checkpoint,
+then exit cleanly'. A second Ctrl-C aborts at once, without saving."""
 from __future__ import annotations
 
 import signal
+import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+# Signal -> code shared across ranks (the largest wins, so Ctrl-C on any rank is reported).
+STOP_SIGNALS = {signal.SIGTERM: 1, signal.SIGINT: 2}
+NAMES = {1: "SIGTERM", 2: "SIGINT"}
+
 
 class PreemptionWatcher:
-    """Records SIGTERM; `should_stop()` agrees across ranks so every rank saves at the same step."""
+    """Records stop signals; `should_stop()` agrees across ranks so every rank saves at the same step."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, repeat_after: float = 1.0):
         self.device = device
-        self.received = False
-        self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        self.code = 0
+        # One Ctrl-C can arrive twice within milliseconds: from the terminal, and forwarded by
+        # torchrun to its workers. Only a SIGINT this many seconds after the first one aborts.
+        self.repeat_after = repeat_after
+        self._first_interrupt: Optional[float] = None
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+
+    @property
+    def received(self) -> bool:
+        return self.code > 0
 
     def _on_signal(self, signum, frame):
-        self.received = True
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            if self._first_interrupt is None:
+                self._first_interrupt = now
+            elif now - self._first_interrupt >= self.repeat_after:
+                raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the save
+        self.code = max(self.code, STOP_SIGNALS[signum])
 
-    def should_stop(self) -> bool:
-        flag = torch.tensor([1.0 if self.received else 0.0], device=self.device)
+    def should_stop(self) -> Optional[str]:
+        """The name of the stop signal any rank received, or None to go on."""
+        flag = torch.tensor([float(self.code)], device=self.device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return NAMES.get(int(flag.item()))
 
     def close(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)

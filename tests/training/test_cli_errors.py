@@ -1,23 +1,13 @@
 """Bad input fails before training with one clear message, and damages nothing."""
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
-from megatron_dmoe.cli import train_main
 from train_helpers import SMALL
 
 
 @pytest.fixture
-def run_train(capsys):
-    """dmoe-train in this process (no interpreter start-up per call)."""
-
-    def run(run_dir, *args):
-        code = train_main(list(args) + ["--run-dir", str(run_dir)])
-        captured = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
-
-    return run
+def run_train(cli_run):
+    return cli_run
 
 
 def _assert_clean_failure(result, *needles):

@@ -166,7 +166,7 @@ def test_log_line_format():
               "expert_load": [[1, 2]]}
     assert format_log_line(record, 300) == (
         "step 20/300 | loss 5.123 | lr 1.9e-03 | grad 0.841 | 12.3k tok/s | 3.21 TFLOP/s | "
-        "MFU 12.3% | lb 0.0123 | z 0.00101 | imbalance 1.75")
+        "MFU 12.3% | lb 0.0123 | z 0.00101 | imbalance 1.75 (max of 3 layers)")
     assert format_log_line({"step": 50, "val_loss": 4.5}) == "step 50 | val 4.5"
 
 
