@@ -18,6 +18,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 CPU_EXAMPLES = {
     "dmoe-train",
+    "dmoe-train --micro-batch-size 4 --moe-router-topk 2 --bf16",  # Megatron-LM's flags; bf16 dropped on a CPU
     "dmoe-train moe.top_k=1 training.train_iters=50",
     "dmoe-train --run-dir runs/tiny",
 }
@@ -35,6 +36,10 @@ NOT_RUNNABLE = {
     "python -m megatron_dmoe ...",
     "torchrun --nproc_per_node 2 -m megatron_dmoe ...",
     "dmoe-train my.yaml data.data_path=[data/corpus_text_document] data.tokenizer_model=tok.model",
+    # GPT-2 BPE files and the time-to-quality corpus of the user's own (first lines of two-line commands)
+    "dmoe-train my.yaml data.data_path=[data/gpt2_text_document] data.tokenizer_type=GPT2BPETokenizer \\",
+    "dmoe-train zoo/dense_small data.data_path=[data/ttq/train_text_document] \\",
+    "dmoe-train: warning: KEY: ...",  # the form of a warning, not a command
 }
 
 
@@ -44,6 +49,7 @@ SWEEP_TESTED_ELSEWHERE = {
     "dmoe-sweep configs/sweeps/tiny_topk_lr.yaml",
     "dmoe-sweep configs/sweeps/xs_dmoe_vs_capacity.yaml --slurm",
     "dmoe-sweep --summary runs/tiny_topk_lr --plot loss.png",
+    "dmoe-sweep configs/sweeps/time_to_quality.yaml",  # needs its corpus; its spec: test_sweep_spec.py
 }
 REPO = README.parent
 
@@ -61,7 +67,7 @@ def readme_commands(programs=("dmoe-train",)):
     for piece in pieces:
         piece = piece.split("&&")[-1].strip()
         if piece.startswith(programs) or ("dmoe-train" in programs
-                                          and re.search(r"-m megatron_dmoe\b", piece)):
+                                          and re.search(r"-m megatron_dmoe(\s|$)", piece)):
             commands.add(piece)
     return commands
 
