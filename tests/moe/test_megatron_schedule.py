@@ -97,13 +97,18 @@ def _expected_router_grad(layer, xs, targets):
 def fresh_megatron_scale():
     """megatron-core keeps its aux-loss scale on a class; an earlier test's backward may have left a
     0-dim one there, which its schedule's [1]-shaped scale cannot be copied into. Start as a fresh
-    process does (no scale yet) and put the old one back afterwards."""
+    Megatron-LM process does (no scale yet, our layers writing megatron-core's tracker) and put the
+    old state back afterwards."""
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
     saved = MoEAuxLossAutoScaler.main_loss_backward_scale
     MoEAuxLossAutoScaler.main_loss_backward_scale = None
+    # as in Megatron-LM's loop; the benchmarks run in-process by other tests turn it off
+    metrics = get_moe_metrics()
+    tracker_was_on, metrics.megatron_tracker = metrics.megatron_tracker, True
     yield
     MoEAuxLossAutoScaler.main_loss_backward_scale = saved
+    metrics.megatron_tracker = tracker_was_on
 
 
 def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_dist, fresh_megatron_scale):
