@@ -10,11 +10,13 @@ from moe_reference import choose_in_groups, draw_inputs, draw_shared, rel_err, r
 HIDDEN, FFN, SHARED_FFN = 12, 20, 16
 AUX, ZLOSS = 0.05, 0.01
 
-# case: (router settings as in test_layer_vs_reference, layer options, reference options, shared gate)
+# case: (router settings as in test_layer_vs_reference, layer options, reference options, shared gate).
+# Grouped cases have top_k // group_topk >= 2: with 1, a group's score is its best expert's and the
+# best groups always hold the overall top-k, so the restriction would change nothing.
 CASES = {
-    "groups-4of8-pick2-top2": (
-        dict(s=7, b=2, E=8, k=2, score="softmax", pre=True, renorm=False, scale=1.0, dead=[]),
-        dict(router_num_groups=4, router_group_topk=2), dict(groups=(4, 2)), None),
+    "groups-2of3-top4": (
+        dict(s=7, b=2, E=12, k=4, score="softmax", pre=True, renorm=False, scale=1.0, dead=[]),
+        dict(router_num_groups=3, router_group_topk=2), dict(groups=(3, 2)), None),
     "groups-post-softmax-top4": (
         dict(s=5, b=3, E=8, k=4, score="softmax", pre=False, renorm=False, scale=1.0, dead=[]),
         dict(router_num_groups=4, router_group_topk=2), dict(groups=(4, 2)), None),
