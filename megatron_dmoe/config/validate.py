@@ -342,6 +342,9 @@ class _Checker:
                 self.problem(key, f"{source!r} needs MoE layers to upcycle into, but moe.num_experts is 0; "
                              f"set moe.num_experts")
             return
+        if ok(TP_KEY) and v(TP_KEY) > 1:
+            self.problem(key, f"{source!r} with {TP_KEY} {v(TP_KEY)}: upcycling copies whole dense MLPs into "
+                         f"the experts, at tensor-parallel size 1 only; set {TP_KEY}: 1")
         if not ok(gran_key, "model.ffn_hidden_size", "moe.ffn_hidden_size"):
             return
         n, dense, width, experts = (v(gran_key), v("model.ffn_hidden_size"), v("moe.ffn_hidden_size"),

@@ -82,6 +82,10 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool) -> TrainRes
         progress.world_size = env.world_size
     elif cfg.checkpoint.load:
         load_checkpoint(Path(cfg.checkpoint.load), [model])
+    elif cfg.checkpoint.upcycle_from:
+        from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
+
+        upcycle_dense_checkpoint(cfg, [model], optimizer)
 
     num_micro = _num_micro_batches(cfg)
     train_data = _loader(cfg, data.train, progress.consumed_samples)
