@@ -185,6 +185,12 @@ class TopKRouter(torch.nn.Module):
             self.record_load(counts)
         return Routing(indices, weights, logits, scores, counts)
 
+    def reset_global_aux_loss_tracker(self) -> None:
+        """megatron-core's name: its finalize_model_grads calls it on every module after each step
+        (with moe_router_load_balancing_type global_aux_loss), so Megatron-LM's loop resets ours too."""
+        if self.global_load is not None:
+            self.global_load.reset()
+
     def record_load(self, counts: torch.Tensor) -> None:
         """Count a training forward's assignments for the expert-bias update."""
         if self.expert_bias is not None and self.training and torch.is_grad_enabled():

@@ -51,3 +51,14 @@ def test_micro_batch_loss_uses_the_fractions_counted_so_far():
     second = state.loss(probs[1], counts[1], K, COEFF)
     fraction = (counts[0] + counts[1]).double() / (8 * K)
     assert torch.allclose(second, COEFF * E * (fraction * probs[1].mean(0)).sum(), rtol=1e-14)
+
+
+def test_megatron_cores_end_of_step_reset_reaches_the_router():
+    """Megatron-LM's loop resets global aux-loss state through finalize_model_grads."""
+    from megatron.core.distributed.finalize_model_grads import reset_model_temporary_tensors
+
+    layer = build_layer()
+    layer(draw_tokens(6, 3, 2).requires_grad_())
+    assert layer.router.global_load.sums.abs().sum() > 0
+    reset_model_temporary_tensors(layer.config, [layer])
+    assert layer.router.global_load.sums.abs().sum() == 0
