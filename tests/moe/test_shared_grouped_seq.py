@@ -35,6 +35,10 @@ CASES = {
     "sequence-aux-sigmoid": (
         dict(s=4, b=4, E=6, k=3, score="sigmoid", pre=True, renorm=True, scale=1.0, dead=[]),
         dict(aux_loss_type="sequence"), dict(aux_type="sequence", num_sequences=4), None),
+    # one micro-batch in one process: the global loss is the micro-batch loss
+    "global-aux-one-micro-batch": (
+        dict(s=5, b=2, E=6, k=2, score="softmax", pre=True, renorm=False, scale=1.0, dead=[2]),
+        dict(aux_loss_type="global"), {}, None),
     "everything": (
         dict(s=4, b=3, E=8, k=4, score="sigmoid", pre=True, renorm=True, scale=2.0, dead=[]),
         dict(router_num_groups=4, router_group_topk=2, aux_loss_type="sequence"),
@@ -114,3 +118,24 @@ def test_options_off_add_no_modules():
 
     layer = MoELayer(make_config(8, 8, 4, 2))
     assert layer.shared_experts is None and layer.router.groups is None and layer.router.global_load is None
+
+
+def test_sequence_loss_leaves_padding_out():
+    """With padding, each sequence's loss counts its real tokens only (an all-padding sequence adds 0)."""
+    from megatron_dmoe.moe import load_balancing_loss
+    from megatron_dmoe.moe.aux_loss import sequence_load_balancing_loss
+    from megatron_dmoe.moe.router import count_assignments, route
+
+    g = torch.Generator().manual_seed(11)
+    s, b, E, k = 6, 3, 5, 2
+    logits = torch.randn(s * b, E, generator=g, dtype=torch.float64)
+    indices, _, scores = route(logits, k)
+    padding = torch.rand(b, s, generator=g) < 0.4
+    padding[2] = True  # the third sequence is all padding
+    valid = (~padding).transpose(0, 1).reshape(-1)
+    loss = sequence_load_balancing_loss(scores, indices, b, k, 0.1, valid=valid)
+    expected = 0.0
+    for seq in range(2):
+        rows = torch.arange(seq, s * b, b)[valid[seq::b]]
+        expected += load_balancing_loss(scores[rows], count_assignments(indices[rows], E), k, 0.1)
+    assert torch.allclose(loss, torch.as_tensor(expected / b), rtol=1e-12)
