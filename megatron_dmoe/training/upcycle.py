@@ -65,6 +65,7 @@ def dense_checkpoint_path(source) -> Path:
 def _dense_config(cfg: RunConfig) -> RunConfig:
     dense = copy.deepcopy(cfg)
     dense.moe.num_experts = 0
+    dense.parallel.expert_model_parallel_size = 1  # no experts to spread: megatron refuses EP > 1
     return dense
 
 
