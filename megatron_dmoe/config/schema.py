@@ -73,6 +73,7 @@ class MoEConfig:
     # scores), then picks top_k experts inside them. null = off (both null).
     router_num_groups: Optional[int] = None
     router_group_topk: Optional[int] = None
+    router_group_score: str = "sum"  # sum | max: a group's score, the sum of its best top_k / group_topk scores (megatron-core, DeepSeek-V3) or its best score (DeepSeek-V2)
     # With checkpoint.upcycle_from: each dense MLP becomes this many experts of width ffn / N
     # (moe.ffn_hidden_size must be model.ffn_hidden_size / N)
     upcycle_granularity: int = 1

@@ -56,6 +56,7 @@ MOE_KEYS = {
     "aux_loss_type": "moe.aux_loss_type",
     "router_num_groups": "moe.router_num_groups",
     "router_group_topk": "moe.router_group_topk",
+    "router_group_score": "moe.router_group_score",
 }
 
 # Allowed values of the enumerated keys (the `a | b` comments in schema.py).

@@ -19,6 +19,9 @@ EP_EXCHANGES = ("auto", "nccl", "symmetric")
 # what the load-balancing loss's expert fractions are counted over (megatron-core: aux_loss,
 # seq_aux_loss, global_aux_loss; see AUX_LOSS_TYPES_MEGATRON)
 AUX_LOSS_TYPES = ("micro_batch", "sequence", "global")
+# how group-limited routing scores a group: the sum of its best top_k / group_topk scores
+# (megatron-core, DeepSeek-V3) or its best score (DeepSeek-V2)
+GROUP_SCORES = ("sum", "max")
 AUX_LOSS_TYPES_MEGATRON = {"aux_loss": "micro_batch", "seq_aux_loss": "sequence", "global_aux_loss": "global"}
 
 # field: allowed values
@@ -30,6 +33,7 @@ CHOICES = {
     "block_size": BLOCK_SIZES,
     "ep_exchange": EP_EXCHANGES,
     "aux_loss_type": AUX_LOSS_TYPES,
+    "router_group_score": GROUP_SCORES,
 }
 # field: (lowest, highest, lowest allowed?, highest allowed?); None = unbounded or not given
 RANGES = {
@@ -196,14 +200,17 @@ def _group_problems(values, key, have, report) -> None:
     if not have("top_k", "num_experts"):
         return
     top_k, per_group = get("top_k"), get("num_experts") // groups
+    if group_topk * per_group < top_k:
+        report("router_group_topk", f"{group_topk} groups of {per_group} experts cannot hold {key('top_k')} "
+                                    f"({top_k}) experts; use at least {math.ceil(top_k / per_group)} groups")
+        return
+    if get("router_group_score", "sum") != "sum":
+        return
     # megatron-core scores a group by the sum of its top (top_k // group_topk) experts
     if top_k % group_topk:
         report("router_group_topk", f"{group_topk} does not divide {key('top_k')} ({top_k}); each chosen "
                                     f"group is scored by its best top_k / group_topk experts; use a divisor "
-                                    f"of {top_k}")
-    elif top_k // group_topk > per_group:
-        report("router_group_topk", f"{group_topk} groups of {per_group} experts cannot hold {key('top_k')} "
-                                    f"({top_k}) experts; use at least {math.ceil(top_k / per_group)} groups")
+                                    f"of {top_k}, or {key('router_group_score')}: max")
 
 
 @dataclass
@@ -234,6 +241,7 @@ class MoEOptions:
     aux_loss_type: str = "micro_batch"  # micro_batch | sequence | global: where expert fractions are counted
     router_num_groups: Optional[int] = None  # group-limited routing: experts in this many equal groups
     router_group_topk: Optional[int] = None  # ... of which each token picks this many, then top_k inside
+    router_group_score: str = "sum"  # sum (of each group's best top_k / group_topk; megatron-core) | max
 
     def __post_init__(self):
         problems = option_problems(dataclasses.asdict(self))

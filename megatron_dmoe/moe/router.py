@@ -20,22 +20,27 @@ class Routing:
     tokens_per_expert: torch.Tensor  # [E] int64: assignments of non-padding tokens per expert
 
 
-def group_limited_topk(selection: torch.Tensor, top_k: int, num_groups: int, group_topk: int):
+def group_limited_topk(selection: torch.Tensor, top_k: int, num_groups: int, group_topk: int,
+                       group_score: str = "sum"):
     """torch.topk of `selection` [T, E] restricted, per row, to its best `group_topk` of
     `num_groups` equal groups of consecutive experts (DeepSeek-V2/V3 device/node-limited routing).
 
-    A group's score is the sum of its top (top_k // group_topk) entries, as in megatron-core's
-    `group_limited_topk` (DeepSeek-V3: top-2 of 8 experts in 4 of 8 groups)."""
+    A group's score is the sum of its top (top_k // group_topk) entries with group_score "sum", as
+    in megatron-core's `group_limited_topk` (DeepSeek-V3: top-2 of 8 experts in 4 of 8 groups), or
+    its best entry with "max" (DeepSeek-V2)."""
     num_tokens, num_experts = selection.shape
     grouped = selection.view(num_tokens, num_groups, num_experts // num_groups)
-    group_scores = grouped.topk(top_k // group_topk, dim=-1).values.sum(dim=-1)
+    if group_score == "max":
+        group_scores = grouped.amax(dim=-1)
+    else:
+        group_scores = grouped.topk(top_k // group_topk, dim=-1).values.sum(dim=-1)
     chosen_groups = torch.topk(group_scores, group_topk, dim=-1).indices
     keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen_groups, True)
     keep = keep.unsqueeze(-1).expand_as(grouped).reshape(num_tokens, num_experts)
     return torch.topk(selection.masked_fill(~keep, float("-inf")), top_k, dim=-1)
 
 
-def _topk(selection: torch.Tensor, top_k: int, groups: Optional[Tuple[int, int]]):
+def _topk(selection: torch.Tensor, top_k: int, groups: Optional[Tuple[int, int, str]]):
     if groups is None:
         return torch.topk(selection, top_k, dim=-1)
     return group_limited_topk(selection, top_k, *groups)
@@ -49,12 +54,13 @@ def route(
     renormalize: bool = False,
     topk_scaling_factor: float = 1.0,
     expert_bias: Optional[torch.Tensor] = None,
-    groups: Optional[Tuple[int, int]] = None,
+    groups: Optional[Tuple[int, int, str]] = None,
 ):
     """Pick top-k experts per row of `logits` [T, E]; returns (indices, weights, scores).
 
-    groups = (num_groups, group_topk): each token's k experts come from its best group_topk
-    groups only (see `group_limited_topk`); the choice among them and the weights are as below.
+    groups = (num_groups, group_topk, group_score): each token's k experts come from its best
+    group_topk groups only (see `group_limited_topk`); the choice among them and the weights are
+    as below.
 
     softmax + pre_softmax: top-k of softmax(logits); weights are those probabilities.
     softmax, not pre_softmax: top-k of the logits; weights are the softmax over the k chosen logits.
@@ -137,7 +143,7 @@ class TopKRouter(torch.nn.Module):
         self.global_load = GlobalLoadBalance(E, device=device) if options.aux_loss_type == "global" else None
         self.groups = None
         if options.router_num_groups is not None:
-            self.groups = (options.router_num_groups, options.router_group_topk)
+            self.groups = (options.router_num_groups, options.router_group_topk, options.router_group_score)
         if options.expert_bias:
             self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32, device=device))
             # assignments seen in training forwards since the last bias update; not checkpointed

@@ -34,13 +34,14 @@ def choose(scores, k):
     return sorted(range(len(values)), key=lambda i: -values[i])[:k]
 
 
-def choose_in_groups(scores, k, num_groups, group_topk):
+def choose_in_groups(scores, k, num_groups, group_topk, how="sum"):
     """Group-limited choice: groups of consecutive experts scored by the sum of their best
-    k // group_topk entries, the best group_topk groups kept, then the k best experts in them."""
+    k // group_topk entries (how="sum") or their best entry ("max"), the best group_topk groups
+    kept, then the k best experts in them."""
     values = [float(s) for s in scores.detach()]
     size = len(values) // num_groups
-    group_score = [sum(sorted(values[g * size:(g + 1) * size], reverse=True)[:k // group_topk])
-                   for g in range(num_groups)]
+    best = 1 if how == "max" else k // group_topk
+    group_score = [sum(sorted(values[g * size:(g + 1) * size], reverse=True)[:best]) for g in range(num_groups)]
     kept = sorted(range(num_groups), key=lambda g: -group_score[g])[:group_topk]
     allowed = [e for e in range(len(values)) if e // size in kept]
     return sorted(allowed, key=lambda i: -values[i])[:k]
@@ -63,7 +64,7 @@ def reference_moe(
 ):
     """x [T, h]; router_w [E, h]; w1, v1, w2 [E, f, h]. Returns (y [T, h], aux loss, chosen lists).
 
-    groups: (num_groups, group_topk) for group-limited routing; shared: the shared expert's
+    groups: (num_groups, group_topk[, "sum" | "max"]) for group-limited routing; shared: the shared expert's
     weights (see shared_mlp); aux_type sequence: tokens t belong to sequence t % num_sequences
     (the layer's [s, b] order) and the loss is the mean of every sequence's own; global on one
     micro-batch is micro_batch."""

@@ -20,6 +20,15 @@ CASES = {
     "groups-post-softmax-top4": (
         dict(s=5, b=3, E=8, k=4, score="softmax", pre=False, renorm=False, scale=1.0, dead=[]),
         dict(router_num_groups=4, router_group_topk=2), dict(groups=(4, 2)), None),
+    # DeepSeek-V2: a group scored by its best expert; top_k need not be a multiple of group_topk
+    "groups-max-top3": (
+        dict(s=8, b=2, E=12, k=3, score="softmax", pre=True, renorm=True, scale=1.0, dead=[]),
+        dict(router_num_groups=4, router_group_topk=2, router_group_score="max"), dict(groups=(4, 2, "max")),
+        None),
+    "groups-max-top4": (  # top_k // group_topk = 2: the sum of the best 2 would choose other groups
+        dict(s=8, b=2, E=12, k=4, score="softmax", pre=True, renorm=False, scale=1.0, dead=[]),
+        dict(router_num_groups=4, router_group_topk=2, router_group_score="max"), dict(groups=(4, 2, "max")),
+        None),
     "groups-sigmoid-one-group": (
         dict(s=6, b=2, E=6, k=2, score="sigmoid", pre=True, renorm=True, scale=2.5, dead=[]),
         dict(router_num_groups=3, router_group_topk=1), dict(groups=(3, 1)), None),
@@ -85,6 +94,10 @@ def test_grouped_routing_keeps_tokens_inside_their_groups_and_changes_choices():
     (dict(router_num_groups=4, router_group_topk=None), "router_group_topk", "needs both"),
     (dict(router_num_groups=4, router_group_topk=3, top_k=2), "router_group_topk", "does not divide"),
     (dict(router_num_groups=4, router_group_topk=1, top_k=4), "router_group_topk", "cannot hold"),
+    (dict(router_num_groups=4, router_group_topk=1, top_k=3, router_group_score="max"), "router_group_topk",
+     "cannot hold"),
+    (dict(router_num_groups=4, router_group_topk=2, router_group_score="best"), "router_group_score",
+     "sum, max"),
     (dict(shared_expert_gate=True), "shared_expert_gate", "without a shared expert"),
     (dict(aux_loss_type="batch"), "aux_loss_type", "micro_batch, sequence, global"),
     (dict(shared_expert_ffn_hidden_size=-1), "shared_expert_ffn_hidden_size", "out of range"),
@@ -118,6 +131,14 @@ def test_options_off_add_no_modules():
 
     layer = MoELayer(make_config(8, 8, 4, 2))
     assert layer.shared_experts is None and layer.router.groups is None and layer.router.global_load is None
+
+
+def test_group_max_score_is_accepted_where_sum_needs_a_divisor():
+    MoEOptions(hidden_size=8, ffn_hidden_size=8, num_experts=8, top_k=3, router_num_groups=4, router_group_topk=2,
+               router_group_score="max")
+    with pytest.raises(ValueError, match="does not divide"):
+        MoEOptions(hidden_size=8, ffn_hidden_size=8, num_experts=8, top_k=3, router_num_groups=4,
+                   router_group_topk=2)
 
 
 def test_sequence_loss_leaves_padding_out():
