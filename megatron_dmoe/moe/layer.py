@@ -3,6 +3,8 @@
 router -> dispatch (permute into expert-grouped rows) -> expert MLPs -> combine (un-permute,
 weight, sum over the k experts of each token). With a capacity factor it becomes the
 token-dropping baseline: same router, a capacity buffer and batched matmuls.
+With shared_expert_ffn_hidden_size, a shared MLP (moe/shared_experts.py) runs on every token and
+its output is added; it is issued before the combine, so it can overlap the expert exchange.
 
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
