@@ -44,6 +44,11 @@ _RENAMED = {
     "moe_expert_capacity_factor": "moe.expert_capacity_factor",
     "moe_token_drop_policy": "moe.token_drop_policy",
     "num_moe_experts": "moe.num_experts",  # megatron-core's TransformerConfig field
+    "moe_shared_expert_intermediate_size": "moe.shared_expert_ffn_hidden_size",
+    "moe_shared_expert_gate": "moe.shared_expert_gate",
+    "moe_router_num_groups": "moe.router_num_groups",
+    "moe_router_group_topk": "moe.router_group_topk",
+    "moe_upcycling_granularity": "moe.upcycle_granularity",
 }
 MEGATRON_KEYS: Dict[str, str] = {
     **{name: f"{section}.{name}" for section, names in _SAME_NAME.items() for name in names},
@@ -51,9 +56,10 @@ MEGATRON_KEYS: Dict[str, str] = {
 }
 # flags that take no value (store_true in Megatron-LM): `--bf16` is training.bf16=true
 SWITCHES = {"untie_embeddings_and_output_weights", "cross_entropy_loss_fusion", "sequence_parallel", "bf16",
-            "fp16", "use_distributed_optimizer", "moe_router_pre_softmax", "moe_router_enable_expert_bias"}
+            "fp16", "use_distributed_optimizer", "moe_router_pre_softmax", "moe_router_enable_expert_bias",
+            "moe_shared_expert_gate"}
 # switches that set a key to a value: `--swiglu` is model.activation=swiglu
-VALUE_SWITCHES = {"swiglu": ("model.activation", "swiglu")}
+VALUE_SWITCHES = {"swiglu": ("model.activation", "swiglu"), "disable_bias_linear": ("model.add_bias_linear", "false")}
 # flags that take several values (nargs='*')
 LISTS = {"data_path"}
 

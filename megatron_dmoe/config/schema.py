@@ -26,6 +26,7 @@ class ModelConfig:
     rotary_base: int = 10000
     normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
     activation: str = "gelu"  # gelu | swiglu, for dense MLPs and experts alike
+    add_bias_linear: bool = True  # biases in the linear layers (experts never have any); Megatron-LM's --disable-bias-linear sets false
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     init_method_std: float = 0.02
@@ -60,6 +61,23 @@ class MoEConfig:
     # backend): main_grad read and written once; keeps every micro-batch's expert operands until then.
     expert_wgrad_per_step: bool = False
     ep_exchange: str = "auto"  # auto | nccl | symmetric: how tokens travel between expert-parallel ranks
+    # Shared experts (DeepSeek-MoE, Qwen-MoE): an MLP of this width that every token runs besides its
+    # routed experts, added to their output; 0 = none. n shared experts of width f: n * f.
+    shared_expert_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False  # the shared MLP's output times a per-token sigmoid gate (Qwen-MoE)
+    # What the load-balancing loss counts the experts' shares of tokens over: one micro-batch, each
+    # sequence on its own (averaged), or every micro-batch of the step on every data-parallel rank
+    # (megatron-core's aux_loss, seq_aux_loss, global_aux_loss)
+    aux_loss_type: str = "micro_batch"  # micro_batch | sequence | global
+    # Group-limited routing (DeepSeek-V2/V3): experts in router_num_groups equal groups; each token
+    # keeps its router_group_topk best groups (scored by the sum of their best top_k / group_topk
+    # scores), then picks top_k experts inside them. null = off (both null).
+    router_num_groups: Optional[int] = None
+    router_group_topk: Optional[int] = None
+    router_group_score: str = "sum"  # sum | max: a group's score, the sum of its best top_k / group_topk scores (megatron-core, DeepSeek-V3) or its best score (DeepSeek-V2)
+    # With checkpoint.upcycle_from: each dense MLP becomes this many experts of width ffn / N
+    # (moe.ffn_hidden_size must be model.ffn_hidden_size / N)
+    upcycle_granularity: int = 1
 
 
 @dataclass
@@ -129,6 +147,10 @@ class CheckpointConfig:
     save_interval: Optional[int] = None  # None = save only at the end; 0 = never save (benchmarks)
     keep_last: int = 2  # how many checkpoints to keep; 0 keeps all
     load: Optional[str] = None  # initialise weights from this checkpoint directory
+    # Start this MoE run from a dense run (its run directory, checkpoints/ folder or one iter_N
+    # checkpoint): every expert a copy of the dense MLP (see moe.upcycle_granularity), the router
+    # initialised as usual, all other weights copied. Not used when resuming this run.
+    upcycle_from: Optional[str] = None
 
 
 @dataclass

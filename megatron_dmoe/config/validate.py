@@ -51,6 +51,12 @@ MOE_KEYS = {
     "memory_optimized": "moe.memory_optimized",
     "ep_exchange": "moe.ep_exchange",
     "init_method_std": "model.init_method_std",
+    "shared_expert_ffn_hidden_size": "moe.shared_expert_ffn_hidden_size",
+    "shared_expert_gate": "moe.shared_expert_gate",
+    "aux_loss_type": "moe.aux_loss_type",
+    "router_num_groups": "moe.router_num_groups",
+    "router_group_topk": "moe.router_group_topk",
+    "router_group_score": "moe.router_group_score",
 }
 
 # Allowed values of the enumerated keys (the `a | b` comments in schema.py).
@@ -85,6 +91,7 @@ RANGES = {
     "moe.num_experts": (0, None, True, None),
     "moe.layer_freq": (1, None, True, None),
     "moe.ffn_hidden_size": (1, None, True, None),
+    "moe.upcycle_granularity": (1, None, True, None),
     # the layer's own (moe/options.py); moe.num_experts may be 0 here (a dense model)
     **{MOE_KEYS[field]: limits for field, limits in moe_options.RANGES.items()
        if MOE_KEYS[field].startswith("moe.") and field not in ("num_experts", "ffn_hidden_size")},
@@ -208,6 +215,7 @@ class _Checker:
         self.check_ranges()
         self.check_model()
         self.check_moe()
+        self.check_upcycle()
         self.check_parallel()
         self.check_world_size()
         self.check_training()
@@ -315,6 +323,42 @@ class _Checker:
                 and os.environ.get("TRITON_INTERPRET") != "1":
             self.problem("moe.backend", "sparse needs CUDA here (on CPU the block-sparse kernels run only "
                          "under Triton's interpreter, TRITON_INTERPRET=1, slowly); use auto, reference or grouped")
+
+    def check_upcycle(self) -> None:
+        """checkpoint.upcycle_from and moe.upcycle_granularity: an MoE run whose experts can hold
+        the dense MLP's pieces (the dense checkpoint itself is read when the run starts)."""
+        v, ok = self.v, self.ok
+        key, gran_key = "checkpoint.upcycle_from", "moe.upcycle_granularity"
+        source = v(key) if ok(key) else None
+        if not source:
+            if ok(gran_key) and v(gran_key) != 1:
+                self.problem(gran_key, f"{v(gran_key)} applies only to upcycling, but {key} is not set; set "
+                             f"{key} or leave {gran_key} at 1")
+            return
+        if ok("checkpoint.load") and v("checkpoint.load"):
+            self.problem(key, f"{source!r} and checkpoint.load ({v('checkpoint.load')!r}) both initialise the "
+                         f"weights; keep one of them")
+        if not ok("moe.num_experts") or v("moe.num_experts") == 0:
+            if ok("moe.num_experts"):
+                self.problem(key, f"{source!r} needs MoE layers to upcycle into, but moe.num_experts is 0; "
+                             f"set moe.num_experts")
+            return
+        if ok(TP_KEY) and v(TP_KEY) > 1:
+            self.problem(key, f"{source!r} with {TP_KEY} {v(TP_KEY)}: upcycling copies whole dense MLPs into "
+                         f"the experts, at tensor-parallel size 1 only; set {TP_KEY}: 1")
+        if not ok(gran_key, "model.ffn_hidden_size", "moe.ffn_hidden_size"):
+            return
+        n, dense, width, experts = (v(gran_key), v("model.ffn_hidden_size"), v("moe.ffn_hidden_size"),
+                                    v("moe.num_experts"))
+        if dense % n:
+            self.problem(gran_key, f"{n} does not divide model.ffn_hidden_size ({dense}); use a divisor of {dense}")
+        elif width != dense // n:
+            self.problem("moe.ffn_hidden_size", f"{width} is not model.ffn_hidden_size / {gran_key} "
+                         f"({dense} / {n} = {dense // n}), the width of each piece of the dense MLP; set "
+                         f"moe.ffn_hidden_size: {dense // n}")
+        if experts % n:
+            self.problem(gran_key, f"{n} does not divide moe.num_experts ({experts}): every copy of the dense "
+                         f"MLP is split into {n} experts; use a multiple of {n} experts")
 
     def _on_cuda(self) -> bool:
         device = self.v("training.device")

@@ -25,6 +25,7 @@ def moe_layer_params(cfg: RunConfig) -> dict:
         memory_optimized=moe.memory_optimized,
         ep_exchange=moe.ep_exchange,
         renormalize=moe.router_renormalize,
+        router_group_score=moe.router_group_score,
     )
 
 

@@ -12,6 +12,9 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 
 from megatron_dmoe.config import RunConfig
+from megatron_dmoe.moe.options import AUX_LOSS_TYPES_MEGATRON
+
+MEGATRON_LOAD_BALANCING = {ours: theirs for theirs, ours in AUX_LOSS_TYPES_MEGATRON.items()}
 
 
 def params_dtype(cfg: RunConfig) -> torch.dtype:
@@ -44,7 +47,12 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
             moe_router_bias_update_rate=moe.router_bias_update_rate,
             moe_expert_capacity_factor=moe.expert_capacity_factor,
             moe_token_drop_policy=moe.token_drop_policy,
-            moe_router_load_balancing_type="aux_loss" if moe.aux_loss_coeff > 0 else "none",
+            moe_router_load_balancing_type=(
+                MEGATRON_LOAD_BALANCING[moe.aux_loss_type] if moe.aux_loss_coeff > 0 else "none"),
+            moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size or None,
+            moe_shared_expert_gate=moe.shared_expert_gate,
+            moe_router_num_groups=moe.router_num_groups,
+            moe_router_group_topk=moe.router_group_topk,
         )
     recompute = {}
     if tr.recompute_granularity == "full":
@@ -61,6 +69,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,
+        add_bias_linear=m.add_bias_linear,
         normalization=m.normalization,
         gated_linear_unit=swiglu,
         activation_func=F.silu if swiglu else F.gelu,

@@ -45,6 +45,42 @@ def load_balancing_loss(
     return coeff * num_experts * torch.sum(fraction_routed * mean_prob)
 
 
+def sequence_load_balancing_loss(
+    scores: torch.Tensor,
+    indices: torch.Tensor,
+    num_sequences: int,
+    top_k: int,
+    coeff: float,
+    score_function: str = "softmax",
+    valid: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """`load_balancing_loss` of each sequence on its own, averaged over the sequences (DeepSeek-V3's
+    sequence-wise balance loss; megatron-core's seq_aux_loss).
+
+    Tokens are in the layer's [s, b] order flattened (token t = position * b + sequence): scores
+    [T, E], indices [T, k] the chosen experts, valid [T] bool or None (padding counts nowhere).
+    """
+    num_tokens, num_experts = scores.shape
+    probs = scores if score_function == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+    weight = None if valid is None else valid.to(probs.dtype)
+    if weight is not None:
+        probs = probs * weight[:, None]
+    per_seq_probs = probs.view(-1, num_sequences, num_experts).sum(dim=0)  # [b, E]
+    sequence = torch.arange(num_sequences, device=indices.device).repeat(num_tokens // num_sequences)
+    slot = (sequence[:, None] * num_experts + indices).reshape(-1)  # [T*k] in (sequence, expert)
+    ones = torch.ones(slot.shape, dtype=probs.dtype, device=probs.device) if weight is None \
+        else weight[:, None].expand_as(indices).reshape(-1)
+    counts = torch.zeros(num_sequences * num_experts, dtype=probs.dtype, device=probs.device)
+    counts = counts.scatter_add_(0, slot, ones).view(num_sequences, num_experts)
+    if weight is None:
+        seq_tokens = torch.full((num_sequences, 1), num_tokens // num_sequences, dtype=probs.dtype,
+                                device=probs.device)
+    else:  # an all-padding sequence adds 0
+        seq_tokens = weight.view(-1, num_sequences).sum(dim=0).clamp(min=1)[:, None]
+    per_seq = (counts / (seq_tokens * top_k) * per_seq_probs / seq_tokens).sum(dim=-1)
+    return coeff * num_experts * per_seq.mean()
+
+
 def z_loss(logits: torch.Tensor, coeff: float, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
     """coeff * mean over tokens of logsumexp(logits)^2 (ST-MoE router z-loss)."""
     per_token = torch.logsumexp(logits, dim=-1).square()

@@ -3,6 +3,8 @@
 router -> dispatch (permute into expert-grouped rows) -> expert MLPs -> combine (un-permute,
 weight, sum over the k experts of each token). With a capacity factor it becomes the
 token-dropping baseline: same router, a capacity buffer and batched matmuls.
+With shared_expert_ffn_hidden_size, a shared MLP (moe/shared_experts.py) runs on every token and
+its output is added; it is issued before the combine, so it can overlap the expert exchange.
 
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
@@ -19,7 +21,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_dmoe.parallel.expert_groups import expert_parallel_groups
 
-from .aux_loss import AuxLossScaler, load_balancing_loss, z_loss
+from .aux_loss import AuxLossScaler, load_balancing_loss, sequence_load_balancing_loss, z_loss
 from .capacity import CapacityDispatcher
 from .dispatcher import DroplessDispatcher, TokenDispatcher
 from .expert_bias import update_expert_biases
@@ -28,6 +30,7 @@ from .metrics import get_moe_metrics
 from .options import MoEOptions
 from .padded_dispatch import PaddedDispatcher, PaddedState, padded_experts_combine
 from .router import Routing, TopKRouter
+from .shared_experts import SharedExpertMLP
 
 # layers built without a layer number record their metrics under -1, -2, ... until numbered
 _UNNUMBERED = itertools.count(1)
@@ -71,6 +74,9 @@ class MoELayer(MegatronModule):
         # the router first: its weights draw from the generator before the experts' at every EP size
         self.router = TopKRouter(opts, dtype=config.params_dtype, device=device)
         self.experts = ExpertMLP(opts, dtype=config.params_dtype, device=device, groups=groups)
+        self.shared_experts = None
+        if opts.shared_expert_ffn_hidden_size:
+            self.shared_experts = SharedExpertMLP(opts, dtype=config.params_dtype, device=device)
         if self.token_dropping:
             self.dispatcher: TokenDispatcher = CapacityDispatcher(
                 opts.num_experts, opts.capacity_factor, opts.token_drop_policy
@@ -109,6 +115,8 @@ class MoELayer(MegatronModule):
         if counted_by_dispatch:
             routing.tokens_per_expert = state.counts
             self.router.record_load(state.counts)
+        # issued while the dispatch exchange is in flight, before anything waits on its result
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
         if isinstance(state, PaddedState):  # block-sparse experts and the weighted combine, fused
             y = padded_experts_combine(self.experts, x_perm, state)
         elif self.token_dropping:
@@ -116,7 +124,9 @@ class MoELayer(MegatronModule):
         else:
             counts_by_source = dispatcher.counts_by_source(state)
             y = dispatcher.combine(self.experts(x_perm, tokens_per_expert, counts_by_source), state)
-        y = self._attach_aux_losses(y, routing, valid)
+        if shared is not None:
+            y = y + shared
+        y = self._attach_aux_losses(y, routing, valid, b)
         return y.view(s, b, h), None
 
     def _dispatcher_for(self, x: torch.Tensor) -> TokenDispatcher:
@@ -141,7 +151,7 @@ class MoELayer(MegatronModule):
             )
         return (~padding_mask.bool()).transpose(0, 1).reshape(-1)
 
-    def _attach_aux_losses(self, y: torch.Tensor, routing: Routing, valid) -> torch.Tensor:
+    def _attach_aux_losses(self, y: torch.Tensor, routing: Routing, valid, num_sequences: int) -> torch.Tensor:
         # training forwards that build a graph only: eval and the no-grad first pass of activation
         # recompute neither add losses nor record metrics
         if not (self.training and torch.is_grad_enabled()):
@@ -149,10 +159,7 @@ class MoELayer(MegatronModule):
         opts = self.options
         lb = z = None
         if opts.aux_loss_coeff > 0:
-            lb = load_balancing_loss(
-                routing.scores, routing.tokens_per_expert, opts.top_k, opts.aux_loss_coeff,
-                opts.score_function, valid,
-            )
+            lb = self._load_balancing_loss(routing, valid, num_sequences)
         if opts.z_loss_coeff > 0:
             z = z_loss(routing.logits, opts.z_loss_coeff, valid)
         # megatron-core's tracker too (Megatron-LM logs it), indexed by global layer like its own MoE
@@ -165,6 +172,23 @@ class MoELayer(MegatronModule):
         if not losses:
             return y
         return AuxLossScaler.apply(y, sum(losses))
+
+    def _load_balancing_loss(self, routing: Routing, valid, num_sequences: int) -> torch.Tensor:
+        opts = self.options
+        if opts.aux_loss_type == "sequence":
+            return sequence_load_balancing_loss(
+                routing.scores, routing.indices, num_sequences, opts.top_k, opts.aux_loss_coeff,
+                opts.score_function, valid,
+            )
+        if opts.aux_loss_type == "global":
+            scores = routing.scores
+            probs = scores if opts.score_function == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+            return self.router.global_load.loss(probs, routing.tokens_per_expert, opts.top_k,
+                                                opts.aux_loss_coeff, valid)
+        return load_balancing_loss(
+            routing.scores, routing.tokens_per_expert, opts.top_k, opts.aux_loss_coeff,
+            opts.score_function, valid,
+        )
 
     def update_expert_bias(self, group=None) -> None:
         """Apply this layer's aux-loss-free bias update (see `update_expert_biases`)."""

@@ -16,6 +16,13 @@ DROP_POLICIES = ("probs", "position")
 BACKENDS = ("auto", "sparse", "grouped", "reference")
 BLOCK_SIZES = (16, 32, 64, 128)  # the block-sparse kernels' (dmoe_kernels.topology)
 EP_EXCHANGES = ("auto", "nccl", "symmetric")
+# what the load-balancing loss's expert fractions are counted over (megatron-core: aux_loss,
+# seq_aux_loss, global_aux_loss; see AUX_LOSS_TYPES_MEGATRON)
+AUX_LOSS_TYPES = ("micro_batch", "sequence", "global")
+# how group-limited routing scores a group: the sum of its best top_k / group_topk scores
+# (megatron-core, DeepSeek-V3) or its best score (DeepSeek-V2)
+GROUP_SCORES = ("sum", "max")
+AUX_LOSS_TYPES_MEGATRON = {"aux_loss": "micro_batch", "seq_aux_loss": "sequence", "global_aux_loss": "global"}
 
 # field: allowed values
 CHOICES = {
@@ -25,6 +32,8 @@ CHOICES = {
     "backend": BACKENDS,
     "block_size": BLOCK_SIZES,
     "ep_exchange": EP_EXCHANGES,
+    "aux_loss_type": AUX_LOSS_TYPES,
+    "router_group_score": GROUP_SCORES,
 }
 # field: (lowest, highest, lowest allowed?, highest allowed?); None = unbounded or not given
 RANGES = {
@@ -39,8 +48,12 @@ RANGES = {
     "bias_update_rate": (0, None, True, None),
     "capacity_factor": (0, None, False, None),
     "init_method_std": (0, None, False, None),
+    "shared_expert_ffn_hidden_size": (0, None, True, None),
+    "router_num_groups": (1, None, True, None),
+    "router_group_topk": (1, None, True, None),
 }
-_INTEGERS = ("hidden_size", "ffn_hidden_size", "num_experts", "top_k", "block_size")
+_INTEGERS = ("hidden_size", "ffn_hidden_size", "num_experts", "top_k", "block_size",
+             "shared_expert_ffn_hidden_size", "router_num_groups", "router_group_topk")
 
 
 def fmt(value) -> str:
@@ -127,6 +140,12 @@ def option_problems(values: Dict[str, Any], key: Callable[[str], str] = lambda f
         report("expert_bias", f"true needs {key('score_function')}: sigmoid (aux-loss-free balancing "
                               f"adds the bias to sigmoid scores), but it is {fmt(get('score_function'))}; "
                               f"set {key('score_function')}: sigmoid or {key('expert_bias')}: false")
+    _group_problems(values, key, have, report)
+    if have("shared_expert_gate", "shared_expert_ffn_hidden_size") and get("shared_expert_gate") \
+            and not get("shared_expert_ffn_hidden_size"):
+        report("shared_expert_gate", f"true without a shared expert ({key('shared_expert_ffn_hidden_size')} "
+                                     f"is 0); set {key('shared_expert_ffn_hidden_size')} or "
+                                     f"{key('shared_expert_gate')}: false")
     if sparse is None:
         sparse = get("backend") == "sparse"
     if sparse and have("ffn_hidden_size", "block_size"):
@@ -158,6 +177,42 @@ def option_problems(values: Dict[str, Any], key: Callable[[str], str] = lambda f
     return problems
 
 
+def _group_problems(values, key, have, report) -> None:
+    """Group-limited routing: both numbers or neither; whole groups; enough experts in the chosen groups."""
+    get = values.get
+    groups, group_topk = get("router_num_groups"), get("router_group_topk")
+    if "router_num_groups" in values and "router_group_topk" in values and (groups is None) != (group_topk is None):
+        missing = "router_group_topk" if group_topk is None else "router_num_groups"
+        given = "router_num_groups" if group_topk is None else "router_group_topk"
+        report(missing, f"null while {key(given)} is {fmt(get(given))}; group-limited routing needs both "
+                        f"(set {key(missing)}, or set {key(given)}: null)")
+        return
+    if groups is None or not have("router_num_groups", "router_group_topk"):
+        return
+    if have("num_experts") and get("num_experts") % groups:
+        report("router_num_groups", f"{groups} does not divide {key('num_experts')} ({get('num_experts')}) "
+                                    f"into equal groups; use a divisor of {get('num_experts')}")
+        return
+    if group_topk > groups:
+        report("router_group_topk", f"{group_topk} is larger than {key('router_num_groups')} ({groups}); "
+                                    f"use a value from 1 to {groups}")
+        return
+    if not have("top_k", "num_experts"):
+        return
+    top_k, per_group = get("top_k"), get("num_experts") // groups
+    if group_topk * per_group < top_k:
+        report("router_group_topk", f"{group_topk} groups of {per_group} experts cannot hold {key('top_k')} "
+                                    f"({top_k}) experts; use at least {math.ceil(top_k / per_group)} groups")
+        return
+    if get("router_group_score", "sum") != "sum":
+        return
+    # megatron-core scores a group by the sum of its top (top_k // group_topk) experts
+    if top_k % group_topk:
+        report("router_group_topk", f"{group_topk} does not divide {key('top_k')} ({top_k}); each chosen "
+                                    f"group is scored by its best top_k / group_topk experts; use a divisor "
+                                    f"of {top_k}, or {key('router_group_score')}: max")
+
+
 @dataclass
 class MoEOptions:
     hidden_size: int
@@ -181,6 +236,12 @@ class MoEOptions:
     memory_optimized: bool = False  # keep only the expert input and pre-activation; recompute the rest
     ep_exchange: str = "auto"  # expert parallelism: auto | nccl | symmetric (see parallel/expert_dispatcher.py)
     init_method_std: float = 0.02
+    shared_expert_ffn_hidden_size: int = 0  # width of an MLP every token runs besides its experts; 0 = none
+    shared_expert_gate: bool = False  # the shared MLP's output times sigmoid(x . g) per token
+    aux_loss_type: str = "micro_batch"  # micro_batch | sequence | global: where expert fractions are counted
+    router_num_groups: Optional[int] = None  # group-limited routing: experts in this many equal groups
+    router_group_topk: Optional[int] = None  # ... of which each token picks this many, then top_k inside
+    router_group_score: str = "sum"  # sum (of each group's best top_k / group_topk; megatron-core) | max
 
     def __post_init__(self):
         problems = option_problems(dataclasses.asdict(self))
@@ -208,18 +269,15 @@ class MoEOptions:
                 "TransformerConfig.num_moe_experts is not set; set it (--num-experts) to build an MoE layer."
             )
         balancing = config.moe_router_load_balancing_type
-        if balancing not in ("aux_loss", "none"):
-            unsupported("moe_router_load_balancing_type", balancing, "use 'aux_loss' or 'none'")
         aux_coeff = config.moe_aux_loss_coeff
         if isinstance(aux_coeff, (list, tuple)):
             unsupported("moe_aux_loss_coeff", aux_coeff, "give one number")
-        if getattr(config, "moe_router_num_groups", None):
-            unsupported("moe_router_num_groups", config.moe_router_num_groups, "leave group-limited routing off")
-        if getattr(config, "moe_shared_expert_intermediate_size", None):
-            unsupported(
-                "moe_shared_expert_intermediate_size", config.moe_shared_expert_intermediate_size,
-                "leave shared experts off",
-            )
+        if balancing not in ("none", *AUX_LOSS_TYPES_MEGATRON):
+            unsupported("moe_router_load_balancing_type", balancing,
+                        f"use one of: none, {', '.join(AUX_LOSS_TYPES_MEGATRON)}")
+        if getattr(config, "moe_shared_expert_overlap", False):
+            unsupported("moe_shared_expert_overlap", True, "leave it False (the shared MLP is issued before "
+                        "the expert exchange is waited on anyway)")
         values = dict(
             hidden_size=config.hidden_size,
             ffn_hidden_size=config.moe_ffn_hidden_size or config.ffn_hidden_size,
@@ -237,6 +295,11 @@ class MoEOptions:
             capacity_factor=config.moe_expert_capacity_factor,
             token_drop_policy=config.moe_token_drop_policy,
             init_method_std=config.init_method_std,
+            shared_expert_ffn_hidden_size=getattr(config, "moe_shared_expert_intermediate_size", None) or 0,
+            shared_expert_gate=bool(getattr(config, "moe_shared_expert_gate", False)),
+            aux_loss_type=AUX_LOSS_TYPES_MEGATRON.get(balancing, "micro_batch"),
+            router_num_groups=getattr(config, "moe_router_num_groups", None) or None,
+            router_group_topk=getattr(config, "moe_router_group_topk", None) or None,
         )
         values.update(overrides)
         return cls(**values)

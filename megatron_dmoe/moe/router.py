@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from .global_aux_loss import GlobalLoadBalance
 from .options import MoEOptions
 
 
@@ -19,6 +20,32 @@ class Routing:
     tokens_per_expert: torch.Tensor  # [E] int64: assignments of non-padding tokens per expert
 
 
+def group_limited_topk(selection: torch.Tensor, top_k: int, num_groups: int, group_topk: int,
+                       group_score: str = "sum"):
+    """torch.topk of `selection` [T, E] restricted, per row, to its best `group_topk` of
+    `num_groups` equal groups of consecutive experts (DeepSeek-V2/V3 device/node-limited routing).
+
+    A group's score is the sum of its top (top_k // group_topk) entries with group_score "sum", as
+    in megatron-core's `group_limited_topk` (DeepSeek-V3: top-2 of 8 experts in 4 of 8 groups), or
+    its best entry with "max" (DeepSeek-V2)."""
+    num_tokens, num_experts = selection.shape
+    grouped = selection.view(num_tokens, num_groups, num_experts // num_groups)
+    if group_score == "max":
+        group_scores = grouped.amax(dim=-1)
+    else:
+        group_scores = grouped.topk(top_k // group_topk, dim=-1).values.sum(dim=-1)
+    chosen_groups = torch.topk(group_scores, group_topk, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen_groups, True)
+    keep = keep.unsqueeze(-1).expand_as(grouped).reshape(num_tokens, num_experts)
+    return torch.topk(selection.masked_fill(~keep, float("-inf")), top_k, dim=-1)
+
+
+def _topk(selection: torch.Tensor, top_k: int, groups: Optional[Tuple[int, int, str]]):
+    if groups is None:
+        return torch.topk(selection, top_k, dim=-1)
+    return group_limited_topk(selection, top_k, *groups)
+
+
 def route(
     logits: torch.Tensor,
     top_k: int,
@@ -27,8 +54,13 @@ def route(
     renormalize: bool = False,
     topk_scaling_factor: float = 1.0,
     expert_bias: Optional[torch.Tensor] = None,
+    groups: Optional[Tuple[int, int, str]] = None,
 ):
     """Pick top-k experts per row of `logits` [T, E]; returns (indices, weights, scores).
+
+    groups = (num_groups, group_topk, group_score): each token's k experts come from its best
+    group_topk groups only (see `group_limited_topk`); the choice among them and the weights are
+    as below.
 
     softmax + pre_softmax: top-k of softmax(logits); weights are those probabilities.
     softmax, not pre_softmax: top-k of the logits; weights are the softmax over the k chosen logits.
@@ -39,14 +71,14 @@ def route(
     if score_function == "softmax":
         scores = torch.softmax(logits, dim=-1)
         if pre_softmax:
-            weights, indices = torch.topk(scores, top_k, dim=-1)
+            weights, indices = _topk(scores, top_k, groups)
         else:
-            top_logits, indices = torch.topk(logits, top_k, dim=-1)
+            top_logits, indices = _topk(logits, top_k, groups)
             weights = torch.softmax(top_logits, dim=-1)
     elif score_function == "sigmoid":
         scores = torch.sigmoid(logits)
         selection = scores if expert_bias is None else scores + expert_bias.to(scores.dtype)
-        indices = torch.topk(selection, top_k, dim=-1).indices
+        indices = _topk(selection, top_k, groups).indices
         weights = scores.gather(-1, indices)
     else:
         raise ValueError(f"score_function={score_function!r} is not supported; use 'softmax' or 'sigmoid'.")
@@ -107,6 +139,11 @@ class TopKRouter(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(E, h, dtype=dtype, device=device))
         with torch.no_grad():
             self.weight.normal_(0.0, options.init_method_std)
+        # running sums over the training step for the global aux loss; None for the other types
+        self.global_load = GlobalLoadBalance(E, device=device) if options.aux_loss_type == "global" else None
+        self.groups = None
+        if options.router_num_groups is not None:
+            self.groups = (options.router_num_groups, options.router_group_topk, options.router_group_score)
         if options.expert_bias:
             self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32, device=device))
             # assignments seen in training forwards since the last bias update; not checkpointed
@@ -146,12 +183,19 @@ class TopKRouter(torch.nn.Module):
             renormalize=opts.renormalize,
             topk_scaling_factor=opts.topk_scaling_factor,
             expert_bias=self.expert_bias,
+            groups=self.groups,
         )
         counts = None
         if count:
             counts = count_assignments(indices, opts.num_experts, valid)
             self.record_load(counts)
         return Routing(indices, weights, logits, scores, counts)
+
+    def reset_global_aux_loss_tracker(self) -> None:
+        """megatron-core's name: its finalize_model_grads calls it on every module after each step
+        (with moe_router_load_balancing_type global_aux_loss), so Megatron-LM's loop resets ours too."""
+        if self.global_load is not None:
+            self.global_load.reset()
 
     def record_load(self, counts: torch.Tensor) -> None:
         """Count a training forward's assignments for the expert-bias update."""

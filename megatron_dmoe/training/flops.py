@@ -28,6 +28,7 @@ def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> f
         dense MLP               2 * m * h * f,  f = model.ffn_hidden_size (None = 4*h)
         MoE MLP                 2 * top_k * m * h * f_e  +  2 * h * E  [router]
                                 f_e = moe.ffn_hidden_size (None = f), E = moe.num_experts
+                                + 2 * m * h * f_s  +  2 * h [gate]  (shared expert of width f_s)
 
     where m = 3 matrices for SwiGLU (gate, up, down) and 2 for GELU. Layers 0, layer_freq,
     2*layer_freq, ... are MoE layers when num_experts > 0; the others are dense. Once per token the
@@ -53,6 +54,7 @@ def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> f
     dense_mlp = 2 * matrices * h * model.ffn_hidden_size
     num_moe = _num_moe_layers(cfg)
     moe_mlp = 2 * moe.top_k * matrices * h * moe.ffn_hidden_size + 2 * h * moe.num_experts
+    moe_mlp += 2 * matrices * h * moe.shared_expert_ffn_hidden_size + (2 * h if moe.shared_expert_gate else 0)
     forward = (model.num_layers * attention + (model.num_layers - num_moe) * dense_mlp
                + num_moe * moe_mlp + 2 * h * vocab)
     return float(TRAINING_FLOPS_PER_FORWARD_FLOP * forward)

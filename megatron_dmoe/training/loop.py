@@ -100,6 +100,10 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         progress.world_size = env.world_size
     elif cfg.checkpoint.load:
         load_checkpoint(Path(cfg.checkpoint.load), [model])
+    elif cfg.checkpoint.upcycle_from:
+        from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
+
+        upcycle_dense_checkpoint(cfg, [model], optimizer)
     dist.barrier()  # every rank has loaded before the run directory changes
     if env.is_main:
         if overwrite:

@@ -10,6 +10,7 @@ from megatron.core.distributed import finalize_model_grads
 
 from megatron_dmoe.moe.aux_loss import set_aux_loss_scale
 from megatron_dmoe.moe.experts.per_step_wgrad import expert_weight_grads_per_step
+from megatron_dmoe.moe.global_aux_loss import reset_global_load_balance
 from megatron_dmoe.training.cuda_graphs import capture_layer_graphs, eager_layers
 
 
@@ -34,6 +35,7 @@ def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, d
     """
     model.zero_grad_buffer()
     optimizer.zero_grad()
+    reset_global_load_balance(model)  # moe.aux_loss_type global: expert fractions count this step only
     loss_scale = optimizer.get_loss_scale().to(device)
     losses: List[torch.Tensor] = []
     with expert_weight_grads_per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):

@@ -244,6 +244,38 @@ CASES = {
     "split_negative": ({"data.split": "100,-1,1"}, None, EVERYTHING, "data.split",
                        ["has a negative part", "non-negative"]),
     "split_zero": ({"data.split": "0,0,0"}, None, EVERYTHING, "data.split", ["sums to 0"]),
+    "router_groups_not_dividing_experts": (
+        {"moe.router_num_groups": 3, "moe.router_group_topk": 1}, None, EVERYTHING, "moe.router_num_groups",
+        ["3 does not divide moe.num_experts (8)"]),
+    "router_group_topk_alone": (
+        {"moe.router_group_topk": 2}, None, EVERYTHING, "moe.router_num_groups",
+        ["null while moe.router_group_topk is 2", "needs both"]),
+    "router_group_topk_not_dividing_top_k": (
+        {"moe.router_num_groups": 4, "moe.router_group_topk": 3}, None, EVERYTHING, "moe.router_group_topk",
+        ["3 does not divide moe.top_k (2)"]),
+    "shared_gate_without_shared_expert": (
+        {"moe.shared_expert_gate": True}, None, EVERYTHING, "moe.shared_expert_gate",
+        ["without a shared expert (moe.shared_expert_ffn_hidden_size is 0)"]),
+    "aux_loss_type_unknown": ({"moe.aux_loss_type": "batch"}, None, EVERYTHING, "moe.aux_loss_type",
+                              ["'batch' is not allowed", "micro_batch, sequence, global"]),
+    "upcycle_into_dense": (
+        {"checkpoint.upcycle_from": "runs/dense", "moe.num_experts": 0}, None, EVERYTHING,
+        "checkpoint.upcycle_from", ["needs MoE layers", "moe.num_experts is 0"]),
+    "upcycle_expert_width": (
+        {"checkpoint.upcycle_from": "runs/dense"}, None, EVERYTHING, "moe.ffn_hidden_size",
+        ["256 is not model.ffn_hidden_size / moe.upcycle_granularity (512 / 1 = 512)",
+         "moe.ffn_hidden_size: 512"]),
+    "upcycle_granularity_experts": (
+        {"checkpoint.upcycle_from": "runs/dense", "moe.upcycle_granularity": 4, "moe.num_experts": 6,
+         "moe.ffn_hidden_size": 128}, None, EVERYTHING, "moe.upcycle_granularity",
+        ["4 does not divide moe.num_experts (6)"]),
+    "upcycle_granularity_without_upcycling": (
+        {"moe.upcycle_granularity": 2}, None, EVERYTHING, "moe.upcycle_granularity",
+        ["applies only to upcycling"]),
+    "upcycle_and_load": (
+        {"checkpoint.upcycle_from": "runs/dense", "checkpoint.load": "runs/x/checkpoints/iter_0000010",
+         "moe.ffn_hidden_size": 512}, None, EVERYTHING, "checkpoint.upcycle_from",
+        ["both initialise the weights"]),
 }
 
 
@@ -298,6 +330,11 @@ VALID = {
         EVERYTHING),
     "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "training.bf16": True}, None, EVERYTHING),
     "wgrad_per_step_sparse_on_cpu": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, None, BARE_CPU),
+    "deepseek_style_moe": ({"moe.shared_expert_ffn_hidden_size": 256, "moe.shared_expert_gate": True,
+                            "moe.router_num_groups": 4, "moe.router_group_topk": 2, "moe.top_k": 4,
+                            "moe.aux_loss_type": "sequence"}, None, EVERYTHING),
+    "upcycled_fine_grained": ({"checkpoint.upcycle_from": "runs/dense", "moe.upcycle_granularity": 2,
+                               "moe.ffn_hidden_size": 256, "moe.aux_loss_type": "global"}, None, EVERYTHING),
     "gpu_everything": ({"training.device": "cuda", "training.bf16": True,
                         "training.use_distributed_optimizer": True,
                         "model.transformer_impl": "transformer_engine"}, None, EVERYTHING),

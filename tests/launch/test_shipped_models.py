@@ -60,6 +60,9 @@ def test_shipped_config_builds_and_runs(path, cpu_dist):
             assert opts.top_k == moe.top_k
             assert opts.capacity_factor == moe.expert_capacity_factor
             assert mlp.token_dropping == (moe.expert_capacity_factor is not None)
+            assert (opts.router_num_groups, opts.router_group_topk) == (moe.router_num_groups, moe.router_group_topk)
+            assert opts.shared_expert_ffn_hidden_size == moe.shared_expert_ffn_hidden_size
+            assert opts.aux_loss_type == (moe.aux_loss_type if moe.aux_loss_coeff > 0 else "micro_batch")
         else:
             assert mlp.config.gated_linear_unit == (original.model.activation == "swiglu")
     assert model.config.normalization == original.model.normalization

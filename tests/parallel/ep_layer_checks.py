@@ -16,7 +16,7 @@ from megatron.core import parallel_state as ps
 from megatron_dmoe.moe import AuxLossScaler, MoELayer, get_moe_metrics
 from megatron_dmoe.parallel.distributed import init_distributed
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
-from moe_reference import make_config, rel_err
+from moe_reference import draw_shared, load_shared, make_config, rel_err
 
 HIDDEN, FFN = 8, 12  # FFN divisible by 4: experts split over up to 4 ranks
 # relative error allowed per dtype: the two layers differ only in summation order
@@ -38,7 +38,16 @@ LAYER_CASES = {
     "ep4-E2-split2-top1-dead": dict(ep=4, E=2, k=1, dead=[1], aux=0.05),
     "ep4-E2-split2-top2-swiglu": dict(ep=4, E=2, k=2, activation="swiglu"),
     "ep4-E1-split4-sigmoid": dict(ep=4, E=1, k=1, score="sigmoid"),
+    # newer MoE options (layer keyword arguments in "options"; shared: the shared expert's gate)
+    "ep2-E8-groups-shared-gate-seq-aux": dict(ep=2, E=8, k=4, aux=0.05, shared=True, options=dict(
+        router_num_groups=4, router_group_topk=2, aux_loss_type="sequence")),
+    "ep2-E4-global-aux-padding": dict(ep=2, E=4, k=2, padding=True, aux=0.05, z=0.01,
+                                      options=dict(aux_loss_type="global")),
+    "ep4-E8-groups-sigmoid-global-aux": dict(ep=4, E=8, k=2, score="sigmoid", renorm=True, aux=0.05, options=dict(
+        router_num_groups=4, router_group_topk=1, aux_loss_type="global")),
+    "ep4-E2-split2-shared-swiglu": dict(ep=4, E=2, k=1, activation="swiglu", shared=False, dead=[1]),
 }
+SHARED_FFN = 8
 
 
 def _draw_weights(case, seed, dtype, hidden, ffn):
@@ -67,10 +76,15 @@ def _build(case, ep, dtype, weights, layer_number, hidden, ffn, device):
         moe_aux_loss_coeff=case.get("aux", 0.0), moe_z_loss_coeff=case.get("z", 0.0),
         expert_model_parallel_size=ep,
     )
+    options = dict(case.get("options", {}))
+    if "shared" in case:
+        options.update(shared_expert_ffn_hidden_size=SHARED_FFN, shared_expert_gate=case["shared"])
     layer = MoELayer(config, backend=case.get("backend", "reference"), renormalize=case.get("renorm", None),
                      memory_optimized=case.get("memory_optimized", False), layer_number=layer_number,
-                     ep_exchange=case.get("exchange", "auto"))
+                     ep_exchange=case.get("exchange", "auto"), **options)
     router_w, w1, v1, w2 = weights
+    if "shared" in case:
+        load_shared(layer.shared_experts, draw_shared(len(case), hidden, SHARED_FFN, case["shared"], dtype))
     layout = layer.experts.layout
     with torch.no_grad():
         layer.router.weight.copy_(router_w)
@@ -119,6 +133,9 @@ def check_layer_cases(cases=LAYER_CASES, device="cpu", hidden=HIDDEN, ffn=FFN, t
         assert rel_err(out, ref_out) < tol, (name, rank, "output")
         assert rel_err(dx, ref_dx) < tol, (name, rank, "input grad")
         assert rel_err(ep_layer.router.weight.grad, single.router.weight.grad) < tol, (name, rank, "router grad")
+        if ep_layer.shared_experts is not None:  # replicated, data-parallel: the same tokens' gradient
+            for (key, p), q in zip(ep_layer.shared_experts.named_parameters(), single.shared_experts.parameters()):
+                assert p.grad.abs().max() > 0 and rel_err(p.grad, q.grad) < tol, (name, rank, "shared", key)
 
         group = ps.get_expert_model_parallel_group()
         layout = ep_layer.experts.layout

@@ -37,6 +37,16 @@ def test_hand_count_moe_swiglu_gqa():
     assert model_flops_per_token(cfg, vocab_size=10) == 3 * 4896
 
 
+def test_shared_expert_and_its_gate_are_counted():
+    model = dict(num_layers=2, hidden_size=8, num_attention_heads=2, ffn_hidden_size=16, seq_length=4,
+                 activation="swiglu")
+    plain = model_flops_per_token(make_cfg(model=model, moe=dict(num_experts=4, top_k=2)), vocab_size=10)
+    shared = make_cfg(model=model, moe=dict(num_experts=4, top_k=2, shared_expert_ffn_hidden_size=12,
+                                            shared_expert_gate=True))
+    # per MoE layer, forward: 3 matrices of 8 x 12 and the gate's 8, as multiply-accumulates
+    assert model_flops_per_token(shared, vocab_size=10) == plain + 3 * 2 * 2 * (3 * 8 * 12 + 8)
+
+
 def test_hand_count_dense_gelu_defaults():
     # ffn_hidden_size None = 4 * hidden = 64; num_query_groups None = multi-head.
     cfg = make_cfg(model=dict(num_layers=2, hidden_size=16, num_attention_heads=4, seq_length=8,
