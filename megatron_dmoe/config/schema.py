@@ -31,7 +31,6 @@ class ModelConfig:
     attention_dropout: float = 0.0
     init_method_std: float = 0.02
     untie_embeddings_and_output_weights: bool = False
-    add_bias_linear: bool = True  # biases in attention and dense MLP linears (Megatron-LM's --disable-bias-linear)
     transformer_impl: str = "auto"  # auto | local | transformer_engine
     cross_entropy_loss_fusion: bool = False  # a fused vocabulary cross-entropy (CUDA)
     cross_entropy_fusion_impl: str = "auto"  # auto | triton | native: ours (tensor-parallel 1) or megatron's

@@ -69,7 +69,6 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,
-        add_bias_linear=m.add_bias_linear,
         normalization=m.normalization,
         gated_linear_unit=swiglu,
         activation_func=F.silu if swiglu else F.gelu,
