@@ -213,7 +213,7 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> d
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
+    from megatron_dmoe.moe.ep_dispatcher import ExpertParallelDispatcher
     from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
     group = ps.get_expert_model_parallel_group()

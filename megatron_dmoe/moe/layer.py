@@ -6,7 +6,7 @@ token-dropping baseline: same router, a capacity buffer and batched matmuls.
 
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
-(megatron_dmoe.parallel.expert_dispatcher).
+(megatron_dmoe.moe.ep_dispatcher).
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class MoELayer(MegatronModule):
             )
         elif groups.size > 1:
             # imported here: the expert-parallel dispatcher builds on this package's dispatcher
-            from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
+            from megatron_dmoe.moe.ep_dispatcher import ExpertParallelDispatcher
 
             self.dispatcher = ExpertParallelDispatcher(self.experts.layout, groups.group, opts.ep_exchange)
         else:

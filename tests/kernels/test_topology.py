@@ -138,3 +138,12 @@ def test_from_mask_errors():
         Topology.from_mask(torch.ones(2, 2, 2, dtype=torch.bool), 16)
     with pytest.raises(ValueError, match="max_blocks=1 is smaller than the 4 nonzero blocks"):
         Topology.from_mask(torch.ones(2, 2, dtype=torch.bool), 16, max_blocks=1)
+
+
+def test_block_sizes_match_the_moe_rules():
+    """moe/options.py keeps its own copy (it must import without triton); the two must agree."""
+    from dmoe_kernels import topology
+
+    from megatron_dmoe.moe.options import BLOCK_SIZES
+
+    assert sorted(BLOCK_SIZES) == sorted(topology.BLOCK_SIZES)
