@@ -18,11 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from . import dsd_kernel as _dsd_module
-from . import dsd_tma_kernel as _dsd_tma_module
-from . import dsdt_tma_kernel as _dsdt_tma_module
-from . import sdd_kernel as _sdd_module
-from . import sdd_tma_kernel as _sdd_tma_module
+from . import (
+    dsd_kernel as _dsd_module,
+    dsd_tma_kernel as _dsd_tma_module,
+    dsdt_tma_kernel as _dsdt_tma_module,
+    sdd_kernel as _sdd_module,
+    sdd_tma_kernel as _sdd_tma_module,
+)
 from .launch import check_launchable, dot_precision, persistent_programs, tma_descriptor, tma_ready
 from .topology import Topology
 from .tuning import DsdConfig, SddConfig, dsd_config, sdd_config
@@ -178,7 +180,9 @@ def dsd(
     elif out is None:
         out = torch.empty((s_rows, N), dtype=dtype, device=b.device)
     elif tuple(out.shape) != (s_rows, N) or out.dtype != dtype:
-        raise ValueError(f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}"
+        )
     data = data.contiguous()
     kernel = _dsd_module.dsd_kernel
     check_launchable(kernel, b.device)

@@ -38,7 +38,8 @@ class _Unpermute(torch.autograd.Function):
     def forward(ctx, y_pad, pos, weights, expert_offsets, counts, transient_input):
         weights_grad = weights is not None and ctx.needs_input_grad[2]
         kept = torch.empty_like(y_pad) if weights_grad and transient_input else None
-        ctx.save_for_backward(pos, weights, expert_offsets, counts, (kept if kept is not None else y_pad) if weights_grad else None)
+        saved_rows = (kept if kept is not None else y_pad) if weights_grad else None
+        ctx.save_for_backward(pos, weights, expert_offsets, counts, saved_rows)
         ctx.rows = y_pad.shape[0]
         return _ops.reduce(y_pad, pos, weights, copy=kept)
 

@@ -135,7 +135,9 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
             return dst.zero_()
         _check_device(src.device)
         if copy is not None and (copy.shape != src.shape or copy.dtype != src.dtype or copy.stride(1) != 1):
-            raise ValueError(f"{op}: copy must have src's shape {tuple(src.shape)} and dtype {src.dtype}, rows contiguous")
+            raise ValueError(
+                f"{op}: copy must have src's shape {tuple(src.shape)} and dtype {src.dtype}, rows contiguous"
+            )
         _kernels.reduce_kernel[(T,)](
             src, dst, pos, scale if scale is not None else src, copy if copy is not None else src,
             H, src.stride(0), dst.stride(0), copy.stride(0) if copy is not None else 0,

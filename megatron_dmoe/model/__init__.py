@@ -1,1 +1,1 @@
-"""megatron-core integration: layer specs, GPT building, fast attention, fused kernels for norms, linears and the loss."""
+"""megatron-core integration: layer specs, GPT building, fast attention, fused norms, linears and loss."""

@@ -20,8 +20,8 @@ On CUDA the two passes are the fused Triton permutation kernels; elsewhere torch
 sizes must reach the host first), "symmetric" (parallel/symmetric_exchange.py: rows stored straight into
 the peers' memory by Triton kernels, offsets computed on the device, the sort into destination
 order fused into the store; ranks of one host; nothing read on the host, so it runs inside CUDA
-graphs: the received rows are a bound-sized view whose real count stays on the device) or "auto" (symmetric where the group allows it,
-decided at the first dispatch, else nccl).
+graphs: the received rows are a bound-sized view whose real count stays on the device) or "auto"
+(symmetric where the group allows it, decided at the first dispatch, else nccl).
 """
 from __future__ import annotations
 
@@ -130,8 +130,8 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
         offsets = None
         if x.is_cuda:
-            from dmoe_kernels.permute_ops import padded_positions
             from dmoe_kernels.permute_functional import permute
+            from dmoe_kernels.permute_ops import padded_positions
 
             offsets = compact_offsets(counts)
             positions = padded_positions(virtual, counts, offsets)  # sorted row of each copy (counting sort)
@@ -148,7 +148,6 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
     def _dispatch_symmetric(self, x, virtual, virtual_weights):
         from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
-
         from megatron_dmoe.parallel.symmetric_exchange import send_to_experts
 
         exchange = self._symmetric

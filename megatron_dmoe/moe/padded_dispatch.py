@@ -48,8 +48,8 @@ class PaddedDispatcher(TokenDispatcher):
 
     def dispatch(self, x, indices, weights):
         import dmoe_kernels as dk
-        from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
         from dmoe_kernels.permute_functional import permute
+        from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
 
         if self.block_size is None:
             raise ValueError(

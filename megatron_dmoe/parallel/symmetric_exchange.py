@@ -242,7 +242,9 @@ class SymmetricExchange:
 _EXCHANGES: Dict[Tuple[str, int, str], SymmetricExchange] = {}
 
 
-def symmetric_exchange(group, num_virtual_experts: int, device: torch.device) -> Tuple[Optional[SymmetricExchange], str]:
+def symmetric_exchange(
+    group, num_virtual_experts: int, device: torch.device
+) -> Tuple[Optional[SymmetricExchange], str]:
     """(the group's exchange, "") or (None, why not). One exchange per group, virtual expert count
     and device, shared by all layers. Collective over the group the first time: every rank must
     call it, and all ranks reach the same answer (a failure on any rank is a failure on all)."""

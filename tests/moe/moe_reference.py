@@ -44,18 +44,18 @@ def reference_moe(
     logits = x @ router_w.t()
     outputs, chosen, aux_probs = [], [], []
     for t in range(T):
-        l = logits[t]
+        row = logits[t]
         if score_function == "softmax":
-            p = softmax(l)
+            p = softmax(row)
             aux_probs.append(p)
             if pre_softmax:
                 picked = choose(p, top_k)
                 w = p[picked]
             else:
-                picked = choose(l, top_k)
-                w = softmax(l[picked])
+                picked = choose(row, top_k)
+                w = softmax(row[picked])
         else:
-            s = sigmoid(l)
+            s = sigmoid(row)
             aux_probs.append(s / s.sum())
             selection = s if expert_bias is None else s + expert_bias
             picked = choose(selection, top_k)
@@ -76,7 +76,7 @@ def reference_moe(
         mean_prob = torch.stack(aux_probs).mean(0)
         aux = aux + aux_coeff * E * sum(counts[e] / (T * top_k) * mean_prob[e] for e in range(E))
     if z_coeff:
-        lse = torch.stack([l.max() + torch.log(torch.exp(l - l.max()).sum()) for l in logits])
+        lse = torch.stack([row.max() + torch.log(torch.exp(row - row.max()).sum()) for row in logits])
         aux = aux + z_coeff * (lse**2).mean()
     return torch.stack(outputs), aux, chosen
 

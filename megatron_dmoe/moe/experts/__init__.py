@@ -1,4 +1,5 @@
-"""Expert MLP backends: `sparse` (block-sparse Triton kernels), `grouped` (torch grouped_mm), `reference` (per-expert loop)."""
+"""Expert MLP backends: `sparse` (block-sparse Triton kernels), `grouped` (torch grouped_mm),
+`reference` (per-expert loop)."""
 from .backends import BACKEND_REGISTRY, BackendUnavailableError, register_backend, resolve_backend
 from .module import ExpertMLP
 

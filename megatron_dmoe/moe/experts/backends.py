@@ -13,7 +13,9 @@ from .mlp import ExpertBackend
 from .reference import ReferenceBackend
 from .sparse import SparseBackend
 
-BACKEND_REGISTRY: Dict[str, ExpertBackend] = {b.name: b for b in (ReferenceBackend(), GroupedBackend(), SparseBackend())}
+BACKEND_REGISTRY: Dict[str, ExpertBackend] = {
+    b.name: b for b in (ReferenceBackend(), GroupedBackend(), SparseBackend())
+}
 # preferred first; a faster backend that registers later goes to the front
 AUTO_ORDER = ["sparse", "grouped", "reference"]
 # torch's grouped_mm on CPU is a plain loop, measured ~3x slower than per-expert matmuls in our
