@@ -303,10 +303,12 @@ class _ToExperts(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        (positions,) = ctx.saved_tensors
-        torch.cuda.set_device(grad.device)  # autograd's worker thread
-        grad_sorted = ctx.exchange.to_sources(grad.contiguous(), ctx.plan)
+        from dmoe_kernels.launch import bind_device
         from dmoe_kernels.permute_ops import reduce
+
+        (positions,) = ctx.saved_tensors
+        bind_device(grad)  # autograd's worker thread
+        grad_sorted = ctx.exchange.to_sources(grad.contiguous(), ctx.plan)
 
         return reduce(grad_sorted, positions), None, None, None, None
 
@@ -322,7 +324,9 @@ class _ToSources(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        torch.cuda.set_device(grad.device)
+        from dmoe_kernels.launch import bind_device
+
+        bind_device(grad)  # autograd's worker thread
         return ctx.exchange.to_experts(grad.contiguous(), ctx.plan), None, None
 
 
