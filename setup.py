@@ -44,7 +44,7 @@ setup(
         "tokenizers": ["transformers>=4.40"],
         # dmoe-export --format hf writes safetensors; training never needs it
         "hf": ["safetensors>=0.4"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=5.0", "safetensors>=0.4"],
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=5.0", "safetensors>=0.4", "ruff>=0.17,<0.18"],
     },
     entry_points={
         "console_scripts": [

@@ -9,20 +9,24 @@ package named ``kernels`` exists on the package registry). It depends on torch a
   sdd, dsd, dds             differentiable products (functional.py)
   ops.sdd, ops.dsd, ops.dds the same products without autograd (ops.py)
   reference                 pure-torch versions of every op (reference.py)
-  permute, permute_rows     fused Triton permutation into / out of the expert-grouped, block-padded
-  unpermute_rows            buffer, routing positions on the device (permute.py, permute_functional.py;
-                            references in permute_reference.py)
+  permute_rows,             fused Triton permutation into / out of the expert-grouped, block-padded
+  unpermute_rows            buffer, differentiable (permute_functional.py); permute_ops has the same
+  permute_ops               kernels without autograd and the routing positions computed on the device
+                            (permute_ops.py; references in permute_reference.py)
+  launch                    what every launch shares: device checks, program counts, TMA readiness
   activation                GELU / SwiGLU on sparse data over the existing blocks (activation.py)
   regroup                   sum_m S_m^T @ B_m over micro-batches as one product, rows regrouped by
                             expert (regroup.py): weight gradients accumulated once per step
 
 See README.md in this folder for an example.
 """
-from . import activation, ops, permute, permute_reference, reference, regroup
+from . import activation, launch, ops, permute_ops, permute_reference, reference, regroup
 from .functional import dds, dsd, sdd
 from .permute_functional import permute as permute_rows, unpermute as unpermute_rows
 from .topology import Topology, max_padded_rows, padded_expert_offsets
 from .tuning import DsdConfig, SddConfig
+
+permute = permute_ops  # the former name of permute_ops, kept for existing callers
 
 __all__ = [
     "Topology",
@@ -33,11 +37,12 @@ __all__ = [
     "dds",
     "ops",
     "reference",
-    "permute",
+    "permute_ops",
     "permute_reference",
     "permute_rows",
     "unpermute_rows",
     "activation",
+    "launch",
     "regroup",
     "SddConfig",
     "DsdConfig",

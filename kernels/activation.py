@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import check_launchable
+
 ACTIVATIONS = ("gelu", "swiglu")
 _BLOCK = 1024
 
@@ -115,11 +117,9 @@ def _check(name: str, nnz: torch.Tensor, *tensors: Optional[torch.Tensor]) -> No
 
 
 def _launch(kernel, data: torch.Tensor, *args, swiglu: bool) -> None:
-    from .ops import _check_launchable
-
     if data.numel() == 0:
         return
-    _check_launchable(kernel, data.device)
+    check_launchable(kernel, data.device)
     block_elements = data.shape[1] * data.shape[2]
     kernel[(triton.cdiv(data.numel(), _BLOCK),)](*args, block_elements, SWIGLU=swiglu, BLOCK=_BLOCK, num_warps=4)
 
@@ -162,8 +162,6 @@ def activation_backward_weighted(
     grad * act, whose sum over F is the gradient of that row's router weight.
     Needs the dMoE topology's regular layout (``topology.blocks_per_row``).
     """
-    from .ops import _check_launchable
-
     _check(name, topology.nnz, grad, h1, h2)
     _check(name, topology.nnz, act, h1, h2)
     F = topology.blocks_per_row
@@ -177,7 +175,7 @@ def activation_backward_weighted(
     row_dot = torch.empty(rows, F, dtype=torch.float32, device=grad.device)
     bs = topology.block_size
     if topology.max_blocks:
-        _check_launchable(_weighted_backward_kernel, grad.device)
+        check_launchable(_weighted_backward_kernel, grad.device)
         rows_per_program = max(1, min(bs, 2048 // bs))
         _weighted_backward_kernel[(topology.max_blocks * (bs // rows_per_program),)](
             grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, act, row_weights.contiguous(), row_dot,

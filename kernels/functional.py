@@ -15,17 +15,8 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from .launch import bind_device
 from .topology import Topology
-
-
-def _bind_device(t: torch.Tensor) -> None:
-    """Make the tensor's CUDA context current on this thread.
-
-    Backward runs on autograd's worker thread; when its first CUDA call is a Triton launch that
-    builds TMA descriptors, no context is bound yet ("invalid device context"). set_device is cheap.
-    """
-    if t.is_cuda:
-        torch.cuda.set_device(t.device)
 
 
 class _SDD(torch.autograd.Function):
@@ -39,7 +30,7 @@ class _SDD(torch.autograd.Function):
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         topo = ctx.topology
-        _bind_device(grad)
+        bind_device(grad)
         grad = grad.contiguous()
         da = db = None
         if ctx.needs_input_grad[0]:
@@ -61,7 +52,7 @@ class _DSD(torch.autograd.Function):
     def backward(ctx, grad):
         data, b = ctx.saved_tensors
         topo = ctx.topology
-        _bind_device(grad)
+        bind_device(grad)
         ddata = db = None
         if ctx.needs_input_grad[0]:
             # C = S @ b: dS = mask(dC @ b^T).  C = S^T @ b: dS = mask(b @ dC^T).
@@ -84,7 +75,7 @@ class _DDS(torch.autograd.Function):
     def backward(ctx, grad):
         a, data = ctx.saved_tensors
         topo = ctx.topology
-        _bind_device(grad)
+        bind_device(grad)
         da = ddata = None
         if ctx.needs_input_grad[0]:
             # C = a @ S: da = dC @ S^T.  C = a @ S^T: da = dC @ S.

@@ -12,18 +12,20 @@ by construction; the dense widths may be anything (the kernels mask the edges).
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from . import dsd_kernel as _dsd_module
-from . import dsd_tma_kernel as _dsd_tma_module
-from . import dsdt_tma_kernel as _dsdt_tma_module
-from . import sdd_kernel as _sdd_module
-from . import sdd_tma_kernel as _sdd_tma_module
+from . import (
+    dsd_kernel as _dsd_module,
+    dsd_tma_kernel as _dsd_tma_module,
+    dsdt_tma_kernel as _dsdt_tma_module,
+    sdd_kernel as _sdd_module,
+    sdd_tma_kernel as _sdd_tma_module,
+)
+from .launch import check_launchable, dot_precision, persistent_programs, tma_descriptor, tma_ready
 from .topology import Topology
 from .tuning import DsdConfig, SddConfig, dsd_config, sdd_config
 
@@ -52,53 +54,7 @@ def _check_2d(op: str, name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{op}: {name} must be 2-D, got shape {tuple(t.shape)}")
 
 
-def _check_launchable(kernel, device: torch.device) -> None:
-    interpreted = type(kernel).__name__ == "InterpretedFunction"  # made under TRITON_INTERPRET=1
-    if device.type == "cpu" and not interpreted:
-        raise RuntimeError(
-            "the Triton kernels need CUDA tensors; to run them on CPU tensors set TRITON_INTERPRET=1 "
-            "before triton is first imported, or use dmoe_kernels.reference "
-            "(and Topology.for_experts(..., builder='torch'))"
-        )
-
-
 _TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-
-
-def _tma_ready(t: torch.Tensor, transposed: bool = False) -> bool:
-    """Can a TMA descriptor read t (row-major 2-D, or the transpose of one when transposed)?"""
-    outer, inner = (t.stride(1), t.stride(0)) if transposed else (t.stride(0), t.stride(1))
-    width = t.shape[0] if transposed else t.shape[1]
-    return (
-        inner == 1
-        and outer >= width  # a plain row-major layout (no broadcast rows)
-        and (outer * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
-    )
-
-
-def _descriptor(t: torch.Tensor, block_shape):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block_shape))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def persistent_programs(device: torch.device, per_sm: int) -> int:
-    """Grid size of a persistent kernel: per_sm programs per multiprocessor of the device."""
-    if device.type != "cuda":
-        return 3  # the interpreter: a few programs still exercise the persistent loop
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device()) * per_sm
-
-
-def _dot_precision(dtype: torch.dtype, device: torch.device) -> str:
-    if dtype == torch.float32 and device.type == "cuda" and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"  # match torch.matmul's full fp32 precision unless the user allowed tf32
-    return "tf32"  # ignored for 16-bit operands
 
 
 def _check_accumulation_target(op: str, out: Optional[torch.Tensor], shape, dtype: torch.dtype,
@@ -149,7 +105,7 @@ def sdd(
         if not out.is_contiguous() or out.dtype != dtype:
             raise ValueError(f"{op}: out must be contiguous with dtype {dtype}")
     kernel = _sdd_module.sdd_kernel
-    _check_launchable(kernel, a.device)
+    check_launchable(kernel, a.device)
     K = a.shape[1]
     regular = topology.blocks_per_row
     cfg = config or sdd_config(topology.block_size, regular, K, a.device, dtype)
@@ -159,8 +115,8 @@ def sdd(
             f"{op}: blocks_per_program={nb} needs a regular topology whose rows hold a multiple of {nb} blocks"
         )
     bs = topology.block_size
-    b_kmajor = _tma_ready(b, transposed=True)
-    if cfg.persistent and regular and K > 0 and _tma_ready(a) and (b_kmajor or _tma_ready(b)) and nb in (1, 2):
+    b_kmajor = tma_ready(b, transposed=True)
+    if cfg.persistent and regular and K > 0 and tma_ready(a) and (b_kmajor or tma_ready(b)) and nb in (1, 2):
         if topology.max_blocks == 0:
             return out
         b_mat = b.t() if b_kmajor else b
@@ -168,13 +124,13 @@ def sdd(
         kernel = _sdd_tma_module.sdd_tma_kernel
         grid = min(persistent_programs(a.device, cfg.programs_per_sm), topology.max_blocks // nb)
         kernel[(grid,)](
-            _descriptor(a, [bs, cfg.block_k]), _descriptor(b_mat, b_block),
-            _descriptor(out.view(-1, bs), [bs, bs]),
+            tma_descriptor(a, [bs, cfg.block_k]), tma_descriptor(b_mat, b_block),
+            tma_descriptor(out.view(-1, bs), [bs, bs]),
             topology.column_indices, topology.nnz,
             K, regular, grid,
             BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
-            DOT_PRECISION=_dot_precision(dtype, a.device),
+            DOT_PRECISION=dot_precision(dtype, a.device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
@@ -188,7 +144,7 @@ def sdd(
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         REGULAR=bool(regular), EVEN_K=(K % cfg.block_k == 0),
-        DOT_PRECISION=_dot_precision(dtype, a.device),
+        DOT_PRECISION=dot_precision(dtype, a.device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -224,10 +180,12 @@ def dsd(
     elif out is None:
         out = torch.empty((s_rows, N), dtype=dtype, device=b.device)
     elif tuple(out.shape) != (s_rows, N) or out.dtype != dtype:
-        raise ValueError(f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}"
+        )
     data = data.contiguous()
     kernel = _dsd_module.dsd_kernel
-    _check_launchable(kernel, b.device)
+    check_launchable(kernel, b.device)
     bs = topology.block_size
     out_block_rows = s_rows // bs
     cfg = config or dsd_config(bs, N, transpose, b.device, bool(topology.blocks_per_row), dtype)
@@ -242,7 +200,7 @@ def dsd(
         offsets, indices, positions = topology.offsets, topology.column_indices, topology.column_indices
     regular = topology.blocks_per_row
     # Accumulation reads and writes out through pointers, so out needs no TMA layout then.
-    if cfg.persistent and regular and _tma_ready(b) and (accumulate or _tma_ready(out)) and topology.max_blocks > 0:
+    if cfg.persistent and regular and tma_ready(b) and (accumulate or tma_ready(out)) and topology.max_blocks > 0:
         s_block = [cfg.block_k, bs] if transpose else [bs, cfg.block_k]
         grid = min(persistent_programs(b.device, cfg.programs_per_sm), num_programs)
         if accumulate:
@@ -250,26 +208,26 @@ def dsd(
             c_desc = None
         else:
             epilogue = {}
-            c_desc = _descriptor(out, [bs, cfg.block_n])
+            c_desc = tma_descriptor(out, [bs, cfg.block_n])
         if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
             _dsdt_tma_module.dsdt_tma_kernel[(grid,)](
-                _descriptor(data.view(-1, bs), s_block), _descriptor(b, [cfg.block_k, cfg.block_n]),
+                tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
                 c_desc,
                 offsets, indices, positions,
                 N, out_block_rows, regular, grid, data.shape[0] * bs, b.shape[0],
                 BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                OUT_DTYPE=_TL_DTYPE[dtype], DOT_PRECISION=_dot_precision(dtype, b.device),
+                OUT_DTYPE=_TL_DTYPE[dtype], DOT_PRECISION=dot_precision(dtype, b.device),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             )
             return out
         _dsd_tma_module.dsd_tma_kernel[(grid,)](
-            _descriptor(data.view(-1, bs), s_block), _descriptor(b, [cfg.block_k, cfg.block_n]),
+            tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
             c_desc,
             offsets, indices, positions, topology.nnz,
             N, out_block_rows, regular, grid,
             BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             TRANS_S=transpose, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
-            DOT_PRECISION=_dot_precision(dtype, b.device),
+            DOT_PRECISION=dot_precision(dtype, b.device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
         )
         return out
@@ -280,7 +238,7 @@ def dsd(
         b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         TRANS_S=transpose, REGULAR=bool(topology.blocks_per_row), EVEN_N=(N % cfg.block_n == 0),
-        DOT_PRECISION=_dot_precision(dtype, b.device),
+        DOT_PRECISION=dot_precision(dtype, b.device),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"ACCUMULATE": True} if accumulate else {}),
     )

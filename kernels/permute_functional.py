@@ -1,4 +1,4 @@
-"""Differentiable dMoE permutation on the fused kernels of permute.py.
+"""Differentiable dMoE permutation on the fused kernels of permute_ops.py.
 
   permute(x, pos, rows, expert_offsets, counts)            x [T, H] -> padded buffer [rows, H]
   unpermute(y_pad, pos, expert_offsets, counts, weights)   padded buffer -> y [T, H]
@@ -16,13 +16,8 @@ from typing import Optional
 
 import torch
 
-from . import permute as _ops
-
-
-def _bind_device(t: torch.Tensor) -> None:
-    # backward runs on autograd's worker thread: make the tensor's device current for the launches
-    if t.is_cuda:
-        torch.cuda.set_device(t.device)
+from . import permute_ops as _ops
+from .launch import bind_device
 
 
 class _Permute(torch.autograd.Function):
@@ -34,7 +29,7 @@ class _Permute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (pos,) = ctx.saved_tensors
-        _bind_device(grad)
+        bind_device(grad)
         return _ops.reduce(grad, pos), None, None, None, None
 
 
@@ -43,14 +38,15 @@ class _Unpermute(torch.autograd.Function):
     def forward(ctx, y_pad, pos, weights, expert_offsets, counts, transient_input):
         weights_grad = weights is not None and ctx.needs_input_grad[2]
         kept = torch.empty_like(y_pad) if weights_grad and transient_input else None
-        ctx.save_for_backward(pos, weights, expert_offsets, counts, (kept if kept is not None else y_pad) if weights_grad else None)
+        saved_rows = (kept if kept is not None else y_pad) if weights_grad else None
+        ctx.save_for_backward(pos, weights, expert_offsets, counts, saved_rows)
         ctx.rows = y_pad.shape[0]
         return _ops.reduce(y_pad, pos, weights, copy=kept)
 
     @staticmethod
     def backward(ctx, grad):
         pos, weights, expert_offsets, counts, y_pad = ctx.saved_tensors
-        _bind_device(grad)
+        bind_device(grad)
         d_weights = None
         if y_pad is not None:
             d_y_pad, dot = _ops.expand(grad, pos, ctx.rows, expert_offsets, counts, scale=weights, other=y_pad)

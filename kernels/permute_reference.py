@@ -1,4 +1,4 @@
-"""Pure-torch versions of the permutation ops (permute.py), written plainly: the tests' ground truth.
+"""Pure-torch versions of the permutation ops (permute_ops.py), written plainly: the tests' ground truth.
 
 They loop on the host where that is clearest (positions) and zero the whole output buffer, so they
 suit tests and small problems. Sums run in the inputs' dtype, or float64 when given float64.

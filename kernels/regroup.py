@@ -21,6 +21,7 @@ import torch
 import triton
 
 from . import regroup_kernel
+from .launch import check_launchable
 from .topology import Topology, _expert_arrays_torch, _expert_arrays_triton
 
 
@@ -85,8 +86,6 @@ def gather_block_rows(tensors: Sequence[torch.Tensor], source_tensor: torch.Tens
     has block_rows[m] equal-sized block rows; all share a dtype, a device and the shape past their
     first dim). One Triton launch reads every row in use once and writes it once; rows whose
     source_tensor is negative are left unwritten."""
-    from .ops import _check_launchable
-
     width = tensors[0].numel() // block_rows[0]
     device = tensors[0].device
     for t, n in zip(tensors, block_rows):
@@ -99,7 +98,7 @@ def gather_block_rows(tensors: Sequence[torch.Tensor], source_tensor: torch.Tens
     if device.type == "cuda":  # pinned, so that the copy does not wait for the device's queue
         addresses = addresses.pin_memory().to(device, non_blocking=True)
     kernel = regroup_kernel.gather_rows_kernel
-    _check_launchable(kernel, device)
+    check_launchable(kernel, device)
     block = min(4096, triton.next_power_of_2(width))
     if rows:
         kernel[(rows, triton.cdiv(width, block))](out, addresses, source_tensor, source_row, width, BLOCK=block)

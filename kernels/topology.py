@@ -22,13 +22,15 @@ from typing import Optional
 import torch
 import triton
 
-SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
+from .launch import check_launchable
+
+BLOCK_SIZES = (16, 32, 64, 128)
 
 
 def _check_block_size(block_size: int) -> None:
-    if block_size not in SUPPORTED_BLOCK_SIZES:
+    if block_size not in BLOCK_SIZES:
         raise ValueError(
-            f"block_size={block_size} is not supported; use one of {SUPPORTED_BLOCK_SIZES} "
+            f"block_size={block_size} is not supported; use one of {BLOCK_SIZES} "
             "(128 is the default for training, 16 and 32 exist for small tests)"
         )
 
@@ -226,9 +228,8 @@ class Topology:
 def _expert_arrays_triton(tokens_per_expert: torch.Tensor, F: int, bs: int, max_rows: int) -> dict:
     """Index arrays of the dMoE topology from two Triton launches (see topology_kernel.py)."""
     from . import topology_kernel
-    from .ops import _check_launchable
 
-    _check_launchable(topology_kernel.expert_index_kernel, tokens_per_expert.device)
+    check_launchable(topology_kernel.expert_index_kernel, tokens_per_expert.device)
     device = tokens_per_expert.device
     num_experts = tokens_per_expert.shape[0]
     max_blocks = max_rows * F

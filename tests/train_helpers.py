@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 # A model small enough for a 2-core CPU; the built-in corpus is shared by every test in the session.
 SMALL = [
     "model.num_layers=2",

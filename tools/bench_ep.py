@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -88,7 +87,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20, help="timed calls (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
-                        help="also profile --iters dispatch+combine calls per size, and layer steps, on rank 0 (torch.profiler): "
+                        help="also profile --iters dispatch+combine calls per size, and layer steps, on rank 0 "
+                             "(torch.profiler): "
                              "per call the wall time, the host's wait for the split sizes and the GPU's "
                              "kernel time, and DIR/exchange_ep<EP>_<MiB>MiB.txt with the CPU ops and kernels")
     parser.add_argument("--out", type=Path, help="JSON file for the results (written by rank 0)")
@@ -213,7 +213,7 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> d
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
+    from megatron_dmoe.moe.ep_dispatcher import ExpertParallelDispatcher
     from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
     group = ps.get_expert_model_parallel_group()
@@ -360,8 +360,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 for row in results["exchange"]:
                     prof = row.get("profile")
                     if prof:
-                        print(f"profile EP {row['ep']} {row['exchange']} {row['exchange_mib_per_rank']:g} MiB (rank 0, per call): "
-                              f"{prof['wall_ms_per_call']:.3f} ms wall, host waits {prof['host_wait_ms_per_call']:.3f} ms "
+                        print(f"profile EP {row['ep']} {row['exchange']} {row['exchange_mib_per_rank']:g} MiB "
+                              f"(rank 0, per call): {prof['wall_ms_per_call']:.3f} ms wall, "
+                              f"host waits {prof['host_wait_ms_per_call']:.3f} ms "
                               f"for the split sizes/sync, kernels {prof['gpu_kernel_ms_per_call']:.3f} ms GPU, "
                               f"{prof['launches_per_call']:.0f} launches")
             print(f"\nMoE layer forward + backward, {args.tokens} tokens/process, ffn {args.ffn}")

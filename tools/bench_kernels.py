@@ -38,10 +38,10 @@ import triton
 from triton.testing import do_bench
 
 import dmoe_kernels as dk
-from dmoe_kernels import DsdConfig, SddConfig
 
 # one table of cases for the layer and its products (run from tools/)
 from bench_moe import CASES, case_activation, profile_host
+from dmoe_kernels import DsdConfig, SddConfig
 
 PRODUCTS = ["fwd_sdd", "fwd_dsd", "bwd_sdd", "bwd_dw2", "bwd_dx", "bwd_dw1"]
 # How often the expert MLP's step runs each product: SwiGLU's second input weight v1 repeats the
@@ -217,10 +217,11 @@ def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bf
             "rounds_ms": rounds,
         }
         log(f"  {name} {prod}: dense {tflops(dense_ms):6.1f}  default "
-            f"{default['tflops'] if default else float('nan'):6.1f}  best {best['tflops'] if best else float('nan'):6.1f} "
+            f"{default['tflops'] if default else float('nan'):6.1f}  "
+            f"best {best['tflops'] if best else float('nan'):6.1f} "
             f"{best['config'] if best else ''}  cuBLAS bmm {tflops(bmm_ms):6.1f}  host {host_us:.0f} us/call")
     result["mlp"] = expert_mlp_totals(result, activation)
-    del x, dy, w1, w2, a, dh, ga, gdh
+    x = dy = w1 = w2 = a = dh = ga = gdh = None  # free them: the lambdas above hold these names
     torch.cuda.empty_cache()
     return result
 
@@ -295,7 +296,7 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
         f"floor {ms['floor']:.3f} ms at the copy bandwidth, {result['copy_gb_per_s']:.0f} GB/s); "
         f"per step over {micro_batches} micro-batches {ms['per_step_per_micro_batch']:.3f} ms per micro-batch "
         f"(regrouping {ms['regroup_per_micro_batch']:.3f})")
-    del x, dh, main_grad, dense_grad, gdh, copy_src, stash
+    x = dh = main_grad = dense_grad = gdh = copy_src = stash = None  # free them: the lambdas above hold these names
     torch.cuda.empty_cache()
     return result
 

@@ -395,7 +395,7 @@ def run_routing(name, case, args, backends, skew, device, dtype, report):
             except Exception as exc:  # a backend that cannot be captured: say so, measure the rest
                 row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
                 report(f"  {'':<13} not capturable as a CUDA graph: {row['graph_error']}")
-        del step, params, inputs
+        step = params = inputs = None  # free them: the lambdas above hold these names
         if backend != "dense-equiv":
             del layer, x
         if device.type == "cuda":

@@ -262,8 +262,9 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     seconds = _max_over_ranks((time.perf_counter() - start) / args.steps, env.device)
     result = run_row(name, cuda_graphs, cfg, env.world_size)
     label = result["model"] + (f"_rank{env.rank}" if env.world_size > 1 else "")
-    profile = profile_step(label, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device, per_step),
-                           sync) if args.profile and env.on_cuda else None
+    profile = profile_step(
+        label, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device, per_step), sync,
+    ) if args.profile and env.on_cuda else None
     peak_memory = _max_over_ranks(torch.cuda.max_memory_allocated() / 2**30, env.device) if env.on_cuda else None
     tokens_per_s = gbs * cfg.model.seq_length / seconds
     flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(args.vocab_size, cfg))
@@ -276,7 +277,7 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
         "params": _global_params(model),
         "profile": profile,
     })
-    del model, optimizer
+    model = optimizer = None  # free them: the profiled lambda holds these names
     if cuda_graphs:
         release_layer_graphs()
     gc.collect()

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
+from megatron_dmoe.data.cache import default_cache_dir
 from megatron_dmoe.data.errors import DataError
 from megatron_dmoe.data.preprocess import IndexedDatasetWriter
 from megatron_dmoe.data.tokenizer import load_tokenizer, train_tokenizer
@@ -38,11 +39,6 @@ _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "_
 _MAX_FILE_BYTES = 256_000  # leave out a few huge generated files (pydoc topics, tables)
 _DOC_CHARS = 2048  # documents are split at top-level statements once this long ...
 _DOC_MAX_CHARS = 4 * _DOC_CHARS  # ... and at any line beyond this
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "megatron_dmoe"
 
 
 def stdlib_sources(max_bytes: int = DEFAULT_MAX_BYTES) -> List[Path]:

@@ -21,7 +21,8 @@ import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-from megatron_dmoe.data.builtin import default_cache_dir, prepare_builtin_corpus
+from megatron_dmoe.data.builtin import prepare_builtin_corpus
+from megatron_dmoe.data.cache import default_cache_dir
 from megatron_dmoe.data.checks import check_data_files, check_splits, check_tokenizer_matches
 from megatron_dmoe.data.errors import DataError
 from megatron_dmoe.data.tokenizer import load_tokenizer

@@ -125,7 +125,7 @@ class TokenizerSpec:
         if self.cache_dir:
             base = Path(os.path.expanduser(self.cache_dir))
         else:
-            from megatron_dmoe.data.builtin import default_cache_dir
+            from megatron_dmoe.data.cache import default_cache_dir
 
             base = default_cache_dir()
         folder = base / "tokenizers" / f"gpt2bpe-{digest}"

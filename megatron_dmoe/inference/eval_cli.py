@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from megatron_dmoe.inference.cli_common import add_run_arguments, distributed_session, fail, quiet_warnings, positive_int
+from megatron_dmoe.inference.cli_common import (
+    add_run_arguments,
+    distributed_session,
+    fail,
+    positive_int,
+    quiet_warnings,
+)
 
 PROG = "dmoe-eval"
 DESCRIPTION = """\

@@ -12,7 +12,9 @@ from megatron.core.inference.contexts import StaticInferenceContext
 from megatron.core.transformer.attention import Attention
 
 
-def static_kv_cache(model, batch_size: int, max_length: int, device: torch.device, dtype: torch.dtype) -> StaticInferenceContext:
+def static_kv_cache(
+    model, batch_size: int, max_length: int, device: torch.device, dtype: torch.dtype
+) -> StaticInferenceContext:
     """A StaticInferenceContext for `model` with its key/value buffers allocated on `device`."""
     context = StaticInferenceContext(batch_size, max_length)
     for module in model.modules():

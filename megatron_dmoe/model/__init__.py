@@ -1,1 +1,1 @@
-"""megatron-core integration: layer specs, GPT building, fast attention, CPU compatibility."""
+"""megatron-core integration: layer specs, GPT building, fast attention, fused norms, linears and loss."""

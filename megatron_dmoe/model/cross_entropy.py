@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dmoe_kernels.launch import bind_device
+
 BLOCK_V = 4096  # vocabulary entries per chunk of a row
 
 
@@ -81,8 +83,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
     def backward(ctx, dloss):
         logits, labels, lse = ctx.saved_tensors
         n, vocab = logits.shape
-        if logits.is_cuda:
-            torch.cuda.set_device(logits.device)  # autograd's worker thread
+        bind_device(logits)  # autograd's worker thread
         grad = logits if ctx.inplace_backward else logits.clone()
         if n:
             _cross_entropy_backward_kernel[(n,)](grad, labels, lse, dloss.float().contiguous(), vocab,

@@ -32,7 +32,8 @@ def fused_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         raise ValueError("fused_norm: RMSNorm takes no bias")
     if weight.shape != (x.shape[-1],) or (bias is not None and bias.shape != weight.shape):
         raise ValueError(f"fused_norm: weight {tuple(weight.shape)} and bias "
-                         f"{None if bias is None else tuple(bias.shape)} must be [{x.shape[-1]}] for x {tuple(x.shape)}")
+                         f"{None if bias is None else tuple(bias.shape)} must be [{x.shape[-1]}] "
+                         f"for x {tuple(x.shape)}")
     from megatron_dmoe.model.norm_kernels import FusedNormFunction  # triton: Linux only
 
     return FusedNormFunction.apply(x, weight, bias, float(eps), rms)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from dmoe_kernels.ops import persistent_programs
+
+from dmoe_kernels.launch import bind_device, persistent_programs
 
 
 @triton.jit
@@ -98,8 +99,7 @@ class FusedNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         rows, weight, bias, mean, rstd = ctx.saved_tensors
         m, n = rows.shape
-        if dy.is_cuda:
-            torch.cuda.set_device(dy.device)  # autograd's worker thread
+        bind_device(dy)  # autograd's worker thread
         dy = dy.reshape(m, n)
         if dy.stride(-1) != 1:
             dy = dy.contiguous()

@@ -8,7 +8,7 @@ its output is added; it is issued before the combine, so it can overlap the expe
 
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
-(megatron_dmoe.parallel.expert_dispatcher).
+(megatron_dmoe.moe.ep_dispatcher).
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class MoELayer(MegatronModule):
             )
         elif groups.size > 1:
             # imported here: the expert-parallel dispatcher builds on this package's dispatcher
-            from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
+            from megatron_dmoe.moe.ep_dispatcher import ExpertParallelDispatcher
 
             self.dispatcher = ExpertParallelDispatcher(self.experts.layout, groups.group, opts.ep_exchange)
         else:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from .dispatcher import TokenDispatcher
-from .experts.sparse import BLOCK_SIZES, block_size_for, sparse_experts_combine
+from .experts.sparse import block_size_for, sparse_experts_combine
+from .options import BLOCK_SIZES
 
 
 @dataclass
@@ -47,12 +48,12 @@ class PaddedDispatcher(TokenDispatcher):
 
     def dispatch(self, x, indices, weights):
         import dmoe_kernels as dk
-        from dmoe_kernels.permute import expert_histogram, positions_from_histogram
         from dmoe_kernels.permute_functional import permute
+        from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
 
         if self.block_size is None:
             raise ValueError(
-                f"ffn_hidden_size={self.ffn_hidden_size} is not a multiple of {BLOCK_SIZES[-1]}, the smallest "
+                f"ffn_hidden_size={self.ffn_hidden_size} is not a multiple of {min(BLOCK_SIZES)}, the smallest "
                 "block size of the sparse backend; use backend='grouped' or 'reference'."
             )
         num_tokens, top_k = indices.shape

@@ -1,8 +1,12 @@
-"""Process groups and expert-parallel token exchange.
+"""Process groups, expert placement and the exchanges that move rows between ranks.
 
 distributed.py      torch.distributed and megatron-core's process groups for a run
 expert_groups.py    the expert-parallel (EP) and expert-data-parallel groups an MoE layer uses
 expert_layout.py    which experts (or expert FFN shards) each EP rank holds, in global terms
-all_to_all.py       variable-split all-to-all with autograd
-expert_dispatcher.py  the TokenDispatcher that sends tokens to the ranks of their experts and back
+all_to_all.py       variable-split all-to-all with autograd (NCCL, gloo)
+symmetric_exchange.py  rows stored straight into the peers' symmetric memory (push_kernels.py)
+cpu_compat.py       megatron-core's CUDA assumptions redirected for CPU runs
+
+The MoE dispatcher that uses these exchanges is megatron_dmoe/moe/ep_dispatcher.py: nothing here
+imports megatron_dmoe.moe.
 """

@@ -37,7 +37,6 @@ Only for ranks of one host (CUDA peer mappings); the dispatcher falls back to NC
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -95,17 +94,14 @@ def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None
     post_counts_kernel[(inbox_ptrs.numel(),)](counts, counts.stride(0), inbox_ptrs, me, counts.numel(), BLOCK=1024)
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
 def _launch_shape(src: torch.Tensor, programs: Optional[int]):
     """(programs, BLOCK_H, warps) of a push kernel; by default two programs per multiprocessor."""
     import triton
 
+    from dmoe_kernels.launch import multiprocessors
+
     if programs is None:
-        programs = 2 * _multiprocessors(src.device)
+        programs = 2 * multiprocessors(src.device)
     block_h = min(1024, triton.next_power_of_2(src.shape[1]))
     return programs, block_h, (8 if block_h >= 512 else 4)
 
@@ -246,7 +242,9 @@ class SymmetricExchange:
 _EXCHANGES: Dict[Tuple[str, int, str], SymmetricExchange] = {}
 
 
-def symmetric_exchange(group, num_virtual_experts: int, device: torch.device) -> Tuple[Optional[SymmetricExchange], str]:
+def symmetric_exchange(
+    group, num_virtual_experts: int, device: torch.device
+) -> Tuple[Optional[SymmetricExchange], str]:
     """(the group's exchange, "") or (None, why not). One exchange per group, virtual expert count
     and device, shared by all layers. Collective over the group the first time: every rank must
     call it, and all ranks reach the same answer (a failure on any rank is a failure on all)."""
@@ -305,10 +303,12 @@ class _ToExperts(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        from dmoe_kernels.launch import bind_device
+        from dmoe_kernels.permute_ops import reduce
+
         (positions,) = ctx.saved_tensors
-        torch.cuda.set_device(grad.device)  # autograd's worker thread
+        bind_device(grad)  # autograd's worker thread
         grad_sorted = ctx.exchange.to_sources(grad.contiguous(), ctx.plan)
-        from dmoe_kernels.permute import reduce
 
         return reduce(grad_sorted, positions), None, None, None, None
 
@@ -324,7 +324,9 @@ class _ToSources(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        torch.cuda.set_device(grad.device)
+        from dmoe_kernels.launch import bind_device
+
+        bind_device(grad)  # autograd's worker thread
         return ctx.exchange.to_experts(grad.contiguous(), ctx.plan), None, None
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, TextIO
 
-from .status import run_status
 from .runs import PlannedRun
+from .status import run_status
 
 LOG_FILE = "train.log"
 

@@ -10,8 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from megatron_dmoe.config import (ConfigError, Environment, RunConfig, config_from_dict,
-                                  find_problems, resolve)
+from megatron_dmoe.config import ConfigError, Environment, RunConfig, config_from_dict, find_problems, resolve
 from megatron_dmoe.config.load import deep_merge, read_with_extends
 
 from .errors import Problem, SweepError

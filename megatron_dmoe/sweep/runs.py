@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from megatron_dmoe.config import (ConfigError, Environment, RunConfig, config_to_dict, load_config,
-                                  save_config)
+from megatron_dmoe.config import ConfigError, Environment, RunConfig, config_to_dict, load_config, save_config
 
 from .errors import Problem, SweepError
 from .points import SweepPoint, build_configs, expand, format_value
-from .status import CONFIG_FILE
 from .spec import SweepSpec
+from .status import CONFIG_FILE
 
 RUN_LIST = "runs.txt"
 SWEEP_COPY = "sweep.yaml"

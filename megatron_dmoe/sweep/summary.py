@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from megatron_dmoe.training.metrics import METRICS_FILE, read_metrics
 
-from .status import CONFIG_FILE, run_status
 from .runs import RUN_LIST
+from .status import CONFIG_FILE, run_status
 
 
 @dataclass(frozen=True)

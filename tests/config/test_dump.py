@@ -4,8 +4,7 @@ import string
 
 import pytest
 
-from megatron_dmoe.config import (RunConfig, config_to_yaml, load_config, resolve, save_config,
-                                  software_versions)
+from megatron_dmoe.config import RunConfig, config_to_yaml, load_config, resolve, save_config, software_versions
 from megatron_dmoe.config.fields import section_types
 
 

@@ -3,9 +3,14 @@ import dataclasses
 
 import pytest
 
-from megatron_dmoe.config import (ConfigError, RunConfig, config_from_dict, config_to_dict,
-                                  load_config)
-from megatron_dmoe.config import load as load_module
+from megatron_dmoe.config import (
+    ConfigError,
+    RunConfig,
+    config_from_dict,
+    config_to_dict,
+    load as load_module,
+    load_config,
+)
 
 
 def problems_of(call, *args, **kwargs):

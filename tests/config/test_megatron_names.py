@@ -4,8 +4,8 @@ import pytest
 
 from megatron_dmoe.cli import train_main
 from megatron_dmoe.config import ConfigError, load_config
-from megatron_dmoe.config.megatron_names import MEGATRON_KEYS, flags_to_overrides
 from megatron_dmoe.config.fields import all_keys
+from megatron_dmoe.config.megatron_names import MEGATRON_KEYS, flags_to_overrides
 
 OWN = ["--run-dir", "--resume", "-h", "--help"]
 
@@ -49,7 +49,8 @@ def test_dmoe_train_accepts_a_megatron_flag(capsys):
 
 
 @pytest.mark.parametrize("override, fragment", [
-    ("moe.moe_router_topk=2", "moe.moe_router_topk: unknown key; did you mean moe.top_k? (what Megatron-LM calls --moe-router-topk)"),
+    ("moe.moe_router_topk=2",
+     "moe.moe_router_topk: unknown key; did you mean moe.top_k? (what Megatron-LM calls --moe-router-topk)"),
     ("moe.router_topk=2", "did you mean moe.top_k?"),
     ("moe.moe_aux_loss_coeff=0.1", "did you mean moe.aux_loss_coeff?"),
     ("model.num_moe_experts=8", "did you mean moe.num_experts?"),

@@ -6,8 +6,16 @@ import typing
 
 import pytest
 
-from megatron_dmoe.config import ConfigError, ConfigWarning, Environment, find_problems, find_warnings, resolve, validate
-from megatron_dmoe.config import schema
+from megatron_dmoe.config import (
+    ConfigError,
+    ConfigWarning,
+    Environment,
+    find_problems,
+    find_warnings,
+    resolve,
+    schema,
+    validate,
+)
 from megatron_dmoe.config.fields import section_types
 from megatron_dmoe.config.validate import CHOICES, RANGES
 
@@ -456,7 +464,8 @@ def test_warmup_as_long_as_the_run_is_a_warning_and_the_schedule_works(make, war
     """Megatron-LM runs `--train-iters 10` with a longer warmup: the rate is still rising at the end."""
     cfg = make({"training.train_iters": 10, "training.lr_warmup_iters": warmup})
     assert find_problems(cfg, env=EVERYTHING) == find_problems(resolve(cfg), env=EVERYTHING) == []
-    with pytest.warns(ConfigWarning, match=r"training.lr_warmup_iters: .* not shorter than training.train_iters \(10\)"):
+    warning = r"training.lr_warmup_iters: .* not shorter than training.train_iters \(10\)"
+    with pytest.warns(ConfigWarning, match=warning):
         validate(cfg, env=EVERYTHING)
     from megatron_dmoe.training.optim import build_scheduler
 

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from megatron_dmoe.data.builtin import (

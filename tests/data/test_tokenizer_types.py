@@ -24,7 +24,8 @@ EOD = "<|endoftext|>"
 
 def _byte_symbols():
     """GPT-2's printable stand-ins for the 256 bytes (its bytes_to_unicode table)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
     extra = [b for b in range(256) if b not in keep]
     return [chr(b) for b in keep] + [chr(256 + i) for i in range(len(extra))]
 

@@ -10,9 +10,7 @@ import pytest
 import torch
 
 import dmoe_kernels as dk
-from dmoe_kernels import dsd_tma_kernel as dsd_tma_module
-from dmoe_kernels import dsdt_tma_kernel as dsdt_tma_module
-from dmoe_kernels import reference as ref
+from dmoe_kernels import dsd_tma_kernel as dsd_tma_module, dsdt_tma_kernel as dsdt_tma_module, reference as ref
 
 N_DENSE = 40  # TMA-ready rows for fp32 and fp16, and not a multiple of block_n=32: the N edge is masked
 # By out's dtype: the reference takes the rounded operands, so an fp32 out differs only by fp32
@@ -76,8 +74,8 @@ class _LaunchLog:
 @pytest.fixture
 def tma_launches(monkeypatch):
     log = []
-    monkeypatch.setattr(dsd_tma_module, "dsd_tma_kernel", _LaunchLog(dsd_tma_module.dsd_tma_kernel, "dsd_tma_kernel", log))
-    monkeypatch.setattr(dsdt_tma_module, "dsdt_tma_kernel", _LaunchLog(dsdt_tma_module.dsdt_tma_kernel, "dsdt_tma_kernel", log))
+    for module, name in ((dsd_tma_module, "dsd_tma_kernel"), (dsdt_tma_module, "dsdt_tma_kernel")):
+        monkeypatch.setattr(module, name, _LaunchLog(getattr(module, name), name, log))
     return log
 
 

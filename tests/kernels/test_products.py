@@ -234,7 +234,8 @@ def _config_cases():
 SDD_CONFIGS, DSD_CONFIGS = _config_cases()
 
 
-@pytest.mark.parametrize("counts, ffn", [([5, 0, 40, 17, 33], 64), ([0, 0, 70, 1, 0], 48)], ids=["F4-9rows", "F3-skewed"])
+@pytest.mark.parametrize("counts, ffn", [([5, 0, 40, 17, 33], 64), ([0, 0, 70, 1, 0], 48)],
+                         ids=["F4-9rows", "F3-skewed"])
 def test_every_config_on_expert_topologies(counts, ffn, device):
     """Program orders (GROUP_M not dividing the rows), multi-block tiles and persistent kernels."""
     counts = torch.tensor(counts, device=device)

@@ -23,7 +23,8 @@ def test_from_mask_arrays_by_hand():
     assert torch.equal(t.row_indices_t, _i32([2, 0, 2, 0, 0, 0]))
     assert torch.equal(t.block_offsets_t, _i32([2, 0, 3, 1, 0, 0]))
     assert t.blocks_per_row is None  # row 1 is empty but row 2 is not
-    for name in ("row_indices", "column_indices", "offsets", "column_offsets", "row_indices_t", "block_offsets_t", "nnz"):
+    for name in ("row_indices", "column_indices", "offsets", "column_offsets", "row_indices_t", "block_offsets_t",
+                 "nnz"):
         assert getattr(t, name).dtype == torch.int32, name
 
 
@@ -78,7 +79,8 @@ def test_for_experts_matches_loop(counts, ffn, bs, builder, device):
     expected = Topology.from_mask(mask, bs, max_blocks=t.max_blocks)
     assert t.shape == expected.shape and t.blocks_per_row == ffn // bs
     assert t.max_blocks == mask.shape[0] * (ffn // bs)
-    for name in ("nnz", "row_indices", "column_indices", "offsets", "column_offsets", "row_indices_t", "block_offsets_t"):
+    for name in ("nnz", "row_indices", "column_indices", "offsets", "column_offsets", "row_indices_t",
+                 "block_offsets_t"):
         got, want = getattr(t, name).cpu(), getattr(expected, name).cpu()
         assert got.dtype == torch.int32, name
         assert torch.equal(got, want), f"{name}: {got.tolist()} != {want.tolist()}"
@@ -138,3 +140,11 @@ def test_from_mask_errors():
         Topology.from_mask(torch.ones(2, 2, 2, dtype=torch.bool), 16)
     with pytest.raises(ValueError, match="max_blocks=1 is smaller than the 4 nonzero blocks"):
         Topology.from_mask(torch.ones(2, 2, dtype=torch.bool), 16, max_blocks=1)
+
+
+def test_block_sizes_match_the_moe_rules():
+    """moe/options.py keeps its own copy (it must import without triton); the two must agree."""
+    from dmoe_kernels import topology
+    from megatron_dmoe.moe.options import BLOCK_SIZES
+
+    assert sorted(BLOCK_SIZES) == sorted(topology.BLOCK_SIZES)

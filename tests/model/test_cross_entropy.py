@@ -7,7 +7,6 @@ import torch
 from megatron_dmoe.model.cross_entropy import BLOCK_V, fused_cross_entropy, reference_cross_entropy
 
 
-
 @pytest.fixture
 def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -77,18 +77,18 @@ def reference_moe(
         return choose(selection, top_k) if groups is None else choose_in_groups(selection, top_k, *groups)
 
     for t in range(T):
-        l = logits[t]
+        row = logits[t]
         if score_function == "softmax":
-            p = softmax(l)
+            p = softmax(row)
             aux_probs.append(p)
             if pre_softmax:
                 picked = pick(p)
                 w = p[picked]
             else:
-                picked = pick(l)
-                w = softmax(l[picked])
+                picked = pick(row)
+                w = softmax(row[picked])
         else:
-            s = sigmoid(l)
+            s = sigmoid(row)
             aux_probs.append(s / s.sum())
             selection = s if expert_bias is None else s + expert_bias
             picked = pick(selection)
@@ -116,7 +116,7 @@ def reference_moe(
             mean_prob = torch.stack([aux_probs[t] for t in tokens]).mean(0)
             aux = aux + aux_coeff * E * sum(counts[e] / (n * top_k) * mean_prob[e] for e in range(E)) / len(sequences)
     if z_coeff:
-        lse = torch.stack([l.max() + torch.log(torch.exp(l - l.max()).sum()) for l in logits])
+        lse = torch.stack([row.max() + torch.log(torch.exp(row - row.max()).sum()) for row in logits])
         aux = aux + z_coeff * (lse**2).mean()
     return torch.stack(outputs), aux, chosen
 

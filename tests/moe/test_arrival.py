@@ -4,7 +4,7 @@ positions into expert-grouped buffers against a per-row loop, and every backend'
 import pytest
 import torch
 
-from megatron_dmoe.moe.experts import BACKENDS
+from megatron_dmoe.moe.experts import BACKEND_REGISTRY
 from megatron_dmoe.moe.experts.arrival import arrival_positions, compact_offsets, group_rows, ungroup_rows
 from moe_reference import gelu, rel_err, silu
 
@@ -64,7 +64,7 @@ def test_backends_run_arrival_order_like_a_per_row_loop(backend, activation):
     x = torch.randn(n, hidden, generator=g).requires_grad_()
     w1, v1, w2 = (0.3 * torch.randn(experts, ffn, hidden, generator=g).requires_grad_() for _ in range(3))
     v1_used = v1 if activation == "swiglu" else None
-    impl = BACKENDS[backend]
+    impl = BACKEND_REGISTRY[backend]
     if backend == "sparse":
         impl = type(impl)(block_size=16)
     reason = impl.unsupported_reason(torch.device("cpu"), torch.float32, hidden, ffn)
@@ -103,7 +103,7 @@ def test_rows_past_the_real_ones_change_nothing(backend):
     hidden, ffn, experts = 8, 32, 3
     counts = torch.tensor([[3, 0, 2], [1, 4, 0]])
     n, extra = int(counts.sum()), 7
-    impl = BACKENDS[backend]
+    impl = BACKEND_REGISTRY[backend]
     if backend == "sparse":
         impl = type(impl)(block_size=16)
     reason = impl.unsupported_reason(torch.device("cpu"), torch.float32, hidden, ffn)

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron_dmoe.moe import MoELayer
-from moe_reference import load_weights, make_config, reference_moe, rel_err
+from moe_reference import make_config, reference_moe, rel_err
 
 
 def dense_mlp(x, w1, v1, w2, activation):

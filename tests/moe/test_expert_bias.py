@@ -38,7 +38,7 @@ def test_update_moves_bias_against_the_load_and_resets_counts():
     assert layer.router.local_tokens_per_expert.tolist() == load.long().tolist()
 
     assert update_expert_biases(layer) == 1
-    expected = [RATE * (1 if l < load.mean() else -1 if l > load.mean() else 0) for l in load.tolist()]
+    expected = [RATE * (1 if n < load.mean() else -1 if n > load.mean() else 0) for n in load.tolist()]
     assert torch.allclose(layer.router.expert_bias, torch.tensor(expected))
     assert layer.router.expert_bias[0] < 0 and layer.router.expert_bias[3] > 0
     assert layer.router.local_tokens_per_expert.tolist() == [0, 0, 0, 0]

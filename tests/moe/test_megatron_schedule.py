@@ -10,10 +10,13 @@ import torch
 from megatron.core.enums import ModelType
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker,
-                                                     save_to_aux_losses_tracker)
+from megatron.core.transformer.moe.moe_utils import (
+    clear_aux_losses_tracker,
+    get_moe_layer_wise_logging_tracker,
+    save_to_aux_losses_tracker,
+)
 
-from megatron_dmoe.moe import MoELayer, get_moe_metrics, load_balancing_loss, z_loss
+from megatron_dmoe.moe import MoELayer, get_moe_metrics
 from megatron_dmoe.moe.aux_loss import AuxLossScaler
 from moe_reference import make_config
 

@@ -168,7 +168,8 @@ def test_options_from_transformer_config_reads_megatron_fields():
 
 
 def test_sparse_backend_refuses_an_expert_width_its_blocks_cannot_tile():
-    with pytest.raises(ValueError, match=r"MoE option 'ffn_hidden_size'=24: 24 is not a multiple of block_size \(128\)"):
+    message = r"MoE option 'ffn_hidden_size'=24: 24 is not a multiple of block_size \(128\)"
+    with pytest.raises(ValueError, match=message):
         MoELayer(make_config(16, 24, 4, 2), backend="sparse")
 
 

@@ -6,10 +6,16 @@ import torch
 
 from dmoe_kernels import max_padded_rows
 from megatron_dmoe.moe import MoELayer, get_moe_metrics
-from megatron_dmoe.moe.experts import BACKENDS, resolve_backend
+from megatron_dmoe.moe.experts import BACKEND_REGISTRY, resolve_backend
 from megatron_dmoe.moe.experts.sparse import block_size_for
 from moe_reference import (
-    _min_selection_gap, draw_inputs, load_weights, make_config, rel_err, run_layer, run_reference,
+    _min_selection_gap,
+    draw_inputs,
+    load_weights,
+    make_config,
+    rel_err,
+    run_layer,
+    run_reference,
 )
 
 HIDDEN = 12
@@ -102,7 +108,7 @@ def test_backend_on_rows_grouped_without_padding(activation):
         xs = x.clone().requires_grad_()
         ws = [t.clone().requires_grad_() for t in w]
         v1 = ws[1] if activation == "swiglu" else None
-        y = BACKENDS[name].mlp(xs, counts, ws[0], v1, ws[2], activation, False)
+        y = BACKEND_REGISTRY[name].mlp(xs, counts, ws[0], v1, ws[2], activation, False)
         y.backward(dy)
         results.append([y, xs.grad, ws[0].grad, ws[2].grad] + ([ws[1].grad] if v1 is not None else []))
     for a, b in zip(results[1], results[0]):
@@ -142,7 +148,8 @@ def test_backend_choice_and_errors():
         resolve_backend("sparse", cpu, torch.float32, 16, 24)
     assert [block_size_for(f, 128) for f in (384, 192, 96, 48, 24)] == [128, 64, 32, 16, None]
     assert block_size_for(384, 64) == 64
-    with pytest.raises(ValueError, match=r"MoE option 'ffn_hidden_size'=48: 48 is not a multiple of block_size \(128\)"):
+    message = r"MoE option 'ffn_hidden_size'=48: 48 is not a multiple of block_size \(128\)"
+    with pytest.raises(ValueError, match=message):
         MoELayer(make_config(HIDDEN, 48, 4, 2), backend="sparse")
 
 

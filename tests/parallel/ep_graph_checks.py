@@ -3,9 +3,9 @@ exchange reads nothing on the host, so it runs under torch's sync-debug "error" 
 as one CUDA graph whose replays equal eager calls."""
 import torch
 
+from ep_layer_checks import _build, _draw_tokens, _draw_weights
 from megatron_dmoe.moe import AuxLossScaler
 from megatron_dmoe.parallel.distributed import init_distributed
-from ep_layer_checks import _build, _draw_tokens, _draw_weights
 from moe_reference import rel_err
 
 HIDDEN, FFN = 64, 128

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
+from megatron_dmoe.moe.ep_dispatcher import ExpertParallelDispatcher
 from megatron_dmoe.parallel.distributed import init_distributed
-from megatron_dmoe.parallel.expert_dispatcher import ExpertParallelDispatcher
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
 EXPERTS, TOP_K, HIDDEN = 8, 2, 40

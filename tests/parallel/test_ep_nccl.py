@@ -14,9 +14,15 @@ import pytest
 import torch
 
 from ep_layer_checks import LAYER_CASES, check_layer_cases
+from ep_runs import (
+    EP_KEY,
+    assert_same_expert_loads,
+    assert_same_steps,
+    check_ep4_checkpoint_continues_at_ep2_and_ep1,
+    records,
+    train,
+)
 from exchange_checks import check_symmetric_matches_nccl
-from ep_runs import (EP_KEY, assert_same_expert_loads, assert_same_steps, check_ep4_checkpoint_continues_at_ep2_and_ep1,
-                     records, train)
 from process_group import run_in_processes
 from train_helpers import SMALL
 

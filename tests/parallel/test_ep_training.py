@@ -1,7 +1,13 @@
 """End-to-end expert parallelism: torchrun on CPU (gloo) trains like one process, and a checkpoint
 saved at EP = 4 continues at EP = 2 and EP = 1 as the EP = 4 run itself continued."""
-from ep_runs import (EP_KEY, assert_same_expert_loads, assert_same_steps, check_ep4_checkpoint_continues_at_ep2_and_ep1,
-                     records, train)
+from ep_runs import (
+    EP_KEY,
+    assert_same_expert_loads,
+    assert_same_steps,
+    check_ep4_checkpoint_continues_at_ep2_and_ep1,
+    records,
+    train,
+)
 from train_helpers import SMALL
 
 

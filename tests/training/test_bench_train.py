@@ -14,7 +14,8 @@ def test_bench_train_reports_every_model(tmp_path):
     bench.main([
         "--device", "cpu", "--precision", "fp32", "--steps", "2", "--warmup", "1",
         "--models", "dense,dmoe,capacity",  # dmoe-per-step needs the sparse experts: CUDA's default
-        "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "32", "--vocab-size", "300", "--out", str(out),
+        "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "32", "--vocab-size", "300",
+        "--out", str(out),
         "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
         "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64",
     ])

@@ -6,8 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron_dmoe.config.schema import RunConfig
-from megatron_dmoe.training.flops import (
-    achieved_tflops_per_gpu, mfu, model_flops_per_token, peak_tflops_for_device)
+from megatron_dmoe.training.flops import achieved_tflops_per_gpu, mfu, model_flops_per_token, peak_tflops_for_device
 
 
 def make_cfg(**sections):
@@ -68,7 +67,9 @@ class TinyGPT(torch.nn.Module):
         self.head_dim, self.top_k, self.swiglu = h // heads, moe.top_k, m.activation == "swiglu"
         ffn = m.ffn_hidden_size or 4 * h
         expert_ffn = moe.ffn_hidden_size or ffn
-        lin = lambda i, o: torch.nn.Linear(i, o, bias=False, dtype=torch.float64)
+        def lin(i, o):
+            return torch.nn.Linear(i, o, bias=False, dtype=torch.float64)
+
         self.layers = torch.nn.ModuleList()
         for index in range(m.num_layers):
             layer = torch.nn.ModuleDict(dict(

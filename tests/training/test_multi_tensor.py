@@ -7,7 +7,8 @@ from megatron_dmoe.training.multi_tensor import foreach_l2_norm, foreach_scale, 
 
 def _tensors(seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=g, dtype=torch.float64).to(dtype) for shape in ((7, 5), (13,), (3, 4, 2), (1,))]
+    shapes = ((7, 5), (13,), (3, 4, 2), (1,))
+    return [torch.randn(shape, generator=g, dtype=torch.float64).to(dtype) for shape in shapes]
 
 
 def test_l2_norm_is_the_norm_of_all_tensors_as_one_vector():

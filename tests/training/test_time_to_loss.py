@@ -46,7 +46,9 @@ def four_runs(tmp_path):
                      timed([(10, 50.0, 3.5), (20, 100.0, 2.7), (30, 150.0, 2.3)]))
     # an old run: no train_time_s or tokens, only tokens/s per logged interval (10, 6, 8, 8 s per
     # step), and a validation loss at step 15 between two log records
-    rate = lambda seconds_per_step: TOKENS_PER_STEP / seconds_per_step
+    def rate(seconds_per_step):
+        return TOKENS_PER_STEP / seconds_per_step
+
     old = [{"step": 5, "loss": 4.0, "tokens_per_s": rate(10)},
            {"step": 10, "loss": 3.7, "tokens_per_s": rate(6), "val_loss": 3.6},
            {"step": 15, "val_loss": 3.2},

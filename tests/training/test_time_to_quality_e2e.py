@@ -116,7 +116,7 @@ def test_dense_and_time_limited_dmoe_compared(tools, tmp_path, capsys):
     assert entry["reference_train_time_s"] == pytest.approx(dense_time)
     if reached is None:
         assert entry["reached"] is False
-        assert "not reached" in next(l for l in table.splitlines() if l.startswith("| dmoe |"))
+        assert "not reached" in next(line for line in table.splitlines() if line.startswith("| dmoe |"))
     else:
         assert entry["train_time_s"] == pytest.approx(reached)
         assert entry["speedup"] == pytest.approx(dense_time / reached)

@@ -1,4 +1,7 @@
-"""Registry of expert MLP backends and the choice behind backend='auto'."""
+"""Registry of expert MLP backends and the choice behind backend='auto'.
+
+BACKEND_REGISTRY maps a name to the backend object that runs it; the names a configuration may
+give (with 'auto') are moe/options.py's BACKENDS."""
 from __future__ import annotations
 
 from typing import Dict
@@ -10,7 +13,9 @@ from .mlp import ExpertBackend
 from .reference import ReferenceBackend
 from .sparse import SparseBackend
 
-BACKENDS: Dict[str, ExpertBackend] = {b.name: b for b in (ReferenceBackend(), GroupedBackend(), SparseBackend())}
+BACKEND_REGISTRY: Dict[str, ExpertBackend] = {
+    b.name: b for b in (ReferenceBackend(), GroupedBackend(), SparseBackend())
+}
 # preferred first; a faster backend that registers later goes to the front
 AUTO_ORDER = ["sparse", "grouped", "reference"]
 # torch's grouped_mm on CPU is a plain loop, measured ~3x slower than per-expert matmuls in our
@@ -24,16 +29,16 @@ class BackendUnavailableError(NotImplementedError):
 
 
 def register_backend(backend: ExpertBackend, prefer: bool = True) -> None:
-    BACKENDS[backend.name] = backend
+    BACKEND_REGISTRY[backend.name] = backend
     if backend.name not in AUTO_ORDER:
         AUTO_ORDER.insert(0 if prefer else len(AUTO_ORDER), backend.name)
 
 
 def check_backend_name(name: str) -> None:
     """Fail at build time for a backend that cannot exist in this installation."""
-    if name == "auto" or name in BACKENDS:
+    if name == "auto" or name in BACKEND_REGISTRY:
         return
-    raise ValueError(f"MoE option 'backend'={name!r} is unknown; use 'auto' or one of {sorted(BACKENDS)}.")
+    raise ValueError(f"MoE option 'backend'={name!r} is unknown; use 'auto' or one of {sorted(BACKEND_REGISTRY)}.")
 
 
 def resolve_backend(name: str, device, dtype: torch.dtype, hidden_size: int, ffn_hidden_size: int) -> ExpertBackend:
@@ -43,11 +48,11 @@ def resolve_backend(name: str, device, dtype: torch.dtype, hidden_size: int, ffn
         for candidate in AUTO_ORDER:
             if torch.device(device).type == "cpu" and candidate in AUTO_SKIP_ON_CPU:
                 continue
-            backend = BACKENDS[candidate]
+            backend = BACKEND_REGISTRY[candidate]
             if backend.unsupported_reason(device, dtype, hidden_size, ffn_hidden_size) is None:
                 return backend
         raise RuntimeError(f"no MoE expert backend runs {dtype} on {device}")
-    backend = BACKENDS[name]
+    backend = BACKEND_REGISTRY[name]
     reason = backend.unsupported_reason(device, dtype, hidden_size, ffn_hidden_size)
     if reason is not None:
         raise ValueError(

@@ -45,16 +45,16 @@ from typing import Optional
 
 import torch
 
+from ..options import BLOCK_SIZES
 from . import per_step_wgrad
 from .mlp import ExpertBackend
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK_SIZES = (128, 64, 32, 16)  # the kernels' block sizes, largest first
 
 
 def block_size_for(ffn_hidden_size: int, preferred: int) -> Optional[int]:
     """The largest supported block size <= preferred that divides the expert width, or None."""
-    for bs in BLOCK_SIZES:
+    for bs in sorted(BLOCK_SIZES, reverse=True):
         if bs <= preferred and ffn_hidden_size % bs == 0:
             return bs
     return None
@@ -71,14 +71,9 @@ def _kernels_importable() -> Optional[str]:
 
 def _interpreter_active() -> bool:
     from dmoe_kernels import permute_kernel
+    from dmoe_kernels.launch import interpreted
 
-    return type(permute_kernel.reduce_kernel).__name__ == "InterpretedFunction"
-
-
-def _bind_device(t: torch.Tensor) -> None:
-    # backward runs on autograd's worker thread; TMA descriptors need the device's context current
-    if t.is_cuda:
-        torch.cuda.set_device(t.device)
+    return interpreted(permute_kernel.reduce_kernel)
 
 
 
@@ -188,11 +183,12 @@ class _SparseExpertMLP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         from dmoe_kernels import activation as act, ops
+        from dmoe_kernels.launch import bind_device
 
         x, w1, v1, w2, h1, h2, a = ctx.saved_tensors
         topo, activation = ctx.topology, ctx.activation
         E, f, h = w1.shape
-        _bind_device(dy)
+        bind_device(dy)
         dy = dy.contiguous()
         need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
         owners = ctx.owners
@@ -234,7 +230,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized, owners):
         from dmoe_kernels import activation as act, ops
-        from dmoe_kernels.permute import reduce
+        from dmoe_kernels.permute_ops import reduce
 
         E, f, h = w1.shape
         h1 = ops.sdd(x, w1.reshape(E * f, h).t(), topology)
@@ -248,13 +244,14 @@ class _SparseExpertsCombine(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         from dmoe_kernels import activation as act, ops
-        from dmoe_kernels.permute import expand
+        from dmoe_kernels.launch import bind_device
+        from dmoe_kernels.permute_ops import expand
 
         x, w1, v1, w2, h1, h2, a, weights, positions, counts = ctx.saved_tensors
         topo, activation = ctx.topology, ctx.activation
         E, f, h = w1.shape
         rows, offsets = topo.shape[0], topo.expert_offsets
-        _bind_device(dy)
+        bind_device(dy)
         need_x, need_w1, need_v1, need_w2, need_weights = ctx.needs_input_grad[:5]
         if a is None:  # memory-optimised: recompute the activation instead of having kept it
             a = act.activation_forward(activation, h1, h2, topo.nnz)
@@ -315,7 +312,7 @@ class SparseBackend(ExpertBackend):
         elif device.type != "cuda":
             return f"the block-sparse kernels run on CUDA (or on CPU under Triton's interpreter), not {device.type}"
         if block_size_for(ffn_hidden_size, self.block_size) is None:
-            return f"ffn_hidden_size={ffn_hidden_size} is not a multiple of {BLOCK_SIZES[-1]}, the smallest block size"
+            return f"ffn_hidden_size={ffn_hidden_size} is not a multiple of {min(BLOCK_SIZES)}, the smallest block size"
         return None
 
     def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized):

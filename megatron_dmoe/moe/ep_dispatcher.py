@@ -17,11 +17,11 @@ sum adds the partial outputs of split experts. Autograd flows through both excha
 On CUDA the two passes are the fused Triton permutation kernels; elsewhere torch gathers.
 
 `exchange` picks how rows travel: "nccl" (steps 2-4 above: variable-split all_to_all, whose split
-sizes must reach the host first), "symmetric" (symmetric_exchange.py: rows stored straight into
+sizes must reach the host first), "symmetric" (parallel/symmetric_exchange.py: rows stored straight into
 the peers' memory by Triton kernels, offsets computed on the device, the sort into destination
 order fused into the store; ranks of one host; nothing read on the host, so it runs inside CUDA
-graphs: the received rows are a bound-sized view whose real count stays on the device) or "auto" (symmetric where the group allows it,
-decided at the first dispatch, else nccl).
+graphs: the received rows are a bound-sized view whose real count stays on the device) or "auto"
+(symmetric where the group allows it, decided at the first dispatch, else nccl).
 """
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ from typing import List, Optional
 
 import torch
 
-from megatron_dmoe.moe.dispatcher import TokenDispatcher, sort_by_expert, weighted_sum
-from megatron_dmoe.moe.experts.arrival import compact_offsets
-from megatron_dmoe.moe.router import count_assignments
 from megatron_dmoe.parallel.all_to_all import differentiable_all_to_all, exchange_counts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
-EXCHANGES = ("auto", "nccl", "symmetric")
+from .dispatcher import TokenDispatcher, sort_by_expert, weighted_sum
+from .experts.arrival import compact_offsets
+from .options import EP_EXCHANGES
+from .router import count_assignments
 
 
 @dataclass
@@ -91,8 +91,8 @@ class ExpertParallelDispatcher(TokenDispatcher):
     anything else runs (the sparse backend's permutation does; the layer sets it)."""
 
     def __init__(self, layout: ExpertLayout, group, exchange: str = "auto"):
-        if exchange not in EXCHANGES:
-            raise ValueError(f"expert exchange {exchange!r} is not supported; use one of {EXCHANGES}")
+        if exchange not in EP_EXCHANGES:
+            raise ValueError(f"expert exchange {exchange!r} is not supported; use one of {EP_EXCHANGES}")
         self.layout = layout
         self.group = group
         self.exchange = exchange
@@ -103,7 +103,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
         if self.exchange == "nccl":
             return False
         if self._symmetric is None:
-            from .symmetric_exchange import symmetric_exchange
+            from megatron_dmoe.parallel.symmetric_exchange import symmetric_exchange
 
             exchange, reason = symmetric_exchange(self.group, self.layout.num_virtual_experts, device)
             if exchange is None and self.exchange == "symmetric":
@@ -130,8 +130,8 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
         offsets = None
         if x.is_cuda:
-            from dmoe_kernels.permute import padded_positions
             from dmoe_kernels.permute_functional import permute
+            from dmoe_kernels.permute_ops import padded_positions
 
             offsets = compact_offsets(counts)
             positions = padded_positions(virtual, counts, offsets)  # sorted row of each copy (counting sort)
@@ -147,9 +147,8 @@ class ExpertParallelDispatcher(TokenDispatcher):
         return x_recv, received.sum(0), state
 
     def _dispatch_symmetric(self, x, virtual, virtual_weights):
-        from dmoe_kernels.permute import expert_histogram, positions_from_histogram
-
-        from .symmetric_exchange import send_to_experts
+        from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
+        from megatron_dmoe.parallel.symmetric_exchange import send_to_experts
 
         exchange = self._symmetric
         cumulative = expert_histogram(virtual, self.layout.num_virtual_experts)  # last column: counts
@@ -169,7 +168,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
         """Outputs in arrival order -> y [T, h] = sum over copies of weight * output."""
         transient = state.plan is not None  # a view of the exchange's buffer, which the next exchange reuses
         if transient:
-            from .symmetric_exchange import send_to_sources
+            from megatron_dmoe.parallel.symmetric_exchange import send_to_sources
 
             y_sorted = send_to_sources(y_recv, state.exchange, state.plan)
         else:

@@ -76,8 +76,7 @@ def apply_cpu_compat() -> None:
     if _applied:
         return
     from megatron.core import utils as mcore_utils
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-    from megatron.core.dist_checkpointing.strategies import torch as checkpoint_torch
+    from megatron.core.dist_checkpointing.strategies import filesystem_async, torch as checkpoint_torch
     from megatron.core.distributed import param_and_grad_buffer
     from megatron.core.fusions import fused_softmax
     from megatron.core.models.common.embeddings import rotary_pos_embedding

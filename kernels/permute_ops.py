@@ -24,14 +24,13 @@ import torch
 import triton
 
 from . import permute_kernel as _kernels
+from .launch import check_launchable
 
 _TILE_ELEMENTS = 4096  # elements of one program's [K, BLOCK_H] tile: 32 per thread at 4 warps
 
 
-def _check_launchable(device: torch.device) -> None:
-    from .ops import _check_launchable as check
-
-    check(_kernels.reduce_kernel, device)
+def _check_device(device: torch.device) -> None:
+    check_launchable(_kernels.reduce_kernel, device)
 
 
 def _block_h(H: int, k_pow2: int) -> int:
@@ -98,7 +97,7 @@ def expand(
     pos = pos.contiguous()
     K = pos.shape[1]
     if E + T > 0 and H > 0:
-        _check_launchable(src.device)
+        _check_device(src.device)
         k_pow2 = triton.next_power_of_2(max(K, 1))
         block_h = _block_h(H, k_pow2)
         _kernels.expand_kernel[(E + T,)](
@@ -134,9 +133,11 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
     if T > 0 and H > 0:
         if K == 0:
             return dst.zero_()
-        _check_launchable(src.device)
+        _check_device(src.device)
         if copy is not None and (copy.shape != src.shape or copy.dtype != src.dtype or copy.stride(1) != 1):
-            raise ValueError(f"{op}: copy must have src's shape {tuple(src.shape)} and dtype {src.dtype}, rows contiguous")
+            raise ValueError(
+                f"{op}: copy must have src's shape {tuple(src.shape)} and dtype {src.dtype}, rows contiguous"
+            )
         _kernels.reduce_kernel[(T,)](
             src, dst, pos, scale if scale is not None else src, copy if copy is not None else src,
             H, src.stride(0), dst.stride(0), copy.stride(0) if copy is not None else 0,
@@ -158,7 +159,7 @@ def expert_histogram(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
     n = flat.numel()
     if n == 0:
         return torch.zeros(num_experts, 1, dtype=torch.int32, device=flat.device)
-    _check_launchable(flat.device)
+    _check_device(flat.device)
     blocks = triton.cdiv(n, _POSITION_BLOCK)
     hist = torch.empty(num_experts, blocks, dtype=torch.int32, device=flat.device)
     _positions.block_histogram_kernel[(blocks,)](
