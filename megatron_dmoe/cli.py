@@ -101,7 +101,8 @@ def _quiet_optional_accelerator_warnings() -> None:
     import warnings
 
     # ... and its own default cuda_graph_scope trips its own deprecation notice.
-    for message in ("Transformer Engine and Apex are not installed", "Apex is not installed", "full scope is deprecated"):
+    for message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
+                    "full scope is deprecated"):
         warnings.filterwarnings("ignore", message=message)
 
 

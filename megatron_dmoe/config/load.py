@@ -16,8 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import yaml
 
 from .errors import ConfigError, Problem
-from .fields import (coerce, section_class, section_types, unknown_key_message,
-                     unknown_section_message)
+from .fields import coerce, section_class, section_types, unknown_key_message, unknown_section_message
 from .megatron_names import key_for_megatron_name
 from .schema import SECTIONS, RunConfig
 from .yaml_io import parse_yaml

@@ -26,7 +26,8 @@ class ModelConfig:
     rotary_base: int = 10000
     normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
     activation: str = "gelu"  # gelu | swiglu, for dense MLPs and experts alike
-    add_bias_linear: bool = True  # biases in the linear layers (experts never have any); Megatron-LM's --disable-bias-linear sets false
+    # biases in the linear layers (experts never have any); Megatron-LM's --disable-bias-linear sets false
+    add_bias_linear: bool = True
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     init_method_std: float = 0.02
@@ -73,7 +74,9 @@ class MoEConfig:
     # scores), then picks top_k experts inside them. null = off (both null).
     router_num_groups: Optional[int] = None
     router_group_topk: Optional[int] = None
-    router_group_score: str = "sum"  # sum | max: a group's score, the sum of its best top_k / group_topk scores (megatron-core, DeepSeek-V3) or its best score (DeepSeek-V2)
+    # a group's score: the sum of its best top_k / group_topk scores (megatron-core, DeepSeek-V3)
+    # or its best score (DeepSeek-V2)
+    router_group_score: str = "sum"  # sum | max
     # With checkpoint.upcycle_from: each dense MLP becomes this many experts of width ffn / N
     # (moe.ffn_hidden_size must be model.ffn_hidden_size / N)
     upcycle_granularity: int = 1

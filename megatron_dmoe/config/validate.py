@@ -577,7 +577,7 @@ class _Checker:
                          f"(here: {backend}); set moe.backend: sparse, or set {key}: false")
         if ok("training.cuda_graphs") and v("training.cuda_graphs"):
             self.problem(key, "true has no effect with training.cuda_graphs: true (the captured layers "
-                         f"accumulate per micro-batch); set one of them to false")
+                         "accumulate per micro-batch); set one of them to false")
 
     def _check_ep_exchange(self) -> None:
         """The symmetric exchange maps GPU memory between ranks: CUDA only."""

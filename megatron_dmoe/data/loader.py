@@ -15,7 +15,6 @@ import weakref
 from typing import Dict, Iterator, List
 
 import numpy as np
-
 import torch
 from torch.utils.data import DataLoader
 

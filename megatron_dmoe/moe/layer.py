@@ -90,7 +90,8 @@ class MoELayer(MegatronModule):
             self.dispatcher = DroplessDispatcher(opts.num_experts)
         # the sparse backend on local experts: tokens go straight into its block-padded buffer
         self.padded_dispatcher = PaddedDispatcher(
-            opts.num_experts, opts.ffn_hidden_size, opts.block_size, strict=opts.backend == "sparse" and groups.size == 1
+            opts.num_experts, opts.ffn_hidden_size, opts.block_size,
+            strict=opts.backend == "sparse" and groups.size == 1
         )
 
     def set_layer_number(self, layer_number: int) -> None:

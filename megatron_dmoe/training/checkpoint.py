@@ -145,7 +145,8 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
             shutil.rmtree(staging, ignore_errors=True)  # frees what the failed save took
             (root / (LATEST + ".tmp")).unlink(missing_ok=True)
         kept = latest_iteration(root) if root.is_dir() else None
-        kept_text = f"{checkpoint_dir(root, kept)} stays latest" if kept is not None else "there is no earlier checkpoint"
+        kept_text = (f"{checkpoint_dir(root, kept)} stays latest" if kept is not None
+                     else "there is no earlier checkpoint")
         raise CheckpointError(
             f"cannot save the checkpoint of step {progress.iteration} to {staging}: {reason} "
             f"({free_space(root)} free there); {kept_text}; make room (or fix the permissions) and "

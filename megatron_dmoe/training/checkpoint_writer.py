@@ -15,8 +15,7 @@ from functools import partial
 from typing import List
 from unittest import mock
 
-from megatron.core.dist_checkpointing.strategies import filesystem_async
-from megatron.core.dist_checkpointing.strategies import torch as torch_strategy
+from megatron.core.dist_checkpointing.strategies import filesystem_async, torch as torch_strategy
 from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 

@@ -19,15 +19,26 @@ from megatron_dmoe.data import build_loader
 from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
 from megatron_dmoe.moe import get_moe_metrics, update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
-from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint, save_checkpoint
+from megatron_dmoe.training.checkpoint import (
+    Progress,
+    checkpoint_dir,
+    latest_iteration,
+    load_checkpoint,
+    save_checkpoint,
+)
 from megatron_dmoe.training.data_setup import RunData, prepare_run_data
 from megatron_dmoe.training.flops import model_flops_per_token
-from megatron_dmoe.training.model_setup import wrap_for_training
 from megatron_dmoe.training.metrics import METRICS_FILE, MetricsLogger, moe_log_values
+from megatron_dmoe.training.model_setup import wrap_for_training
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.preemption import PreemptionWatcher
-from megatron_dmoe.training.run_dir import (CONFIG_FILE, checkpoint_root, previous_run_files, remove_run_files,
-                                            software_versions)
+from megatron_dmoe.training.run_dir import (
+    CONFIG_FILE,
+    checkpoint_root,
+    previous_run_files,
+    remove_run_files,
+    software_versions,
+)
 from megatron_dmoe.training.startup import describe_data, describe_device, describe_model
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
 from megatron_dmoe.training.time_limit import time_limit_reached

@@ -2,8 +2,17 @@
 import pytest
 import torch
 
-from global_aux_case import (COEFF, E, HIDDEN, K, build_layer, draw_tokens, split_by_sequences, step_loss,
-                             whole_batch_loss)
+from global_aux_case import (
+    COEFF,
+    HIDDEN,
+    E,
+    K,
+    build_layer,
+    draw_tokens,
+    split_by_sequences,
+    step_loss,
+    whole_batch_loss,
+)
 from megatron_dmoe.moe import GlobalLoadBalance, load_balancing_loss
 
 

@@ -57,7 +57,8 @@ def _upcycled(run, *overrides):
 def test_upcycled_moe_gives_the_dense_models_outputs_and_loss(cpu_dist, tmp_path, activation):
     run, dense = _dense_run(tmp_path, f"model.activation={activation}")
     cfg, moe = _upcycled(run, f"model.activation={activation}", "moe.num_experts=4", "moe.top_k=2",
-                         "moe.ffn_hidden_size=64", "moe.router_renormalize=true", "moe.shared_expert_ffn_hidden_size=16")
+                         "moe.ffn_hidden_size=64", "moe.router_renormalize=true",
+                         "moe.shared_expert_ffn_hidden_size=16")
     layers = [layer.mlp for layer in moe.decoder.layers]
     assert all(isinstance(m, MoELayer) for m in layers)
     # every expert is the dense MLP; the router keeps its initialisation
