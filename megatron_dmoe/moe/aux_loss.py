@@ -96,7 +96,8 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
 
     One scale for megatron's MoE and ours: megatron-core's pipeline schedules set it every
     micro-batch (`loss_scale * cp_size / num_microbatches`), and our own loop does the same through
-    `set_aux_loss_scale`. Only forward differs: it returns a copy (see there).
+    `set_aux_loss_scale`. Forward returns a copy (see there); backward reads the scale on the aux
+    loss's device.
     """
 
     @staticmethod
@@ -106,7 +107,13 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
         # does), which autograd forbids on an input a custom Function returns as is
         return output.clone()
 
-    # backward: megatron-core's, reading MoEAuxLossAutoScaler.main_loss_backward_scale
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        # megatron-core's, reading its scale where the aux loss lives: a scale set from a Python
+        # float is made on the CPU, and a CUDA aux loss cannot be multiplied by it there
+        (aux_loss,) = ctx.saved_tensors
+        scale = AuxLossScaler._scale_on(aux_loss.device)
+        return grad_output, torch.ones_like(aux_loss) * scale.to(aux_loss.dtype).reshape(())
 
     @staticmethod
     def set_loss_scale(scale) -> None:

@@ -66,3 +66,21 @@ def test_aux_loss_scaler_is_identity_and_injects_scaled_gradient():
     finally:
         AuxLossScaler.set_loss_scale(1.0)
     assert aux.requires_grad
+
+
+def test_aux_loss_scale_set_from_a_float_reaches_an_aux_loss_on_another_device():
+    """A scale set from a Python float lives on the CPU; an aux loss elsewhere (CUDA in training, the
+    meta device here) still gets it as its gradient, where megatron-core's own backward raised."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    saved = MoEAuxLossAutoScaler.main_loss_backward_scale
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None
+    try:
+        AuxLossScaler.set_loss_scale(0.5)
+        assert MoEAuxLossAutoScaler.main_loss_backward_scale.device.type == "cpu"
+        y = torch.randn(3, device="meta", requires_grad=True)
+        aux = torch.randn((), device="meta", requires_grad=True)
+        AuxLossScaler.apply(y, aux).sum().backward()
+        assert aux.grad is not None and aux.grad.shape == () and aux.grad.device.type == "meta"
+    finally:
+        MoEAuxLossAutoScaler.main_loss_backward_scale = saved
