@@ -17,7 +17,8 @@ from megatron_dmoe.data.errors import DataError, DataWarning
 
 @pytest.fixture
 def dataset(tmp_path, tiny_tokenizer, write_dataset, numbered_docs, rng):
-    lengths = [rng.randint(1, 30) for _ in range(20)]
+    # ids count up from 5 over all documents: at most 20 x 18 of them stay inside the 400-piece tokenizer
+    lengths = [rng.randint(1, 18) for _ in range(20)]
     docs = numbered_docs(5, lengths, tiny_tokenizer.eod)
     return write_dataset(tmp_path / "good_text_document", docs), docs
 

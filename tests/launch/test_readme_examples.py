@@ -40,6 +40,8 @@ NOT_RUNNABLE = {
     "dmoe-train my.yaml data.data_path=[data/gpt2_text_document] data.tokenizer_type=GPT2BPETokenizer \\",
     "dmoe-train zoo/dense_small data.data_path=[data/ttq/train_text_document] \\",
     "dmoe-train: warning: KEY: ...",  # the form of a warning, not a command
+    # a synopsis; tests/training/test_upcycle.py runs upcycling
+    "dmoe-train CONFIG checkpoint.upcycle_from=DENSE_RUN_DIR [moe.upcycle_granularity=N]",
 }
 
 
