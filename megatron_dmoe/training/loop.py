@@ -15,7 +15,6 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from megatron_dmoe.config import RunConfig, save_config
-from megatron_dmoe.data import build_loader
 from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
 from megatron_dmoe.moe import get_moe_metrics, update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
@@ -26,7 +25,7 @@ from megatron_dmoe.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from megatron_dmoe.training.data_setup import RunData, prepare_run_data
+from megatron_dmoe.training.data_setup import RunData, prepare_run_data, run_loader
 from megatron_dmoe.training.flops import model_flops_per_token
 from megatron_dmoe.training.metrics import METRICS_FILE, MetricsLogger, moe_log_values
 from megatron_dmoe.training.model_setup import wrap_for_training
@@ -60,16 +59,6 @@ def _num_micro_batches(cfg: RunConfig) -> int:
     return tr.global_batch_size // (tr.micro_batch_size * ps.get_data_parallel_world_size())
 
 
-def _loader(cfg: RunConfig, dataset, consumed_samples: int):
-    return build_loader(
-        dataset,
-        micro_batch_size=cfg.training.micro_batch_size,
-        consumed_samples=consumed_samples,
-        dp_rank=ps.get_data_parallel_rank(),
-        dp_size=ps.get_data_parallel_world_size(),
-        num_workers=cfg.data.num_workers,
-        seed=cfg.training.seed,
-    )
 
 
 def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: bool = False,
@@ -124,7 +113,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     dist.barrier()
 
     num_micro = _num_micro_batches(cfg)
-    train_data = _loader(cfg, data.train, progress.consumed_samples)
+    train_data = run_loader(cfg, data.train, progress.consumed_samples)
     tokens_per_step = tr.global_batch_size * cfg.model.seq_length
     flops_per_token = model_flops_per_token(cfg, vocab_size=padded_vocab_size(data.vocab_size, cfg))
     logger = MetricsLogger(
@@ -199,7 +188,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
                 window_loss.zero_()
             if tr.eval_interval and (step % tr.eval_interval == 0 or last):
                 values = values or {}
-                with _loader(cfg, data.valid, 0) as valid:
+                with run_loader(cfg, data.valid, 0) as valid:
                     values["val_loss"] = evaluate(model, valid, tr.eval_iters, num_micro, env.device)
                 result.val_loss = values["val_loss"]
                 window_start = time.perf_counter()  # evaluation time is not training throughput
