@@ -279,7 +279,7 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from megatron_dmoe.moe import MoELayer, get_moe_metrics
+    from megatron_dmoe.moe import MoELayer
 
     config = TransformerConfig(
         num_layers=1, hidden_size=args.hidden, num_attention_heads=1, num_moe_experts=args.experts,
@@ -295,7 +295,7 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
     def step():
         out, _ = layer(x)
         out.backward(out_grad)
-        get_moe_metrics().reset()
+        layer.run_state.metrics.reset()
 
     seconds = _timed(step, args, device)
     profile = _profile(step, args, device, f"layer_ep{ep}_{exchange if ep > 1 else 'local'}") if args.profile else None

@@ -127,9 +127,8 @@ def moe_config(case, swiglu, dtype, device, capacity=None):
 def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, memory_optimized=False):
     import torch
 
-    from megatron_dmoe.moe import MoELayer, get_moe_metrics
+    from megatron_dmoe.moe import MoELayer
 
-    get_moe_metrics().megatron_tracker = False  # as in dmoe-train, whose loop logs MoE metrics itself
     T, d, f, E, k = case
     capacity = float(backend.split("-")[1]) if backend.startswith("capacity") else None
     torch.manual_seed(seed)  # the same router and expert weights for every MoE backend of a case
@@ -137,6 +136,7 @@ def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, mem
         moe_config(case, swiglu, dtype, device, capacity),
         backend="grouped" if capacity else backend, block_size=block_size, memory_optimized=memory_optimized,
     ).to(device)
+    layer.run_state.metrics.megatron_tracker = False  # as in dmoe-train, whose loop logs MoE metrics itself
     layer.train()
     g = torch.Generator(device=device).manual_seed(seed + 1)
     x = torch.randn(T, 1, d, generator=g, device=device, dtype=dtype)

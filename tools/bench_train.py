@@ -227,7 +227,7 @@ def _global_params(model) -> int:
 def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     """Train one model (an already checked config) on this process's ranks; every rank calls it."""
     from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
-    from megatron_dmoe.moe import get_moe_metrics
+    from megatron_dmoe.moe import MoERunState
     from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
     from megatron_dmoe.training.cuda_graphs import release_layer_graphs
     from megatron_dmoe.training.flops import model_flops_per_token
@@ -235,14 +235,15 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     from megatron_dmoe.training.optim import build_optimizer
     from megatron_dmoe.training.step import mean_over_data_parallel, train_step
 
-    get_moe_metrics().megatron_tracker = False  # as dmoe-train: its loop logs MoE metrics itself
-
     par = cfg.parallel
     # megatron's groups for this model's parallel sizes (the default process group is kept)
     env = init_distributed(cfg.training.device, par.tensor_model_parallel_size,
                            par.pipeline_model_parallel_size, par.expert_model_parallel_size)
     seed_everything(cfg.training.seed, env, cuda_graphs=cfg.training.cuda_graphs)
-    model = wrap_for_training(build_gpt_model(cfg, vocab_size=args.vocab_size, on_cuda=env.on_cuda))
+    run_state = MoERunState()
+    run_state.metrics.megatron_tracker = False  # as dmoe-train: its loop logs MoE metrics itself
+    model = wrap_for_training(build_gpt_model(cfg, vocab_size=args.vocab_size, on_cuda=env.on_cuda,
+                                              run_state=run_state))
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
     gbs = cfg.training.global_batch_size
     micro_batches = gbs // (cfg.training.micro_batch_size * env.world_size)
@@ -252,19 +253,20 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     if env.on_cuda:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.warmup):
-        train_step(model, optimizer, data, micro_batches, env.device, per_step)
+        train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step)
     sync()
     start = time.perf_counter()
     for _ in range(args.steps):
-        loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device, per_step)
+        loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step)
     sync()
     # the slowest rank sets the step time
     seconds = _max_over_ranks((time.perf_counter() - start) / args.steps, env.device)
     result = run_row(name, cuda_graphs, cfg, env.world_size)
     label = result["model"] + (f"_rank{env.rank}" if env.world_size > 1 else "")
-    profile = profile_step(
-        label, args.profile, lambda: train_step(model, optimizer, data, micro_batches, env.device, per_step), sync,
-    ) if args.profile and env.on_cuda else None
+    def step():
+        return train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step)
+
+    profile = profile_step(label, args.profile, step, sync) if args.profile and env.on_cuda else None
     peak_memory = _max_over_ranks(torch.cuda.max_memory_allocated() / 2**30, env.device) if env.on_cuda else None
     tokens_per_s = gbs * cfg.model.seq_length / seconds
     flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(args.vocab_size, cfg))
@@ -277,7 +279,7 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
         "params": _global_params(model),
         "profile": profile,
     })
-    model = optimizer = None  # free them: the profiled lambda holds these names
+    model = optimizer = step = None  # free them: the profiled step holds these names
     if cuda_graphs:
         release_layer_graphs()
     gc.collect()

@@ -1,6 +1,8 @@
 """Build a megatron-core GPTModel whose MLPs are our MoE layer, from a resolved run configuration."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
@@ -8,6 +10,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.spec import block_spec, transformer_engine_available
 from megatron_dmoe.model.transformer_config import to_transformer_config
+from megatron_dmoe.moe.run_state import MoERunState
 
 
 def padded_vocab_size(vocab_size: int, cfg: RunConfig) -> int:
@@ -68,18 +71,23 @@ def build_gpt_model(
     vocab_size: int,
     on_cuda: bool,
     core_attention: str = "sdpa",
+    run_state: Optional[MoERunState] = None,
 ) -> GPTModel:
     """One model chunk for this pipeline stage (process groups must be initialised).
 
-    `vocab_size` is the tokenizer's; the embedding is padded as Megatron-LM pads it.
+    `vocab_size` is the tokenizer's; the embedding is padded as Megatron-LM pads it. The MoE layers
+    share `run_state` (the training loop's), or one new state.
     """
     config = to_transformer_config(cfg, on_cuda=on_cuda)
+    moe_params = moe_layer_params(cfg)
+    if run_state is not None:
+        moe_params["run_state"] = run_state
     spec = block_spec(
         config,
         normalization=cfg.model.normalization,
         use_transformer_engine=use_transformer_engine(cfg, on_cuda),
         core_attention=core_attention,
-        moe_params=moe_layer_params(cfg),
+        moe_params=moe_params,
     )
     model = GPTModelWithFusedLoss(
         config=config,

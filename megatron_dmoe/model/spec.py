@@ -36,6 +36,7 @@ from megatron_dmoe.model.attention import SDPAttention
 from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
 from megatron_dmoe.model.norm import FusedNorm
 from megatron_dmoe.moe.layer import MoELayer
+from megatron_dmoe.moe.run_state import MoERunState
 
 CORE_ATTENTIONS = ("sdpa", "unfused")
 
@@ -88,8 +89,11 @@ def _with_fused_norms(spec: ModuleSpec) -> ModuleSpec:
 
 
 def moe_mlp_spec(moe_params: Optional[dict] = None) -> ModuleSpec:
-    """Our MoE layer as an `mlp` slot; `moe_params` carries settings megatron has no field for."""
-    return ModuleSpec(module=MoELayer, params=dict(moe_params or {}))
+    """Our MoE layer as an `mlp` slot; `moe_params` carries settings megatron has no field for.
+    Every layer built from the spec shares its `run_state` (a new MoERunState unless given)."""
+    params = dict(moe_params or {})
+    params.setdefault("run_state", MoERunState())
+    return ModuleSpec(module=MoELayer, params=params)
 
 
 def layer_spec(

@@ -6,9 +6,10 @@ from .expert_bias import update_expert_biases
 from .experts import ExpertMLP
 from .global_aux_loss import GlobalLoadBalance, reset_global_load_balance
 from .layer import MoELayer
-from .metrics import MoEMetrics, get_moe_metrics
+from .metrics import MoEMetrics
 from .options import MoEOptions
 from .router import Routing, TopKRouter, route
+from .run_state import MoERunState, run_state_of, use_run_state
 from .shared_experts import SharedExpertMLP
 
 __all__ = [
@@ -20,15 +21,17 @@ __all__ = [
     "MoELayer",
     "MoEMetrics",
     "MoEOptions",
+    "MoERunState",
     "Routing",
     "SharedExpertMLP",
     "TokenDispatcher",
     "TopKRouter",
     "expert_capacity",
-    "get_moe_metrics",
     "load_balancing_loss",
     "reset_global_load_balance",
     "route",
+    "run_state_of",
     "update_expert_biases",
+    "use_run_state",
     "z_loss",
 ]

@@ -97,15 +97,20 @@ class ExpertParallelDispatcher(TokenDispatcher):
         self.group = group
         self.exchange = exchange
         self.rows_consumed_at_once = False
+        # the run's SymmetricExchanges (moe/run_state.py), set by the layer: exchanges and their
+        # buffers are shared by every layer of a model
+        self.exchanges = None
         self._symmetric = None  # resolved at the first dispatch (collective)
 
     def _use_symmetric(self, device: torch.device) -> bool:
         if self.exchange == "nccl":
             return False
         if self._symmetric is None:
-            from megatron_dmoe.parallel.symmetric_exchange import symmetric_exchange
+            if self.exchanges is None:
+                from megatron_dmoe.parallel.symmetric_exchange import SymmetricExchanges
 
-            exchange, reason = symmetric_exchange(self.group, self.layout.num_virtual_experts, device)
+                self.exchanges = SymmetricExchanges()  # a dispatcher used on its own
+            exchange, reason = self.exchanges.get(self.group, self.layout.num_virtual_experts, device)
             if exchange is None and self.exchange == "symmetric":
                 raise RuntimeError(f"expert exchange 'symmetric' cannot run here: {reason}; use 'nccl' or 'auto'")
             self._symmetric = exchange if exchange is not None else False

@@ -12,7 +12,6 @@ experts, and dispatch/combine exchange rows with the other ranks of its expert-p
 """
 from __future__ import annotations
 
-import itertools
 from typing import Optional
 
 import torch
@@ -26,14 +25,11 @@ from .capacity import CapacityDispatcher
 from .dispatcher import DroplessDispatcher, TokenDispatcher
 from .expert_bias import update_expert_biases
 from .experts import ExpertMLP
-from .metrics import get_moe_metrics
 from .options import MoEOptions
 from .padded_dispatch import PaddedDispatcher, PaddedState, padded_experts_combine
 from .router import Routing, TopKRouter
+from .run_state import MoERunState
 from .shared_experts import SharedExpertMLP
-
-# layers built without a layer number record their metrics under -1, -2, ... until numbered
-_UNNUMBERED = itertools.count(1)
 
 
 def _param_device(config: TransformerConfig):
@@ -48,6 +44,8 @@ class MoELayer(MegatronModule):
     Sizes and router settings come from megatron-core's TransformerConfig (see
     `MoEOptions.from_transformer_config`); keyword arguments (the layer spec's params) override
     MoEOptions fields: backend, block_size, memory_optimized, renormalize, ...
+    run_state: the MoERunState the model's MoE layers share (metrics, deferred weight gradients,
+    expert exchanges); a state of the layer's own when not given (see `use_run_state`).
     """
 
     def __init__(
@@ -56,11 +54,12 @@ class MoELayer(MegatronModule):
         submodules=None,
         layer_number: Optional[int] = None,
         pg_collection=None,
+        run_state: Optional[MoERunState] = None,
         **kwargs,
     ):
         super().__init__(config)
         self.options = opts = MoEOptions.from_transformer_config(config, **kwargs)
-        self.layer_number = layer_number if layer_number is not None else -next(_UNNUMBERED)
+        self.layer_number = layer_number
         self.token_dropping = opts.capacity_factor is not None
         ep_size = getattr(config, "expert_model_parallel_size", 1) or 1
         if ep_size > 1 and self.token_dropping:
@@ -93,6 +92,16 @@ class MoELayer(MegatronModule):
             opts.num_experts, opts.ffn_hidden_size, opts.block_size,
             strict=opts.backend == "sparse" and groups.size == 1
         )
+        self.use_run_state(run_state if run_state is not None else MoERunState())
+
+    def use_run_state(self, state: MoERunState) -> None:
+        """Share `state` (metrics, deferred weight gradients, expert exchanges) with other layers."""
+        self.run_state = state
+        self.experts.wgrad_stash = state.wgrad
+        if hasattr(self.dispatcher, "exchanges"):
+            self.dispatcher.exchanges = state.exchanges
+        if self.layer_number is None or self.layer_number < 0:  # a metrics key unique in this state
+            self.layer_number = state.unnumbered_layer()
 
     def set_layer_number(self, layer_number: int) -> None:
         self.layer_number = layer_number
@@ -165,7 +174,7 @@ class MoELayer(MegatronModule):
             z = z_loss(routing.logits, opts.z_loss_coeff, valid)
         # megatron-core's tracker too (Megatron-LM logs it), indexed by global layer like its own MoE
         num_layers = self.config.num_layers + (getattr(self.config, "mtp_num_layers", None) or 0)
-        get_moe_metrics().record(
+        self.run_state.metrics.record(
             self.layer_number, lb_loss=lb, z_loss=z, tokens_per_expert=routing.tokens_per_expert,
             num_layers=num_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
         )

@@ -1,5 +1,6 @@
 """Per-layer MoE metrics: aux-loss values and expert loads, accumulated on device without host syncs.
 
+One `MoEMetrics` per run, in its MoE state (moe/run_state.py), shared by the model's MoE layers.
 Layers call `record` in training forwards with gradients enabled (so a forward repeated for
 activation recompute and eval forwards record nothing). The training loop calls `snapshot` at log
 time and `reset` after it. Loss values are the coefficient-weighted values that enter the loss
@@ -209,10 +210,3 @@ def _scalar(total: Optional[torch.Tensor], device) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float64, device=device)
     return total.to(device=device, dtype=torch.float64).reshape(())
 
-
-_TRACKER = MoEMetrics()
-
-
-def get_moe_metrics() -> MoEMetrics:
-    """The process's tracker, shared by every MoE layer."""
-    return _TRACKER

@@ -78,5 +78,5 @@ def padded_experts_combine(experts, x_pad: torch.Tensor, state: PaddedState) -> 
     opts = experts.options
     return sparse_experts_combine(
         x_pad, experts.w1, experts.v1, experts.w2, state.weights, state.topology, state.positions, state.counts,
-        opts.activation, opts.memory_optimized,
+        opts.activation, opts.memory_optimized, experts.wgrad_stash,
     )

@@ -90,10 +90,7 @@ def init_distributed(
 
 
 def _forget_group_state() -> None:
-    """Drop megatron's process groups and what was built on them (the symmetric exchanges)."""
-    from megatron_dmoe.parallel.symmetric_exchange import reset_symmetric_exchanges
-
-    reset_symmetric_exchanges()
+    """Drop megatron's process groups."""
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
 

@@ -239,40 +239,38 @@ class SymmetricExchange:
         return buf.tensor[: plan.send_rows]
 
 
-_EXCHANGES: Dict[Tuple[str, int, str], SymmetricExchange] = {}
+class SymmetricExchanges:
+    """The symmetric exchanges of one run, one per group, virtual expert count and device, shared
+    by every layer of its model (their buffers are the big part): owned by the run's MoE state
+    (moe/run_state.py) and dropped with it."""
 
+    def __init__(self):
+        self._by_key: Dict[Tuple[str, int, str], SymmetricExchange] = {}
 
-def symmetric_exchange(
-    group, num_virtual_experts: int, device: torch.device
-) -> Tuple[Optional[SymmetricExchange], str]:
-    """(the group's exchange, "") or (None, why not). One exchange per group, virtual expert count
-    and device, shared by all layers. Collective over the group the first time: every rank must
-    call it, and all ranks reach the same answer (a failure on any rank is a failure on all)."""
-    if device.type != "cuda":
-        return None, f"symmetric memory needs CUDA devices, not {device.type}"
-    key = (dist.get_group_name(group) if hasattr(dist, "get_group_name") else str(id(group)),
-           num_virtual_experts, str(device))
-    if key in _EXCHANGES:
-        return _EXCHANGES[key], ""
-    reason = symmetric_unavailable_reason(group, device)
-    if reason is not None:
-        return None, reason
-    exchange = None
-    try:
-        exchange = SymmetricExchange(group, num_virtual_experts, device)
-    except Exception as exc:  # no peer mappings on this machine (driver, P2P, container limits)
-        reason = f"symmetric memory failed on rank {dist.get_rank()}: {exc}"
-    ok = torch.tensor([0 if exchange is None else 1], device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-    if not ok.item():
-        return None, reason or "symmetric memory failed on another rank of the group"
-    _EXCHANGES[key] = exchange
-    return exchange, ""
-
-
-def reset_symmetric_exchanges() -> None:
-    """Forget every exchange (before the process groups are destroyed)."""
-    _EXCHANGES.clear()
+    def get(self, group, num_virtual_experts: int, device: torch.device) -> Tuple[Optional[SymmetricExchange], str]:
+        """(the exchange, "") or (None, why not). Collective over the group the first time: every
+        rank must call it, and all ranks reach the same answer (a failure on any rank is a failure
+        on all)."""
+        if device.type != "cuda":
+            return None, f"symmetric memory needs CUDA devices, not {device.type}"
+        key = (dist.get_group_name(group) if hasattr(dist, "get_group_name") else str(id(group)),
+               num_virtual_experts, str(device))
+        if key in self._by_key:
+            return self._by_key[key], ""
+        reason = symmetric_unavailable_reason(group, device)
+        if reason is not None:
+            return None, reason
+        exchange = None
+        try:
+            exchange = SymmetricExchange(group, num_virtual_experts, device)
+        except Exception as exc:  # no peer mappings on this machine (driver, P2P, container limits)
+            reason = f"symmetric memory failed on rank {dist.get_rank()}: {exc}"
+        ok = torch.tensor([0 if exchange is None else 1], device=device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        if not ok.item():
+            return None, reason or "symmetric memory failed on another rank of the group"
+        self._by_key[key] = exchange
+        return exchange, ""
 
 
 def symmetric_unavailable_reason(group, device: torch.device) -> Optional[str]:

@@ -19,23 +19,22 @@ def _uses_layer_graphs(model: torch.nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "cuda_graph_impl", "none") == "local"
 
 
-def capture_layer_graphs(model: torch.nn.Module) -> None:
+def capture_layer_graphs(model: torch.nn.Module, moe_metrics=None) -> None:
     """Capture the layers recorded since the graphs were last released (a no-op once captured, or
     when the model does not use layer graphs). Call after a step's backward passes.
 
     Before capturing, megatron runs each layer forward and backward on zero inputs to warm up; the
-    state layers update in place (MoE metrics, router load counters, any module buffer) is put
-    back afterwards, so those runs do not count as training."""
+    state layers update in place (`moe_metrics`, the run's MoEMetrics; router load counters; any
+    module buffer) is put back afterwards, so those runs do not count as training."""
     if not _uses_layer_graphs(model):
         return
     from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord, create_cudagraphs
 
     if not _CudagraphGlobalRecord.cudagraph_record:
         return  # captured already, or nothing recorded
-    from megatron_dmoe.moe import get_moe_metrics
-
     # nn.Module.buffers: megatron's DDP wrapper has a `buffers` attribute of its own (its grad buffers)
-    state = [*get_moe_metrics().tensors(), *torch.nn.Module.buffers(model)]
+    metrics = moe_metrics.tensors() if moe_metrics is not None else []
+    state = [*metrics, *torch.nn.Module.buffers(model)]
     saved = [t.clone() for t in state]
     create_cudagraphs()
     with torch.no_grad():

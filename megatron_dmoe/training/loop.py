@@ -16,7 +16,7 @@ from megatron.core import parallel_state as ps
 
 from megatron_dmoe.config import RunConfig, save_config
 from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
-from megatron_dmoe.moe import get_moe_metrics, update_expert_biases
+from megatron_dmoe.moe import MoERunState, update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.training.checkpoint import (
     Progress,
@@ -88,7 +88,8 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     say(f"data: {describe_data(cfg, data)}")
 
     seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
-    model = build_gpt_model(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda)
+    run_state = MoERunState()  # what the model's MoE layers share: metrics, deferred weight grads, exchanges
+    model = build_gpt_model(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda, run_state=run_state)
     say(f"model: {describe_model(model, cfg, env.device)}")
     model = wrap_for_training(model, tr.use_distributed_optimizer)
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
@@ -132,10 +133,8 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
                    f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
     watcher = PreemptionWatcher(env.device)
     result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
-    moe_metrics = get_moe_metrics()
-    # this loop logs the sums itself: megatron-core's tracker is off while it runs
-    tracker_was_on, moe_metrics.megatron_tracker = moe_metrics.megatron_tracker, False
-    moe_metrics.reset()
+    moe_metrics = run_state.metrics
+    moe_metrics.megatron_tracker = False  # this loop logs the sums itself
     model.train()
     window_start, window_steps = time.perf_counter(), 0
     window_loss = torch.zeros((), device=env.device)  # summed on the device: no per-step sync
@@ -147,7 +146,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     try:
         while progress.iteration < tr.train_iters and not out_of_time:
             step_start = time.perf_counter()
-            loss, grad_norm, applied = train_step(model, optimizer, train_data, num_micro, env.device,
+            loss, grad_norm, applied = train_step(model, optimizer, train_data, num_micro, env.device, run_state,
                                                   cfg.moe.expert_wgrad_per_step)
             if applied:
                 scheduler.step(1)
@@ -223,7 +222,6 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         train_data.close()
         watcher.close()
         logger.close()
-        moe_metrics.megatron_tracker = tracker_was_on
     result.iteration = progress.iteration
     result.out_of_time = out_of_time
     if env.is_main and cfg.logging.plot and not result.preempted:

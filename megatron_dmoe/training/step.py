@@ -9,8 +9,8 @@ from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 
 from megatron_dmoe.moe.aux_loss import set_aux_loss_scale
-from megatron_dmoe.moe.experts.per_step_wgrad import expert_weight_grads_per_step
 from megatron_dmoe.moe.global_aux_loss import reset_global_load_balance
+from megatron_dmoe.moe.run_state import MoERunState
 from megatron_dmoe.training.cuda_graphs import capture_layer_graphs, eager_layers
 
 
@@ -26,9 +26,10 @@ def micro_batch_loss(model, batch: dict) -> torch.Tensor:
 
 
 def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, device: torch.device,
-               expert_wgrad_per_step: bool = False):
+               run_state: MoERunState, expert_wgrad_per_step: bool = False):
     """Forward/backward over the micro-batches, reduce gradients, step the optimizer.
 
+    run_state: the MoE state the model's layers share (moe/run_state.py).
     expert_wgrad_per_step: the sparse experts' weight gradients are computed once, after the last
     backward, over all micro-batches (moe.expert_wgrad_per_step; see moe/experts/per_step_wgrad.py).
     Returns (mean loss on this rank as a device tensor, grad norm or None, whether the update was applied).
@@ -38,7 +39,7 @@ def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, d
     reset_global_load_balance(model)  # moe.aux_loss_type global: expert fractions count this step only
     loss_scale = optimizer.get_loss_scale().to(device)
     losses: List[torch.Tensor] = []
-    with expert_weight_grads_per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
+    with run_state.wgrad.per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
         for _ in range(num_micro_batches):
             batch = _to_device(next(data), device)
             loss = micro_batch_loss(model, batch)
@@ -47,7 +48,7 @@ def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, d
             set_aux_loss_scale(loss_scale, num_micro_batches)
             optimizer.scale_loss(loss / num_micro_batches).backward()
             losses.append(loss.detach())
-    capture_layer_graphs(model)  # after the first step, with training.cuda_graphs
+    capture_layer_graphs(model, run_state.metrics)  # after the first step, with training.cuda_graphs
     finalize_model_grads([model])
     applied, grad_norm, _ = optimizer.step()
     return torch.stack(losses).mean(), grad_norm, applied

@@ -97,7 +97,7 @@ def test_megatron_lm_ready_spec_builds_from_transformer_config(cpu_dist, tmp_pat
 
 
 def test_full_activation_recompute_gives_the_same_gradients(cpu_dist, tmp_path):
-    from megatron_dmoe.moe import AuxLossScaler, get_moe_metrics
+    from megatron_dmoe.moe import AuxLossScaler, run_state_of
     from megatron_dmoe.parallel.distributed import seed_everything
 
     grads, lb = [], []
@@ -106,11 +106,10 @@ def test_full_activation_recompute_gives_the_same_gradients(cpu_dist, tmp_path):
         seed_everything(7, cpu_dist)
         model = build_gpt_model(cfg, vocab_size=50, on_cuda=False)
         tokens, labels, positions = _batch(cfg, 50)
-        get_moe_metrics().reset()
         AuxLossScaler.set_loss_scale(1.0)
         model(tokens, positions, None, labels=labels).mean().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-        lb.append(get_moe_metrics().snapshot()["lb_loss"])
+        lb.append(run_state_of(model).metrics.snapshot()["lb_loss"])
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)

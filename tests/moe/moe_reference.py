@@ -212,7 +212,7 @@ def run_layer(case, activation, backend, memory_optimized, weights, out_grad, dt
 
     Returns (output [T, h], grads dict of x/router/w1/v1/w2 (and shared_w1, ...), per-expert load
     the layer recorded)."""
-    from megatron_dmoe.moe import MoELayer, get_moe_metrics
+    from megatron_dmoe.moe import MoELayer
 
     x, router_w, w1, v1, w2 = weights
     hidden, ffn = x.shape[1], w1.shape[1]
@@ -232,12 +232,10 @@ def run_layer(case, activation, backend, memory_optimized, weights, out_grad, dt
         load_shared(layer.shared_experts, shared)
     layer.to(device).train()
     x_in = x.to(device=device, dtype=dtype).view(case["s"], case["b"], hidden).requires_grad_()
-    get_moe_metrics().reset()
     out, bias = layer(x_in, padding_mask=padding)
     assert bias is None and out.shape == x_in.shape and out.dtype == dtype
     (out * out_grad.to(device=device, dtype=dtype).view_as(out)).sum().backward()
-    load = get_moe_metrics().snapshot()["layers"][7]["load"]
-    get_moe_metrics().reset()
+    load = layer.run_state.metrics.snapshot()["layers"][7]["load"]
     grads = dict(
         x=x_in.grad.reshape(-1, hidden), router=layer.router.weight.grad, w1=layer.experts.w1.grad,
         w2=layer.experts.w2.grad, v1=None if layer.experts.v1 is None else layer.experts.v1.grad,

@@ -36,12 +36,12 @@ def _problem(seed, activation, dtype, device="cpu"):
     return x_pad.detach(), state, [None if w is None else w.to(device, dtype) for w in (w1, v1, w2)]
 
 
-def _call(kind, x_pad, state, params, activation, memory_optimized=False):
+def _call(kind, x_pad, state, params, activation, memory_optimized=False, wgrad_stash=None):
     w1, v1, w2 = params
     if kind == "expert_mlp":
-        return sparse_expert_mlp(x_pad, w1, v1, w2, state.topology, activation, memory_optimized)
+        return sparse_expert_mlp(x_pad, w1, v1, w2, state.topology, activation, memory_optimized, wgrad_stash)
     return sparse_experts_combine(x_pad, w1, v1, w2, state.weights, state.topology, state.positions, state.counts,
-                                  activation, memory_optimized)
+                                  activation, memory_optimized, wgrad_stash)
 
 
 def _leaf_params(weights, main_grad_dtype=None, seed=0, **attributes):
@@ -62,9 +62,9 @@ def _leaf_params(weights, main_grad_dtype=None, seed=0, **attributes):
     return params
 
 
-def _backward(kind, x_pad, state, params, activation, out_grad, memory_optimized=False):
+def _backward(kind, x_pad, state, params, activation, out_grad, memory_optimized=False, wgrad_stash=None):
     x = x_pad.clone().requires_grad_()
-    y = _call(kind, x, state, params, activation, memory_optimized)
+    y = _call(kind, x, state, params, activation, memory_optimized, wgrad_stash)
     y.backward(out_grad.to(y.device, y.dtype))
     return y, x.grad
 

@@ -16,7 +16,7 @@ from megatron.core.transformer.moe.moe_utils import (
     save_to_aux_losses_tracker,
 )
 
-from megatron_dmoe.moe import MoELayer, get_moe_metrics
+from megatron_dmoe.moe import MoELayer
 from megatron_dmoe.moe.aux_loss import AuxLossScaler
 from moe_reference import make_config
 
@@ -100,18 +100,13 @@ def _expected_router_grad(layer, xs, targets):
 def fresh_megatron_scale():
     """megatron-core keeps its aux-loss scale on a class; an earlier test's backward may have left a
     0-dim one there, which its schedule's [1]-shaped scale cannot be copied into. Start as a fresh
-    Megatron-LM process does (no scale yet, our layers writing megatron-core's tracker) and put the
-    old state back afterwards."""
+    Megatron-LM process does (no scale yet) and put the old state back afterwards."""
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
     saved = MoEAuxLossAutoScaler.main_loss_backward_scale
     MoEAuxLossAutoScaler.main_loss_backward_scale = None
-    # as in Megatron-LM's loop; the benchmarks run in-process by other tests turn it off
-    metrics = get_moe_metrics()
-    tracker_was_on, metrics.megatron_tracker = metrics.megatron_tracker, True
     yield
     MoEAuxLossAutoScaler.main_loss_backward_scale = saved
-    metrics.megatron_tracker = tracker_was_on
 
 
 def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_dist, fresh_megatron_scale):
@@ -130,7 +125,7 @@ def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_d
     clear_aux_losses_tracker()
     # an entry an earlier one-layer model left in this process's tracker
     save_to_aux_losses_tracker("load_balancing_loss", torch.tensor(0.5), 1, 1)
-    get_moe_metrics().reset()
+    model.moe.run_state.metrics.reset()  # drop what the reference forwards recorded
     AuxLossScaler.set_loss_scale(1.0)
     try:
         with _schedule_on_cpu():
@@ -151,12 +146,11 @@ def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_d
         imbalance = tracker["expert_load_imbalance"]["values"][1].item() / NUM_MICRO
         assert 1.0 <= imbalance <= 4.0
         # our own metrics: coefficient-weighted means over the micro-batches, loads summed
-        snap = get_moe_metrics().snapshot()["layers"][2]
+        snap = model.moe.run_state.metrics.snapshot()["layers"][2]
         assert snap["lb_loss"] == pytest.approx(sum(lb_values) / NUM_MICRO, rel=1e-10)
         assert snap["z_loss"] == pytest.approx(sum(z_values) / NUM_MICRO, rel=1e-10)
         assert sum(snap["load"]) == NUM_MICRO * SEQ * BATCH * 2
         assert not math.isnan(snap["load_imbalance"])
     finally:
         AuxLossScaler.set_loss_scale(1.0)
-        get_moe_metrics().reset()
         clear_aux_losses_tracker()

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from megatron_dmoe.moe import MoELayer, MoEMetrics, get_moe_metrics, load_balancing_loss, z_loss
+from megatron_dmoe.moe import MoELayer, MoEMetrics, MoERunState, load_balancing_loss, use_run_state, z_loss
 from moe_reference import make_config
 
 
@@ -44,8 +44,7 @@ def _layer(**extra):
 def test_layer_records_training_forwards_only():
     layer = _layer()
     x = torch.randn(6, 2, 8, dtype=torch.float64)
-    tracker = get_moe_metrics()
-    tracker.reset()
+    tracker = layer.run_state.metrics
     layer.eval()
     layer(x)
     layer.train()
@@ -65,7 +64,6 @@ def test_layer_records_training_forwards_only():
     assert snap["lb_loss"] == pytest.approx(sum(expected_lb) / 2, rel=1e-12)
     assert snap["z_loss"] == pytest.approx(sum(expected_z) / 2, rel=1e-12)
     assert snap["load"] == expected_load.tolist() and sum(snap["load"]) == 2 * 12 * 2
-    tracker.reset()
 
 
 def test_padding_tokens_are_not_counted():
@@ -74,11 +72,8 @@ def test_padding_tokens_are_not_counted():
     x = torch.randn(5, 2, 8, dtype=torch.float64)
     padding = torch.zeros(2, 5, dtype=torch.bool)
     padding[1, 3:] = True  # the last two positions of sequence 1
-    tracker = get_moe_metrics()
-    tracker.reset()
     out, _ = layer(x, padding_mask=padding)
-    load = tracker.snapshot()["layers"][2]["load"]
-    tracker.reset()
+    load = layer.run_state.metrics.snapshot()["layers"][2]["load"]
     assert sum(load) == (10 - 2) * 2
     valid = ~padding.t().reshape(-1)
     routing = layer.router(x.view(-1, 8))
@@ -86,7 +81,30 @@ def test_padding_tokens_are_not_counted():
     assert load == expected.tolist()
     # padded tokens still get an output (dropless): the same as without a mask
     assert torch.equal(out, layer(x)[0])
-    tracker.reset()
+
+
+def test_layers_share_the_run_state_they_are_given():
+    config = make_config(8, 8, 4, 2, moe_aux_loss_coeff=0.1)
+    own = [MoELayer(config, backend="reference") for _ in range(2)]
+    # each layer alone has a state of its own; unnumbered layers get keys unique within a state
+    assert own[0].run_state is not own[1].run_state
+    state = MoERunState()
+    given = [MoELayer(config, backend="reference", run_state=state) for _ in range(2)]
+    model = torch.nn.ModuleList(own)
+    assert use_run_state(model, state) is state
+    layers = own + given
+    assert all(layer.run_state is state and layer.experts.wgrad_stash is state.wgrad for layer in layers)
+    assert sorted(layer.layer_number for layer in layers) == [-4, -3, -2, -1]
+    x = torch.randn(3, 2, 8, dtype=torch.float64)
+    for layer in layers:
+        layer.train()(x)
+    snap = state.metrics.snapshot()
+    assert sorted(snap["layers"]) == [-4, -3, -2, -1]
+    assert all(sum(rec["load"]) == 3 * 2 * 2 for rec in snap["layers"].values())
+    # a numbered layer keeps its number when it joins another state
+    numbered = MoELayer(config, backend="reference", layer_number=5)
+    numbered.use_run_state(MoERunState())
+    assert numbered.layer_number == 5
 
 
 def test_snapshot_all_reduces_over_a_group(tmp_path):

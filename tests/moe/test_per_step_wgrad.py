@@ -1,5 +1,5 @@
 """Expert weight gradients once per step (moe/experts/per_step_wgrad.py): inside
-expert_weight_grads_per_step() the sparse experts' backward leaves main_grad alone and the block's
+WgradStash.per_step() the sparse experts' backward leaves main_grad alone and the block's
 exit adds all micro-batches' gradients in one product per weight; the sum must equal the
 per-micro-batch accumulation (and so the float64 sum of the separate gradients), for both autograd
 functions, both activations, with and without the memory-optimised recompute.
@@ -8,7 +8,7 @@ On CPU the kernels run through Triton's interpreter (fp32, fp16)."""
 import pytest
 import torch
 
-from megatron_dmoe.moe.experts.per_step_wgrad import expert_weight_grads_per_step
+from megatron_dmoe.moe.experts.per_step_wgrad import WgradStash
 from test_fused_wgrad import CASES, DEAD, HIDDEN, T, _backward, _leaf_params, _problem, _rel
 
 MICRO_BATCHES = (31, 32, 33)  # seeds: a different routing per micro-batch, expert DEAD never routed
@@ -17,13 +17,15 @@ MICRO_BATCHES = (31, 32, 33)  # seeds: a different routing per micro-batch, expe
 def _micro_batch_grads(kind, activation, memory_optimized, dtype, params, per_step, device="cpu"):
     """Backward of every micro-batch into params' main_grad; returns the input gradients."""
     input_grads = []
-    with expert_weight_grads_per_step(enabled=per_step):
+    stash = WgradStash()
+    with stash.per_step(enabled=per_step):
         for seed in MICRO_BATCHES:
             x_pad, state, _ = _problem(seed, activation, dtype, device)
             rows = T if kind == "combine" else x_pad.shape[0]
             out_grad = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(seed + 100))
             before = [None if p is None else p.main_grad.clone() for p in params]
-            input_grads.append(_backward(kind, x_pad, state, params, activation, out_grad, memory_optimized)[1])
+            input_grads.append(_backward(kind, x_pad, state, params, activation, out_grad, memory_optimized,
+                                         stash)[1])
             if per_step:  # deferred: nothing reaches main_grad before the block ends
                 assert all(p is None or torch.equal(p.main_grad, b) for p, b in zip(params, before))
     return input_grads
@@ -63,20 +65,22 @@ def test_an_exception_in_the_step_drops_the_deferred_gradients():
     _, _, weights = _problem(30, "gelu", torch.float32)
     params = _leaf_params(weights, torch.float32, seed=5, main_grad_only=True)
     start = [None if p is None else p.main_grad.clone() for p in params]
+    stash = WgradStash()
     with pytest.raises(RuntimeError, match="boom"):
-        with expert_weight_grads_per_step():
+        with stash.per_step():
             x_pad, state, _ = _problem(31, "gelu", torch.float32)
-            _backward("expert_mlp", x_pad, state, params, "gelu", torch.randn(x_pad.shape[0], HIDDEN))
+            _backward("expert_mlp", x_pad, state, params, "gelu", torch.randn(x_pad.shape[0], HIDDEN), False, stash)
             raise RuntimeError("boom")
     assert all(p is None or torch.equal(p.main_grad, s) for p, s in zip(params, start))
     # the next step starts clean: without the block, gradients go straight in again
     x_pad, state, _ = _problem(32, "gelu", torch.float32)
-    _backward("expert_mlp", x_pad, state, params, "gelu", torch.randn(x_pad.shape[0], HIDDEN))
+    _backward("expert_mlp", x_pad, state, params, "gelu", torch.randn(x_pad.shape[0], HIDDEN), False, stash)
     assert not torch.equal(params[0].main_grad, start[0])
 
 
 def test_blocks_do_not_nest():
-    with expert_weight_grads_per_step():
+    stash = WgradStash()
+    with stash.per_step():
         with pytest.raises(RuntimeError, match="nested"):
-            with expert_weight_grads_per_step():
+            with stash.per_step():
                 pass

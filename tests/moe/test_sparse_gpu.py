@@ -3,7 +3,7 @@ fp32 reference backend, no device-to-host synchronisation in forward + backward,
 import pytest
 import torch
 
-from megatron_dmoe.moe import MoELayer, get_moe_metrics
+from megatron_dmoe.moe import MoELayer
 from moe_reference import draw_inputs, make_config, rel_err, run_layer, run_reference
 
 pytestmark = pytest.mark.gpu
@@ -72,10 +72,10 @@ def test_bf16_sparse_layer_at_tile_sizes_with_skewed_routing(activation):
     results = []
     for layer, dtype in ((ref, torch.float32), (sparse, torch.bfloat16)):
         inp = x.to(dtype).detach().requires_grad_()  # a leaf of its own for each layer
-        get_moe_metrics().reset()
         out, _ = layer(inp)
         out.backward(dy.to(dtype))
-        load = get_moe_metrics().snapshot()["layers"][layer.layer_number]["load"]
+        load = layer.run_state.metrics.snapshot()["layers"][layer.layer_number]["load"]
+        layer.run_state.metrics.reset()
         results.append((load, out, inp.grad, layer.router.weight.grad, layer.experts.w1.grad, layer.experts.w2.grad)
                        + ((layer.experts.v1.grad,) if activation == "swiglu" else ()))
     (ref_load, *ref_t), (load, *got) = results

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dmoe_kernels import max_padded_rows
-from megatron_dmoe.moe import MoELayer, get_moe_metrics
+from megatron_dmoe.moe import MoELayer
 from megatron_dmoe.moe.experts import BACKEND_REGISTRY, resolve_backend
 from megatron_dmoe.moe.experts.sparse import block_size_for
 from moe_reference import (
@@ -83,10 +83,9 @@ def test_sparse_equals_reference_backend_with_padding_tokens():
         load_weights(layer, router_w, w1, v1, w2)
         layer.to(dtype).train()
         inp = x.to(dtype).view(11, 3, HIDDEN).requires_grad_()
-        get_moe_metrics().reset()
         out, _ = layer(inp, padding_mask=padding)
         out.float().square().sum().backward()
-        load = get_moe_metrics().snapshot()["layers"][layer.layer_number]["load"]
+        load = layer.run_state.metrics.snapshot()["layers"][layer.layer_number]["load"]
         results[backend] = (out, inp.grad, layer.router.weight.grad, layer.experts.w1.grad, layer.experts.w2.grad, load)
     ref, got = results["reference"], results["sparse"]
     assert got[5] == ref[5] and sum(got[5]) == 2 * int((~padding).sum())

@@ -11,7 +11,7 @@ from megatron_dmoe.config.schema import RunConfig
 from megatron_dmoe.config.validate import MOE_KEYS
 from megatron_dmoe.model.gpt import moe_layer_params
 from megatron_dmoe.model.transformer_config import to_transformer_config
-from megatron_dmoe.moe import MoELayer, get_moe_metrics
+from megatron_dmoe.moe import MoELayer
 
 CPU = Environment(cuda=False, transformer_engine=False, apex=False)
 SETTING_KEYS = set(MOE_KEYS.values()) | {"moe.expert_wgrad_per_step"}
@@ -82,9 +82,7 @@ def _check(settings: dict) -> bool:
 
 @pytest.fixture(autouse=True)
 def _one_process(cpu_dist):
-    get_moe_metrics().reset()
     yield
-    get_moe_metrics().reset()
 
 
 def test_every_valid_router_combination_builds_and_runs():

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
-from megatron_dmoe.moe import AuxLossScaler, MoELayer, get_moe_metrics
+from megatron_dmoe.moe import AuxLossScaler, MoELayer, MoERunState
 from megatron_dmoe.parallel.distributed import init_distributed
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 from moe_reference import draw_shared, load_shared, make_config, rel_err
@@ -69,7 +69,7 @@ def _draw_tokens(seed, rank, dtype, hidden, device):
     return x.to(device, dtype), out_grad.to(device, dtype), padding.to(device)
 
 
-def _build(case, ep, dtype, weights, layer_number, hidden, ffn, device):
+def _build(case, ep, dtype, weights, layer_number, hidden, ffn, device, run_state=None):
     config = make_config(
         hidden, ffn, case["E"], case["k"], activation=case.get("activation", "gelu"),
         score_function=case.get("score", "softmax"), pre_softmax=case.get("pre", True), dtype=dtype,
@@ -81,7 +81,7 @@ def _build(case, ep, dtype, weights, layer_number, hidden, ffn, device):
         options.update(shared_expert_ffn_hidden_size=SHARED_FFN, shared_expert_gate=case["shared"])
     layer = MoELayer(config, backend=case.get("backend", "reference"), renormalize=case.get("renorm", None),
                      memory_optimized=case.get("memory_optimized", False), layer_number=layer_number,
-                     ep_exchange=case.get("exchange", "auto"), **options)
+                     ep_exchange=case.get("exchange", "auto"), run_state=run_state, **options)
     router_w, w1, v1, w2 = weights
     if "shared" in case:
         load_shared(layer.shared_experts, draw_shared(len(case), hidden, SHARED_FFN, case["shared"], dtype))
@@ -123,11 +123,11 @@ def check_layer_cases(cases=LAYER_CASES, device="cpu", hidden=HIDDEN, ffn=FFN, t
         x, out_grad, padding = _draw_tokens(seed, rank, dtype, hidden, device)
         padding = padding if case.get("padding") else None
 
-        get_moe_metrics().reset()
-        ep_layer = _build(case, case["ep"], dtype, weights, 1, hidden, ffn, device)
+        state = MoERunState()  # both layers record into one, as a model's layers do
+        ep_layer = _build(case, case["ep"], dtype, weights, 1, hidden, ffn, device, state)
         assert ep_layer.experts.w1.shape == ep_layer.experts.layout.local_shape(hidden), name
         out, dx = _run(ep_layer, x, out_grad, padding)
-        single = _build(case, 1, dtype, weights, 2, hidden, ffn, device)
+        single = _build(case, 1, dtype, weights, 2, hidden, ffn, device, state)
         ref_out, ref_dx = _run(single, x, out_grad, padding)
 
         assert rel_err(out, ref_out) < tol, (name, rank, "output")
@@ -153,8 +153,7 @@ def check_layer_cases(cases=LAYER_CASES, device="cpu", hidden=HIDDEN, ffn=FFN, t
                 assert gathered[e].abs().max() == 0, (name, key, e)
 
         # loads recorded by both layers reduce to the same global counts over all ranks
-        snapshot = get_moe_metrics().snapshot(group=ps.get_data_parallel_group())
+        snapshot = state.metrics.snapshot(group=ps.get_data_parallel_group())
         assert snapshot["layers"][1]["load"] == snapshot["layers"][2]["load"], name
         for e in case.get("dead", []):
             assert snapshot["layers"][1]["load"][e] == 0, name
-        get_moe_metrics().reset()

@@ -1,10 +1,11 @@
-"""Registry of expert MLP backends and the choice behind backend='auto'.
+"""The expert MLP backends by name, and the choice behind backend='auto'.
 
-BACKEND_REGISTRY maps a name to the backend object that runs it; the names a configuration may
-give (with 'auto') are moe/options.py's BACKENDS."""
+BACKEND_REGISTRY maps a name to the backend object that runs it, read-only: the names a
+configuration may give (with 'auto') are moe/options.py's BACKENDS, and a new backend is added
+here, beside them."""
 from __future__ import annotations
 
-from typing import Dict
+from types import MappingProxyType
 
 import torch
 
@@ -13,25 +14,14 @@ from .mlp import ExpertBackend
 from .reference import ReferenceBackend
 from .sparse import SparseBackend
 
-BACKEND_REGISTRY: Dict[str, ExpertBackend] = {
+BACKEND_REGISTRY: "MappingProxyType[str, ExpertBackend]" = MappingProxyType({
     b.name: b for b in (ReferenceBackend(), GroupedBackend(), SparseBackend())
-}
-# preferred first; a faster backend that registers later goes to the front
-AUTO_ORDER = ["sparse", "grouped", "reference"]
+})
+AUTO_ORDER = ("sparse", "grouped", "reference")  # preferred first
 # torch's grouped_mm on CPU is a plain loop, measured ~3x slower than per-expert matmuls in our
 # default training run; the block-sparse kernels run on CPU only under Triton's (slow) interpreter.
 # 'auto' keeps both for accelerators.
-AUTO_SKIP_ON_CPU = {"grouped", "sparse"}
-
-
-class BackendUnavailableError(NotImplementedError):
-    pass
-
-
-def register_backend(backend: ExpertBackend, prefer: bool = True) -> None:
-    BACKEND_REGISTRY[backend.name] = backend
-    if backend.name not in AUTO_ORDER:
-        AUTO_ORDER.insert(0 if prefer else len(AUTO_ORDER), backend.name)
+AUTO_SKIP_ON_CPU = frozenset({"grouped", "sparse"})
 
 
 def check_backend_name(name: str) -> None:

@@ -17,7 +17,7 @@ from .gemm import GroupedGemm
 
 class ExpertBackend(abc.ABC):
     """How the expert MLP runs on rows grouped by expert. A backend that is not gemm-based (block-
-    sparse kernels, say) implements `mlp` directly and registers itself in `backends.py`."""
+    sparse kernels, say) implements `mlp` directly; `backends.py` lists them all by name."""
 
     name: str
 
@@ -26,18 +26,22 @@ class ExpertBackend(abc.ABC):
         """None when the backend runs these shapes on this device and dtype, else why not."""
 
     @abc.abstractmethod
-    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation: str, memory_optimized: bool) -> torch.Tensor:
-        """x [N, h] grouped by expert, tokens_per_expert [E] -> [N, h]."""
+    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation: str, memory_optimized: bool,
+            wgrad_stash=None) -> torch.Tensor:
+        """x [N, h] grouped by expert, tokens_per_expert [E] -> [N, h]. wgrad_stash: the run's
+        WgradStash, for a backend that can defer weight gradients to the step's end (else unused)."""
 
-    def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation: str, memory_optimized: bool):
+    def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation: str, memory_optimized: bool,
+                             wgrad_stash=None):
         """x [N, h] as runs of expert groups, one run per source (counts_by_source [R, E], see
         arrival.py) -> [N, h] in the same order. Regrouped by expert around `mlp`, unless the rows
         are grouped already (one source or one expert)."""
         tokens_per_expert = counts_by_source.sum(0)
         if 1 in counts_by_source.shape:
-            return self.mlp(x, tokens_per_expert, w1, v1, w2, activation, memory_optimized)
+            return self.mlp(x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash)
         positions = arrival_positions(counts_by_source, compact_offsets(tokens_per_expert), x.shape[0])
-        y = self.mlp(group_rows(x, positions), tokens_per_expert, w1, v1, w2, activation, memory_optimized)
+        y = self.mlp(group_rows(x, positions), tokens_per_expert, w1, v1, w2, activation, memory_optimized,
+                     wgrad_stash)
         return ungroup_rows(y, positions)
 
 
@@ -46,7 +50,7 @@ class GemmBackend(ExpertBackend):
     def make_gemm(self, tokens_per_expert: torch.Tensor) -> GroupedGemm:
         ...
 
-    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized):
+    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
         return expert_mlp(x, w1, v1, w2, self.make_gemm(tokens_per_expert), activation, memory_optimized)
 
 

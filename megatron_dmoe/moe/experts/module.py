@@ -50,6 +50,9 @@ class ExpertMLP(torch.nn.Module):
         self.v1 = weight() if options.activation == "swiglu" else None
         self.w2 = weight()
         self._backends = {}  # (device, dtype) -> the backend resolved for such inputs
+        # the run's WgradStash (moe/run_state.py), set by the layer: where the sparse backend leaves
+        # weight-gradient operands when the step defers them
+        self.wgrad_stash = None
 
     def backend_for(self, x: torch.Tensor):
         """The backend for inputs like x, resolved once per device and dtype (not on every call)."""
@@ -73,9 +76,11 @@ class ExpertMLP(torch.nn.Module):
         backend = self.backend_for(x_perm)
         if counts_by_source is not None:
             return backend.mlp_in_arrival_order(
-                x_perm, counts_by_source, self.w1, self.v1, self.w2, opts.activation, opts.memory_optimized
+                x_perm, counts_by_source, self.w1, self.v1, self.w2, opts.activation, opts.memory_optimized,
+                self.wgrad_stash,
             )
-        return backend.mlp(x_perm, tokens_per_expert, self.w1, self.v1, self.w2, opts.activation, opts.memory_optimized)
+        return backend.mlp(x_perm, tokens_per_expert, self.w1, self.v1, self.w2, opts.activation,
+                           opts.memory_optimized, self.wgrad_stash)
 
     def forward_batched(self, x_buf: torch.Tensor) -> torch.Tensor:
         """x_buf [E, capacity, h] (the token-dropping baseline) -> [E, capacity, h], by torch.bmm."""

@@ -3,7 +3,7 @@
 Per micro-batch, each expert weight's gradient S^T @ B is added into its fp32 main_grad: a read and
 a write of the whole buffer (4 bytes x 2 per parameter) for a product whose reduction is only the
 expert's few hundred tokens, so the kernel is bound by the buffer, not by its FLOPs. Inside
-`expert_weight_grads_per_step()`, the sparse experts' backward keeps the product's operands
+`WgradStash.per_step()`, the sparse experts' backward keeps the product's operands
 instead (`stash`), and on leaving the block all micro-batches' operands go through ONE product per
 weight, over their rows regrouped by expert (dmoe_kernels.regroup): main_grad is read and written
 once per step, and each reduction is as long as all micro-batches' tokens.
@@ -20,44 +20,47 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-# id(weight) -> (weight, [data], [topology], [B]); None outside expert_weight_grads_per_step()
-_stash: Optional[Dict[int, Tuple[torch.Tensor, List, List, List]]] = None
 
+class WgradStash:
+    """The deferred operands of one run's sparse experts, owned by the run (moe/run_state.py) and
+    shared by every MoE layer of its model: id(weight) -> (weight, [data], [topology], [B]), or
+    None outside `per_step()`."""
 
-@contextlib.contextmanager
-def expert_weight_grads_per_step(enabled: bool = True) -> Iterator[None]:
-    """Defer the sparse experts' weight gradients of every backward inside the block to its end.
+    def __init__(self):
+        self._pending: Optional[Dict[int, Tuple[torch.Tensor, List, List, List]]] = None
 
-    On a normal exit the deferred gradients are added into the weights' main_grad, so wrap the
-    whole step's backward passes and reduce gradients after the block. On an exception they are
-    dropped with the stash.
-    """
-    global _stash
-    if not enabled:
-        yield
-        return
-    if _stash is not None:
-        raise RuntimeError("expert_weight_grads_per_step() blocks cannot be nested")
-    _stash = {}
-    try:
-        yield
-        _flush(_stash)
-    finally:
-        _stash = None
+    @contextlib.contextmanager
+    def per_step(self, enabled: bool = True) -> Iterator[None]:
+        """Defer the sparse experts' weight gradients of every backward inside the block to its end.
 
+        On a normal exit the deferred gradients are added into the weights' main_grad, so wrap the
+        whole step's backward passes and reduce gradients after the block. On an exception they are
+        dropped with the stash.
+        """
+        if not enabled:
+            yield
+            return
+        if self._pending is not None:
+            raise RuntimeError("WgradStash.per_step() blocks cannot be nested")
+        self._pending = {}
+        try:
+            yield
+            _flush(self._pending)
+        finally:
+            self._pending = None
 
-def stash(weight: torch.Tensor, data: torch.Tensor, topology, b: torch.Tensor) -> bool:
-    """Keep the operands of weight's gradient (S^T @ b, S = (data, topology)) for the end of the
-    step. False when not deferring: the caller computes the gradient now."""
-    if _stash is None or not topology.blocks_per_row or topology.expert_offsets is None:
-        return False
-    if b.is_cuda and torch.cuda.is_current_stream_capturing():
-        return False  # a graph replays its kernels every step; nothing may be left for later
-    entry = _stash.setdefault(id(weight), (weight, [], [], []))
-    entry[1].append(data)
-    entry[2].append(topology)
-    entry[3].append(b)
-    return True
+    def stash(self, weight: torch.Tensor, data: torch.Tensor, topology, b: torch.Tensor) -> bool:
+        """Keep the operands of weight's gradient (S^T @ b, S = (data, topology)) for the end of the
+        step. False when not deferring: the caller computes the gradient now."""
+        if self._pending is None or not topology.blocks_per_row or topology.expert_offsets is None:
+            return False
+        if b.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False  # a graph replays its kernels every step; nothing may be left for later
+        entry = self._pending.setdefault(id(weight), (weight, [], [], []))
+        entry[1].append(data)
+        entry[2].append(topology)
+        entry[3].append(b)
+        return True
 
 
 def _flush(pending: Dict[int, Tuple[torch.Tensor, List, List, List]]) -> None:

@@ -22,8 +22,8 @@ DistributedDataParallel gives every parameter) by the DSD^T kernel's epilogue, i
   `grad_added_to_main_grad`, DDP's hook skips its add and drops the placeholder gradient (eager
   only; see `_weight_grad`).
 A caller turns fusion off for one parameter with `param.fuse_wgrad_accumulation = False`.
-Inside `per_step_wgrad.expert_weight_grads_per_step()`, the first way's products are deferred to the
-end of the training step and run once over all micro-batches (see per_step_wgrad.py).
+Inside the run's `WgradStash.per_step()` (moe/run_state.py), the first way's products are deferred to
+the end of the training step and run once over all micro-batches (see per_step_wgrad.py).
 
 Saved for backward: x, the pre-activation(s) and the activation; memory-optimised mode drops the
 activation and recomputes it (one element-wise pass) in backward. Nothing is copied to the host:
@@ -46,7 +46,6 @@ from typing import Optional
 import torch
 
 from ..options import BLOCK_SIZES
-from . import per_step_wgrad
 from .mlp import ExpertBackend
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -119,9 +118,10 @@ def _grad_owners(x: torch.Tensor, *weights):
     return inputs, owners
 
 
-def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tensor] = None):
+def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tensor] = None, stash=None):
     """Gradient of an expert weight, S^T @ b for S = (data, topo): added into owner.main_grad
-    (returns None: the weight entered detached), or else:
+    (returns None: the weight entered detached), or left in `stash` (a WgradStash deferring to the
+    step's end), or else:
 
     With a fusable main_grad (see _fusable_main_grad) the product is added into it in the kernel's
     epilogue (fp32 accumulator + old main_grad, one pass), the weight is flagged
@@ -135,7 +135,7 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
 
     E, f, h = weight.shape
     if owner is not None:
-        if not per_step_wgrad.stash(owner, data, topo, b):
+        if stash is None or not stash.stash(owner, data, topo, b):
             ops.dsd(data, topo, b, transpose=True, out=owner.main_grad.view(E * f, h), accumulate=True)
         return None
     main_grad = _fusable_main_grad(weight)
@@ -150,7 +150,7 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
     return torch.empty_like(weight)
 
 
-def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners):
+def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, stash):
     """Gradients through the up-projection(s) h1 = x w1^T (and h2 = x v1^T): dx, dw1, dv1."""
     from dmoe_kernels import ops
 
@@ -161,14 +161,14 @@ def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, 
         if v1 is not None:
             dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h))
     if need_w1 or owners[0] is not None:
-        dw1 = _weight_grad(d_h1, topo, x, w1, owners[0])
+        dw1 = _weight_grad(d_h1, topo, x, w1, owners[0], stash)
     if v1 is not None and (need_v1 or owners[1] is not None):
-        dv1 = _weight_grad(d_h2, topo, x, v1, owners[1])
+        dv1 = _weight_grad(d_h2, topo, x, v1, owners[1], stash)
     return dx, dw1, dv1
 
 class _SparseExpertMLP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized, owners):
+    def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized, owners, stash):
         from dmoe_kernels import activation as act, ops
 
         E, f, h = w1.shape
@@ -177,7 +177,7 @@ class _SparseExpertMLP(torch.autograd.Function):
         a = act.activation_forward(activation, h1, h2, topology.nnz)
         y = ops.dsd(a, topology, w2.reshape(E * f, h))
         ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a)
-        ctx.topology, ctx.activation, ctx.owners = topology, activation, owners
+        ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
         return y
 
     @staticmethod
@@ -196,16 +196,19 @@ class _SparseExpertMLP(torch.autograd.Function):
         if need_w2 or owners[2] is not None:
             if a is None:  # memory-optimised: recompute the activation instead of having kept it
                 a = act.activation_forward(activation, h1, h2, topo.nnz)
-            dw2 = _weight_grad(a, topo, dy, w2, owners[2])
+            dw2 = _weight_grad(a, topo, dy, w2, owners[2], ctx.stash)
         del a
         da = ops.sdd(dy, w2.reshape(E * f, h).t(), topo)
         d_h1, d_h2 = act.activation_backward(activation, da, h1, h2, topo.nnz)  # d_h1 reuses da
-        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners)
-        return dx, dw1, dv1, dw2, None, None, None, None
+        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners,
+                                            ctx.stash)
+        return dx, dw1, dv1, dw2, None, None, None, None, None
 
 
-def sparse_expert_mlp(x_pad, w1, v1, w2, topology, activation: str, memory_optimized: bool = False) -> torch.Tensor:
+def sparse_expert_mlp(x_pad, w1, v1, w2, topology, activation: str, memory_optimized: bool = False,
+                      wgrad_stash=None) -> torch.Tensor:
     """x_pad [rows, h] (the padded buffer of `topology`); w1, v1 (SwiGLU only), w2 [E, f, h] -> [rows, h].
+    wgrad_stash: the run's WgradStash (weight gradients deferred to the step's end inside its block).
 
     Rows past the used ones come out zero; padding rows of x_pad must be zero (the permutation
     writes them so), which keeps them out of the weight gradients.
@@ -217,7 +220,7 @@ def sparse_expert_mlp(x_pad, w1, v1, w2, topology, activation: str, memory_optim
             f"{f} ffn]; build it from this layer's counts with ffn_hidden_size={f}"
         )
     (w1, v1, w2), owners = _grad_owners(x_pad, w1, v1, w2)
-    return _SparseExpertMLP.apply(x_pad, w1, v1, w2, topology, activation, memory_optimized, owners)
+    return _SparseExpertMLP.apply(x_pad, w1, v1, w2, topology, activation, memory_optimized, owners, wgrad_stash)
 
 
 class _SparseExpertsCombine(torch.autograd.Function):
@@ -228,7 +231,8 @@ class _SparseExpertsCombine(torch.autograd.Function):
     memory_optimized), positions and weights; as a dense MLP keeps x, h and act(h)."""
 
     @staticmethod
-    def forward(ctx, x, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized, owners):
+    def forward(ctx, x, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized, owners,
+                stash):
         from dmoe_kernels import activation as act, ops
         from dmoe_kernels.permute_ops import reduce
 
@@ -238,7 +242,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
         a = act.activation_forward(activation, h1, h2, topology.nnz)
         y = reduce(ops.dsd(a, topology, w2.reshape(E * f, h)), positions, weights)
         ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a, weights, positions, counts)
-        ctx.topology, ctx.activation, ctx.owners = topology, activation, owners
+        ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
         return y
 
     @staticmethod
@@ -259,7 +263,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
         dw2 = None
         if need_w2 or owners[2] is not None:
             dy_weighted = expand(dy, positions, rows, offsets, counts, scale=weights)
-            dw2 = _weight_grad(a, topo, dy_weighted, w2, owners[2])
+            dw2 = _weight_grad(a, topo, dy_weighted, w2, owners[2], ctx.stash)
             del dy_weighted
         da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
         flat_positions = positions.reshape(-1)
@@ -270,12 +274,13 @@ class _SparseExpertsCombine(torch.autograd.Function):
         d_weights = None
         if need_weights:  # each copy's partial dots (one per column block), gathered by int32 row and summed
             d_weights = row_dot.index_select(0, flat_positions).view(*positions.shape, -1).sum(-1).to(weights.dtype)
-        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners)
-        return dx, dw1, dv1, dw2, d_weights, None, None, None, None, None, None
+        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners,
+                                            ctx.stash)
+        return dx, dw1, dv1, dw2, d_weights, None, None, None, None, None, None, None
 
 
 def sparse_experts_combine(x_pad, w1, v1, w2, weights, topology, positions, counts, activation: str,
-                           memory_optimized: bool = False) -> torch.Tensor:
+                           memory_optimized: bool = False, wgrad_stash=None) -> torch.Tensor:
     """y [T, h] = sum_j weights[t, j] * MLP(x_pad)[positions[t, j]]: the experts on the padded buffer
     and the weighted combine in one autograd function (see _SparseExpertsCombine)."""
     E, f, _ = w1.shape
@@ -286,7 +291,7 @@ def sparse_experts_combine(x_pad, w1, v1, w2, weights, topology, positions, coun
         )
     (w1, v1, w2), owners = _grad_owners(x_pad, w1, v1, w2)
     return _SparseExpertsCombine.apply(
-        x_pad, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized, owners
+        x_pad, w1, v1, w2, weights, topology, positions, counts, activation, memory_optimized, owners, wgrad_stash
     )
 
 
@@ -315,13 +320,14 @@ class SparseBackend(ExpertBackend):
             return f"ffn_hidden_size={ffn_hidden_size} is not a multiple of {min(BLOCK_SIZES)}, the smallest block size"
         return None
 
-    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized):
+    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
         """Rows grouped by expert WITHOUT padding: copied into a padded buffer and back by the fused
         permutation kernels. The layer without expert parallelism permutes straight into the
         padded buffer instead (padded_dispatch.py)."""
-        return self.mlp_in_arrival_order(x, tokens_per_expert.view(1, -1), w1, v1, w2, activation, memory_optimized)
+        return self.mlp_in_arrival_order(x, tokens_per_expert.view(1, -1), w1, v1, w2, activation, memory_optimized,
+                                         wgrad_stash)
 
-    def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation, memory_optimized):
+    def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
         """Rows as the expert-parallel exchange delivers them (runs of expert groups, one per source
         rank): one kernel writes each row to its expert's block-padded group, one brings the
         outputs back in arrival order."""
@@ -335,5 +341,5 @@ class SparseBackend(ExpertBackend):
         topo = dk.Topology.for_experts(tokens_per_expert, num_rows, f, block_size_for(f, self.block_size))
         pos = arrival_positions(counts_by_source, topo.expert_offsets, num_rows)
         x_pad = permute(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert)
-        y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized)
+        y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized, wgrad_stash)
         return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert)
