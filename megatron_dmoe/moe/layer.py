@@ -92,6 +92,7 @@ class MoELayer(MegatronModule):
             opts.num_experts, opts.ffn_hidden_size, opts.block_size,
             strict=opts.backend == "sparse" and groups.size == 1
         )
+        self._dispatchers = {}  # (device, dtype) -> the dispatcher for such inputs (see _dispatcher_for)
         self.use_run_state(run_state if run_state is not None else MoERunState())
 
     def use_run_state(self, state: MoERunState) -> None:
@@ -140,14 +141,19 @@ class MoELayer(MegatronModule):
         return y.view(s, b, h), None
 
     def _dispatcher_for(self, x: torch.Tensor) -> TokenDispatcher:
-        """The block-padded dispatcher when the sparse backend runs every expert here, else the configured one."""
-        sparse = self.experts.backend_for(x).name == "sparse"
-        if type(self.dispatcher) is DroplessDispatcher and sparse:
-            return self.padded_dispatcher
-        if hasattr(self.dispatcher, "rows_consumed_at_once"):
+        """The block-padded dispatcher when the sparse backend runs every expert here, else the
+        configured one: chosen once per device and dtype, not on every call."""
+        key = (x.device, x.dtype)
+        chosen = self._dispatchers.get(key)
+        if chosen is None:
+            sparse = self.experts.backend_for(x).name == "sparse"
+            padded = type(self.dispatcher) is DroplessDispatcher and sparse
+            chosen = self._dispatchers[key] = (self.padded_dispatcher if padded else self.dispatcher, sparse)
+        dispatcher, sparse = chosen
+        if dispatcher is self.dispatcher and hasattr(dispatcher, "rows_consumed_at_once"):
             # the sparse experts copy received rows into their padded buffer before anything else runs
-            self.dispatcher.rows_consumed_at_once = sparse
-        return self.dispatcher
+            dispatcher.rows_consumed_at_once = sparse
+        return dispatcher
 
     @staticmethod
     def _valid_tokens(padding_mask, s, b):
@@ -181,7 +187,8 @@ class MoELayer(MegatronModule):
         losses = [loss for loss in (lb, z) if loss is not None]
         if not losses:
             return y
-        return AuxLossScaler.apply(y, sum(losses))
+        # not sum(losses): its start value 0 would cost one more launch
+        return AuxLossScaler.apply(y, losses[0] if len(losses) == 1 else losses[0] + losses[1])
 
     def _load_balancing_loss(self, routing: Routing, valid, num_sequences: int) -> torch.Tensor:
         opts = self.options
