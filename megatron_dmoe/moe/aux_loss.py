@@ -116,7 +116,9 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
         # float is made on the CPU, and a CUDA aux loss cannot be multiplied by it there
         (aux_loss,) = ctx.saved_tensors
         scale = AuxLossScaler._scale_on(aux_loss.device)
-        return grad_output, torch.ones_like(aux_loss) * scale.to(aux_loss.dtype).reshape(())
+        # d(aux_loss) = scale: the scale tensor itself, shaped like the loss (a 0-dim view, no launch
+        # when the dtypes agree, as they do for fp32 losses)
+        return grad_output, scale.to(aux_loss.dtype).reshape(aux_loss.shape)
 
     @staticmethod
     def set_loss_scale(scale) -> None:
