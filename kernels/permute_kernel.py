@@ -6,6 +6,7 @@ in one 2-D tile [K_POW2, BLOCK_H], so no atomics are needed and results are dete
 
   expand_kernel   out[pos(t, j)] = scale(t, j) * src[t]          (permute; un-permute's backward)
                   optionally dot(t, j) = <src[t], other[pos(t, j)]> (the router-weight gradient)
+                  optionally scale_rows[pos(t, j)] = scale(t, j), 0 on padding rows (row weights)
                   plus E programs (launched first, so they overlap the token programs) that
                   zero each expert's padding rows
   reduce_kernel   dst[t] = sum_j scale(t, j) * src[pos(t, j)]     (un-permute; permute's backward)
@@ -23,7 +24,7 @@ def expand_kernel(
     expert_offsets_ptr, counts_ptr,
     num_experts, H, stride_src, stride_out, stride_other,
     K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_H: tl.constexpr, PAD_ROWS: tl.constexpr,
-    HAS_SCALE: tl.constexpr, HAS_DOT: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_DOT: tl.constexpr, scale_rows_ptr=None, HAS_SCALE_ROWS: tl.constexpr = False,
 ):
     cols = tl.arange(0, BLOCK_H)
     if tl.program_id(0) < num_experts:
@@ -38,13 +39,19 @@ def expand_kernel(
                 h = h0 + cols
                 tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_out + h[None, :], zeros,
                          mask=(r < end)[:, None] & (h < H)[None, :])
+            if HAS_SCALE_ROWS:
+                tl.store(scale_rows_ptr + r, tl.zeros((PAD_ROWS,), dtype=scale_rows_ptr.dtype.element_ty),
+                         mask=r < end)
     else:
         pid = tl.program_id(0) - num_experts
         slot = tl.arange(0, K_POW2)
         slot_mask = slot < K
         rows = tl.load(pos_ptr + pid * K + slot, mask=slot_mask, other=0).to(tl.int64)
         if HAS_SCALE:
-            scale = tl.load(scale_ptr + pid * K + slot, mask=slot_mask, other=0.0).to(tl.float32)
+            scale = tl.load(scale_ptr + pid * K + slot, mask=slot_mask, other=0.0)
+            if HAS_SCALE_ROWS:
+                tl.store(scale_rows_ptr + rows, scale.to(scale_rows_ptr.dtype.element_ty), mask=slot_mask)
+            scale = scale.to(tl.float32)
         src_row = src_ptr + pid.to(tl.int64) * stride_src
         # products accumulate element-wise; one reduction after the loop, not one per chunk
         dot = tl.zeros((K_POW2, BLOCK_H), dtype=tl.float32)

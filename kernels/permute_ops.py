@@ -7,7 +7,7 @@ size) and holds its ``counts[e]`` copies in token order, then zero rows up to th
   padded_positions(indices, counts, expert_offsets)   pos [T, K] int32: row of copy (t, j)
   grouped_positions(counts, expert_offsets, num_rows)  pos [N, 1] for rows already grouped by expert
   expert_counts(indices, num_experts)                  counts [E] of every routed copy
-  expand(src, pos, rows, expert_offsets, counts, scale=None, other=None, out=None)
+  expand(src, pos, rows, expert_offsets, counts, scale=None, other=None, out=None, scale_rows=None)
       out[pos[t, j]] = scale[t, j] * src[t], padding rows zeroed; with ``other`` also returns
       dot[t, j] = <src[t], other[pos[t, j]]> (fp32)
   reduce(src, pos, scale=None)                        dst[t] = sum_j scale[t, j] * src[pos[t, j]]
@@ -68,12 +68,16 @@ def expand(
     scale: Optional[torch.Tensor] = None,
     other: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
+    scale_rows: Optional[torch.Tensor] = None,
 ):
     """out [rows, H] with out[pos[t, j]] = scale[t, j] * src[t] and every padding row zero.
 
     src [T, H]; pos [T, K]; expert_offsets int32 [E + 1] and counts [E] on the device (see the
     module docstring); scale [T, K] or None (ones). With other [rows, H], returns (out, dot) where
     dot [T, K] fp32 = <src[t], other[pos[t, j]]>. out: a row-major [rows, H] buffer to write into.
+    scale_rows: a [rows] buffer (with scale) that also gets scale_rows[pos[t, j]] = scale[t, j] and
+    zeros on the padding rows, in the same launch (rows past the last expert's group are left as
+    they are).
     """
     op = "expand"
     src = _rows_major(op, "src", src)
@@ -88,6 +92,9 @@ def expand(
         out = torch.empty(rows, H, dtype=src.dtype, device=src.device)
     elif tuple(out.shape) != (rows, H) or out.dtype != src.dtype or out.stride(1) != 1 or out.device != src.device:
         raise ValueError(f"{op}: out must be a row-major [{rows}, {H}] {src.dtype} tensor on {src.device}")
+    if scale_rows is not None and (scale is None or scale_rows.shape != (rows,) or not scale_rows.is_contiguous()
+                                   or scale_rows.device != src.device):
+        raise ValueError(f"{op}: scale_rows must be a contiguous [{rows}] tensor on {src.device}, given with scale")
     dot = None
     if other is not None:
         other = _rows_major(op, "other", other)
@@ -107,10 +114,14 @@ def expand(
             E, H, src.stride(0), out.stride(0), (other if other is not None else out).stride(0),
             K=K, K_POW2=k_pow2, BLOCK_H=block_h, PAD_ROWS=max(1, _TILE_ELEMENTS // block_h),
             HAS_SCALE=scale is not None, HAS_DOT=other is not None,
+            scale_rows_ptr=scale_rows, HAS_SCALE_ROWS=scale_rows is not None,
             num_warps=4,
         )
-    elif dot is not None:
-        dot.zero_()
+    else:
+        if dot is not None:
+            dot.zero_()
+        if scale_rows is not None:  # no hidden columns: the row weights still get written
+            scale_rows.zero_().index_put_((pos.reshape(-1).long(),), scale.reshape(-1).to(scale_rows.dtype))
     return out if other is None else (out, dot)
 
 

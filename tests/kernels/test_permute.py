@@ -81,6 +81,14 @@ def test_expand_and_reduce_match_references(kind, T, E, K, bs, H, dtype, device)
     plain = P.expand(src, pos, rows, offsets, counts)
     assert _err(plain[:used], R.expand(src.double(), pos, rows)[:used]) < TOL[dtype]
 
+    # the row weights, written beside the copies: scale on each copy's row, zero on padding rows
+    scale_rows = torch.full((rows,), float("nan"), device=device)
+    again = P.expand(src, pos, rows, offsets, counts, scale=scale, scale_rows=scale_rows)
+    expected_rows = torch.zeros(rows, dtype=torch.float64)
+    expected_rows[pos.reshape(-1).long().cpu()] = scale.double().reshape(-1).cpu()
+    assert torch.equal(scale_rows[:used].double().cpu(), expected_rows[:used])
+    assert _err(again[:used], ref_out[:used]) < TOL[dtype]
+
     summed = P.reduce(other, pos, scale)
     assert summed.dtype == dtype and _err(summed, R.reduce(other.double(), pos, scale.double())) < TOL[dtype]
     assert _err(P.reduce(other, pos), R.reduce(other.double(), pos)) < TOL[dtype]
@@ -162,3 +170,5 @@ def test_bad_arguments_raise_clear_errors(device):
         P.reduce(torch.randn(rows, 8, device=device), pos, torch.ones(5, 3, device=device))
     with pytest.raises(ValueError, match="out must be a row-major"):
         P.expand(x, pos, rows, offsets, counts, out=torch.empty(rows + 1, 8, device=device))
+    with pytest.raises(ValueError, match="scale_rows must be"):  # row weights need the weights
+        P.expand(x, pos, rows, offsets, counts, scale_rows=torch.empty(rows, device=device))

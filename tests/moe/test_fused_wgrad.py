@@ -258,3 +258,21 @@ def test_no_fusion_while_a_cuda_graph_is_captured():
     assert w1.grad_added_to_main_grad is False
     assert torch.equal(w1.main_grad, m0)
     assert _rel(grad, expected) < 1e-5
+
+
+def test_combine_with_a_frozen_down_projection_gives_the_other_gradients_unchanged():
+    """Without w2's gradient the backward takes its other branch for the rows' router weights."""
+    x_pad, state, weights = _problem(40, "gelu", torch.float32)
+    out_grad = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(41))
+    grads = []
+    for train_w2 in (True, False):
+        w1, w2 = weights[0].clone().requires_grad_(), weights[2].clone().requires_grad_(train_w2)
+        x = x_pad.clone().requires_grad_()
+        router_weights = state.weights.clone().requires_grad_()
+        y = sparse_experts_combine(x, w1, None, w2, router_weights, state.topology, state.positions, state.counts,
+                                   "gelu")
+        y.backward(out_grad)
+        assert (w2.grad is not None) == train_w2
+        grads.append((x.grad, router_weights.grad, w1.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

@@ -261,14 +261,17 @@ class _SparseExpertsCombine(torch.autograd.Function):
             a = act.activation_forward(activation, h1, h2, topo.nnz)
         owners = ctx.owners
         dw2 = None
+        # each padded row's router weight (0 on padding rows), for the activation's backward
+        row_weights = torch.empty(rows, dtype=weights.dtype, device=weights.device)
         if need_w2 or owners[2] is not None:
-            dy_weighted = expand(dy, positions, rows, offsets, counts, scale=weights)
+            # the weighted copies of dy write the row weights in the same launch
+            dy_weighted = expand(dy, positions, rows, offsets, counts, scale=weights, scale_rows=row_weights)
             dw2 = _weight_grad(a, topo, dy_weighted, w2, owners[2], ctx.stash)
             del dy_weighted
+        else:
+            row_weights.zero_().index_put_((positions.reshape(-1),), weights.reshape(-1))
         da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
         flat_positions = positions.reshape(-1)
-        row_weights = torch.zeros(rows, dtype=weights.dtype, device=weights.device)
-        row_weights.index_put_((flat_positions,), weights.reshape(-1))
         d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
         del a
         d_weights = None
