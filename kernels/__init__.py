@@ -18,8 +18,8 @@ package named ``kernels`` exists on the package registry). It depends on torch a
   regroup                   sum_m S_m^T @ B_m over micro-batches as one product, rows regrouped by
                             expert (regroup.py): weight gradients accumulated once per step
   fused_route               softmax top-k routing with the load-balancing loss's column sums, one
-                            launch forward and one backward (router_functional.py); router_ops has
-                            the kernels without autograd
+                            kernel (and the sums' reduction) forward, one backward
+                            (router_functional.py); router_ops has the kernels without autograd
 
 See README.md in this folder for an example.
 """

@@ -5,8 +5,8 @@
 
 The same values as torch's softmax -> topk -> gather (-> renormalisation -> scale) with the
 load-balancing loss's column sums of the probabilities over the valid tokens, in one forward
-launch; the backward takes the gradients of weights, colsum and scores (any may be absent) and
-returns d_logits in one launch. indices carry no gradient.
+kernel and one reduction; the backward takes the gradients of weights, colsum and scores (any
+may be absent) and returns d_logits in one launch. indices carry no gradient.
 """
 from __future__ import annotations
 

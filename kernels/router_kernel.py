@@ -1,4 +1,4 @@
-"""Triton kernels of the softmax top-k router: one launch forward, one backward.
+"""Triton kernels of the softmax top-k router: one kernel forward, one backward.
 
 Each program owns BLOCK_T token rows and all E experts of them as one [BLOCK_T, E_POW2] tile.
 

@@ -156,7 +156,7 @@ def fused_route_unsupported(options: MoEOptions) -> Optional[str]:
 class TopKRouter(torch.nn.Module):
     """Router weight [E, h] (logits computed in fp32) and, optionally, the expert-bias state.
 
-    fused: route with dmoe_kernels' fused softmax top-k kernels (one launch forward and one
+    fused: route with dmoe_kernels' fused softmax top-k kernels (one kernel forward and one
     backward, the load-balancing loss's column sums included) instead of torch's softmax, topk and
     sum. None (auto): fused for fp32 logits on CUDA when the options allow it (see
     `fused_route_unsupported`); False: always torch; True: always fused (an error where the
