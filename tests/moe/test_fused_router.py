@@ -140,3 +140,29 @@ def test_fused_layer_runs_no_torch_softmax_topk_or_probability_sum():
     prob_sum = ("aten::sum", ((S * B, E),))
     assert replaced <= {name for name, _ in ops[False]} and prob_sum in ops[False]
     assert not replaced & {name for name, _ in ops[True]} and prob_sum not in ops[True]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_router_is_fused_on_cuda_and_matches_torch(dtype):
+    """On a GPU the default router takes the fused kernels (compiled, not interpreted) and gives the
+    torch router's layer output and gradients (fp32 logits either way; bf16 experts: bf16 tolerance)."""
+    case = CASES["micro-batch-masked-renorm"]
+    config = make_config(64, 128, 16, 4, dtype=dtype, moe_aux_loss_coeff=0.3, moe_z_loss_coeff=0.01,
+                         moe_router_topk_scaling_factor=case["scale"])
+    torch.manual_seed(0)
+    auto_layer = MoELayer(config, backend="reference", renormalize=True).cuda().train()
+    torch_layer = copy.deepcopy(auto_layer)
+    torch_layer.router.fused = False
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(128, 4, 64, generator=g, device="cuda").to(dtype)
+    dy = torch.randn(128, 4, 64, generator=g, device="cuda").to(dtype)
+    mask = torch.rand(4, 128, generator=g, device="cuda") < 0.2
+    assert auto_layer.router.fused is None and auto_layer.router(x.view(-1, 64)).prob_colsum is not None
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    out_t, grads_t, lb_t = _step(torch_layer, x, dy, mask)
+    out_f, grads_f, lb_f = _step(auto_layer, x, dy, mask)
+    assert (out_f - out_t).float().norm() <= tol * out_t.float().norm()
+    assert lb_f == pytest.approx(lb_t, rel=1e-5)
+    for key, want in grads_t.items():
+        assert (grads_f[key] - want).float().norm() <= tol * want.float().norm(), key
