@@ -17,12 +17,16 @@ package named ``kernels`` exists on the package registry). It depends on torch a
   activation                GELU / SwiGLU on sparse data over the existing blocks (activation.py)
   regroup                   sum_m S_m^T @ B_m over micro-batches as one product, rows regrouped by
                             expert (regroup.py): weight gradients accumulated once per step
+  fused_route               softmax top-k routing with the load-balancing loss's column sums, one
+                            kernel (and the sums' reduction) forward, one backward
+                            (router_functional.py); router_ops has the kernels without autograd
 
 See README.md in this folder for an example.
 """
-from . import activation, launch, ops, permute_ops, permute_reference, reference, regroup
+from . import activation, launch, ops, permute_ops, permute_reference, reference, regroup, router_ops
 from .functional import dds, dsd, sdd
 from .permute_functional import permute as permute_rows, unpermute as unpermute_rows
+from .router_functional import fused_route
 from .topology import Topology, max_padded_rows, padded_expert_offsets
 from .tuning import DsdConfig, SddConfig
 
@@ -44,6 +48,8 @@ __all__ = [
     "activation",
     "launch",
     "regroup",
+    "router_ops",
+    "fused_route",
     "SddConfig",
     "DsdConfig",
 ]

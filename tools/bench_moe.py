@@ -33,6 +33,7 @@ grouped and the capacity-2.0 layer give the same output before timing anything.
                             [--skew 2] [--backends sparse,dense-equiv] [--block-size 128]
                             [--graph]    # also replay each step as a CUDA graph (no launch overhead)
                             [--profile]  # torch.profiler table of one step per backend
+                            [--router torch|fused|auto]  # the MoE backends' router (auto: fused on CUDA)
   python tools/bench_moe.py --device cpu --toy      # tiny sizes; kernels under Triton's interpreter
 """
 from __future__ import annotations
@@ -59,6 +60,7 @@ TOY_CASES = {"toy-top1": (48, 32, 64, 4, 1), "toy-top2": (40, 48, 32, 6, 2),
 CASE_ACTIVATION = {"deepseek-v2-lite": "swiglu", "toy-fine": "swiglu"}
 BACKENDS = ["sparse", "grouped", "dense-equiv", "capacity-1.0", "capacity-2.0"]
 AUX_LOSS_COEFF = 1e-2  # every MoE backend computes the load-balancing loss, as in training
+ROUTERS = {"auto": None, "torch": False, "fused": True}  # --router: TopKRouter's `fused`
 
 
 def parse_args(argv=None):
@@ -85,6 +87,9 @@ def parse_args(argv=None):
     p.add_argument("--graph", action="store_true",
                    help="also time steps captured once as a CUDA graph and replayed (no launch overhead)")
     p.add_argument("--graph-backends", default="sparse,dense-equiv", help="the backends --graph applies to")
+    p.add_argument("--router", default="auto", choices=sorted(ROUTERS),
+                   help="the MoE backends' router: torch ops (softmax, topk, sums), dmoe_kernels' fused "
+                        "kernels, or auto (fused for fp32 logits on CUDA); run twice to compare launches and host ms")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--png", default=None, help="write a bar chart of TFLOP/s here")
     args = p.parse_args(argv)
@@ -124,7 +129,8 @@ def moe_config(case, swiglu, dtype, device, capacity=None):
     )
 
 
-def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, memory_optimized=False):
+def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, memory_optimized=False,
+             router="auto"):
     import torch
 
     from megatron_dmoe.moe import MoELayer
@@ -137,6 +143,7 @@ def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, mem
         backend="grouped" if capacity else backend, block_size=block_size, memory_optimized=memory_optimized,
     ).to(device)
     layer.run_state.metrics.megatron_tracker = False  # as in dmoe-train, whose loop logs MoE metrics itself
+    layer.router.fused = ROUTERS[router]
     layer.train()
     g = torch.Generator(device=device).manual_seed(seed + 1)
     x = torch.randn(T, 1, d, generator=g, device=device, dtype=dtype)
@@ -319,6 +326,15 @@ def routing_stats(layer, x):
     return {"load_max_over_mean": float(load.max() / load.mean()), "experts_without_tokens": int((load == 0).sum())}
 
 
+def router_path(layer, x):
+    """'fused' or 'torch': the router path the layer's logits (fp32 for 16-bit inputs) take."""
+    import torch
+
+    logits_dtype = torch.promote_types(x.dtype, torch.float32)
+    probe = torch.empty(0, layer.options.num_experts, dtype=logits_dtype, device=x.device)
+    return "fused" if layer.router.uses_fused(probe) else "torch"
+
+
 def case_activation(name, swiglu):
     """The experts' activation in case `name`: its own, else SwiGLU when --swiglu, else GELU."""
     return CASE_ACTIVATION.get(name, "swiglu" if swiglu else "gelu")
@@ -362,8 +378,10 @@ def run_routing(name, case, args, backends, skew, device, dtype, report):
             extra = {}
         else:
             step, params, inputs, layer, x = moe_step(case, backend, swiglu, skew, dtype, device,
-                                                     args.block_size, memory_optimized=args.memory_optimized)
+                                                     args.block_size, memory_optimized=args.memory_optimized,
+                                                     router=args.router)
             extra = routing_stats(layer, x)
+            extra["router"] = router_path(layer, x)
             with torch.no_grad():
                 outputs[backend] = layer(x)[0].float()
             if backend.startswith("capacity"):
@@ -538,7 +556,7 @@ def main(argv=None) -> dict:
     meta = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, dtype=str(dtype).replace("torch.", ""), activation=act, skew=args.skew,
-        memory_optimized=args.memory_optimized,
+        memory_optimized=args.memory_optimized, router=args.router,
         block_size=args.block_size, aux_loss_coeff=AUX_LOSS_COEFF, date=time.strftime("%Y-%m-%d %H:%M"),
         timing="triton.testing.do_bench median" if device.type == "cuda" else "median of 3 wall-clock runs",
     )

@@ -28,21 +28,26 @@ def load_balancing_loss(
     coeff: float,
     score_function: str = "softmax",
     valid: Optional[torch.Tensor] = None,
+    column_sum: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """coeff * E * sum_i f_i * P_i (Switch Transformer / megatron form).
 
     f_i = assignments to expert i / (T * k) (no gradient), P_i = mean over tokens of the router
     probability of expert i; sigmoid scores are first normalised to sum 1 per token.
     scores [T, E]; tokens_per_expert [E] counting the valid tokens only; valid [T] bool or None.
+    column_sum [E]: sum_t P_t,i over the valid tokens when the router already formed it (the fused
+    router does, in its own launch); scores then give only T and E.
     """
-    probs = scores if score_function == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
-    if valid is not None:
-        probs = probs * valid.to(probs.dtype)[:, None]
-    num_tokens = _token_count(valid, probs.shape[0], probs)
+    if column_sum is None:
+        probs = scores if score_function == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+        if valid is not None:
+            probs = probs * valid.to(probs.dtype)[:, None]
+        column_sum = probs.sum(dim=0)
+    num_tokens = _token_count(valid, scores.shape[0], column_sum)
     # sum_i f_i P_i = <counts, column sums of probs> / (T^2 k): one dot product, the constant folded
     # on the host (fewer launches than forming f and P; the same value up to summation order)
-    dot = torch.dot(tokens_per_expert.to(probs.dtype), probs.sum(dim=0))
-    scale = coeff * probs.shape[-1] / top_k
+    dot = torch.dot(tokens_per_expert.to(column_sum.dtype), column_sum)
+    scale = coeff * scores.shape[-1] / top_k
     if isinstance(num_tokens, int):
         return dot * (scale / (num_tokens * num_tokens))
     return dot * scale / (num_tokens * num_tokens)

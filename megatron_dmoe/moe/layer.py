@@ -202,9 +202,10 @@ class MoELayer(MegatronModule):
             probs = scores if opts.score_function == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
             return self.router.global_load.loss(probs, routing.tokens_per_expert, opts.top_k,
                                                 opts.aux_loss_coeff, valid)
+        # the fused router summed the probabilities over the valid tokens in its own launch
         return load_balancing_loss(
             routing.scores, routing.tokens_per_expert, opts.top_k, opts.aux_loss_coeff,
-            opts.score_function, valid,
+            opts.score_function, valid, column_sum=routing.prob_colsum,
         )
 
     def update_expert_bias(self, group=None) -> None:

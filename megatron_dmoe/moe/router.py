@@ -18,6 +18,9 @@ class Routing:
     logits: torch.Tensor  # [T, E] router logits (fp32, or fp64 for fp64 inputs)
     scores: torch.Tensor  # [T, E] softmax probabilities or sigmoid scores over all experts
     tokens_per_expert: torch.Tensor  # [E] int64: assignments of non-padding tokens per expert
+    # [E] fp32 sum of the probabilities over the non-padding tokens, from the fused router's own
+    # launch (the load-balancing loss reads it instead of summing scores); None on the torch path
+    prob_colsum: Optional[torch.Tensor] = None
 
 
 def group_limited_topk(selection: torch.Tensor, top_k: int, num_groups: int, group_topk: int,
@@ -129,11 +132,46 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.to(compute_dtype), weight.to(compute_dtype))
 
 
-class TopKRouter(torch.nn.Module):
-    """Router weight [E, h] (logits computed in fp32) and, optionally, the expert-bias state."""
+FUSED_MAX_EXPERTS = 256  # dmoe_kernels.router_ops.MAX_EXPERTS, without importing triton here
 
-    def __init__(self, options: MoEOptions, dtype=torch.float32, device=None):
+
+def fused_route_unsupported(options: MoEOptions) -> Optional[str]:
+    """Why the fused router kernels cannot route with these options (None: they can).
+
+    They cover the common case: softmax scores with the top-k taken of the probabilities, no
+    group-limited routing, no expert bias, at most FUSED_MAX_EXPERTS experts."""
+    if options.score_function != "softmax":
+        return f"score_function={options.score_function!r} (the fused router is softmax only)"
+    if not options.pre_softmax:
+        return "pre_softmax=False (the fused router takes the top-k of the probabilities)"
+    if options.router_num_groups is not None:
+        return f"router_num_groups={options.router_num_groups} (the fused router has no group-limited routing)"
+    if options.expert_bias:
+        return "expert_bias=True (the fused router has no expert bias)"
+    if options.num_experts > FUSED_MAX_EXPERTS:
+        return f"num_experts={options.num_experts} (the fused router takes at most {FUSED_MAX_EXPERTS})"
+    return None
+
+
+class TopKRouter(torch.nn.Module):
+    """Router weight [E, h] (logits computed in fp32) and, optionally, the expert-bias state.
+
+    fused: route with dmoe_kernels' fused softmax top-k kernels (one kernel forward and one
+    backward, the load-balancing loss's column sums included) instead of torch's softmax, topk and
+    sum. None (auto): fused for fp32 logits on CUDA when the options allow it (see
+    `fused_route_unsupported`); False: always torch; True: always fused (an error where the
+    options or the logits do not allow it; CPU tensors need Triton's interpreter). An attribute
+    too, so a built layer's router can be switched (`layer.router.fused = False`)."""
+
+    def __init__(self, options: MoEOptions, dtype=torch.float32, device=None, fused: Optional[bool] = None):
         super().__init__()
+        if fused not in (None, True, False):
+            raise ValueError(f"TopKRouter: fused={fused!r}; use None (auto), True or False")
+        if fused:
+            reason = fused_route_unsupported(options)
+            if reason is not None:
+                raise ValueError(f"TopKRouter(fused=True): {reason}; use fused=None or False")
+        self.fused = fused
         self.options = options
         E, h = options.num_experts, options.hidden_size
         self.weight = torch.nn.Parameter(torch.empty(E, h, dtype=dtype, device=device))
@@ -175,21 +213,42 @@ class TopKRouter(torch.nn.Module):
             x = x.to(torch.promote_types(x.dtype, torch.float32))
             x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
         logits = router_logits(x, self.weight)
-        indices, weights, scores = route(
-            logits,
-            opts.top_k,
-            score_function=opts.score_function,
-            pre_softmax=opts.pre_softmax,
-            renormalize=opts.renormalize,
-            topk_scaling_factor=opts.topk_scaling_factor,
-            expert_bias=self.expert_bias,
-            groups=self.groups,
-        )
+        colsum = None
+        if self.uses_fused(logits):
+            from dmoe_kernels.router_functional import fused_route  # imports triton
+
+            indices, weights, scores, colsum = fused_route(
+                logits, opts.top_k, opts.renormalize, opts.topk_scaling_factor, valid
+            )
+        else:
+            indices, weights, scores = route(
+                logits,
+                opts.top_k,
+                score_function=opts.score_function,
+                pre_softmax=opts.pre_softmax,
+                renormalize=opts.renormalize,
+                topk_scaling_factor=opts.topk_scaling_factor,
+                expert_bias=self.expert_bias,
+                groups=self.groups,
+            )
         counts = None
         if count:
             counts = count_assignments(indices, opts.num_experts, valid)
             self.record_load(counts)
-        return Routing(indices, weights, logits, scores, counts)
+        return Routing(indices, weights, logits, scores, counts, colsum)
+
+    def uses_fused(self, logits: torch.Tensor) -> bool:
+        """Do these logits [T, E] go through the fused router kernels (see the class docstring)?"""
+        if self.fused is False:
+            return False
+        if self.fused is None:
+            return logits.is_cuda and logits.dtype == torch.float32 and fused_route_unsupported(self.options) is None
+        if logits.dtype != torch.float32:
+            raise ValueError(
+                f"TopKRouter(fused=True): the logits are {logits.dtype} (from {logits.dtype} inputs); the fused "
+                "router takes fp32 logits: use fused=None or False for this precision"
+            )
+        return True
 
     def reset_global_aux_loss_tracker(self) -> None:
         """megatron-core's name: its finalize_model_grads calls it on every module after each step

@@ -122,3 +122,20 @@ def test_bench_moe_fine_grained_case_and_activation_choice():
     assert bench.useful_flops(bench.CASES["deepseek-v2-lite"], True) == 18 * 16384 * 6 * 2048 * 1408
     with pytest.raises(SystemExit):
         bench.parse_args(["--skew", "-1"])
+
+
+def test_bench_moe_router_choice_reaches_the_layers(tmp_path):
+    """--router torch|fused|auto sets the MoE backends' router; rows say which path ran (auto on CPU:
+    torch; fused: the kernels under Triton's interpreter)."""
+    import pytest
+
+    bench = _load()
+    for choice, path in (("fused", "fused"), ("torch", "torch"), ("auto", "torch")):
+        out = tmp_path / f"{choice}.json"
+        bench.main(["--device", "cpu", "--toy", "--cases", "toy-top1", "--backends", "grouped,capacity-1.0",
+                    "--router", choice, "--out", str(out)])
+        data = json.loads(out.read_text())
+        assert data["meta"]["router"] == choice
+        assert [r["router"] for r in data["results"]] == [path, path]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--router", "magic"])

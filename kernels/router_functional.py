@@ -1,0 +1,46 @@
+"""Differentiable softmax top-k routing on the fused kernels of router_ops.py.
+
+  fused_route(logits, top_k, renormalize=False, scale=1.0, valid=None)
+      -> (indices [T, k] int64, weights [T, k], scores [T, E], colsum [E])
+
+The same values as torch's softmax -> topk -> gather (-> renormalisation -> scale) with the
+load-balancing loss's column sums of the probabilities over the valid tokens, in one forward
+kernel and one reduction; the backward takes the gradients of weights, colsum and scores (any
+may be absent) and returns d_logits in one launch. indices carry no gradient.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import router_ops as _ops
+from .launch import bind_device
+
+
+class _FusedRoute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, top_k, renormalize, scale, valid):
+        indices, weights, scores, colsum = _ops.route_forward(logits, top_k, renormalize, scale, valid)
+        ctx.save_for_backward(scores, indices, valid)
+        ctx.renormalize, ctx.scale = renormalize, scale
+        ctx.mark_non_differentiable(indices)
+        # an unused output's gradient stays None (not zeros): route_backward then skips its term
+        ctx.set_materialize_grads(False)
+        return indices, weights, scores, colsum
+
+    @staticmethod
+    def backward(ctx, d_indices, d_weights, d_scores, d_colsum):
+        scores, indices, valid = ctx.saved_tensors
+        if d_weights is None and d_scores is None and d_colsum is None:
+            return None, None, None, None, None
+        bind_device(scores)
+        d_logits = _ops.route_backward(scores, indices, d_weights, d_colsum, d_scores,
+                                       ctx.renormalize, ctx.scale, valid)
+        return d_logits, None, None, None, None
+
+
+def fused_route(logits: torch.Tensor, top_k: int, renormalize: bool = False, scale: float = 1.0,
+                valid: Optional[torch.Tensor] = None):
+    """(indices, weights, scores, colsum) of fp32 logits [T, E] (see router_ops.route_forward)."""
+    return _FusedRoute.apply(logits, int(top_k), bool(renormalize), float(scale), valid)
