@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, TextIO
 
+# imported here, not in the signal handler: a second SIGTERM during that import would find the
+# module half made
+import psutil
+
 from .gpu_slots import gpu_count, slot_devices
 from .runs import PlannedRun
 from .status import run_status
@@ -124,8 +128,6 @@ def stop_training(proc: subprocess.Popen, under_torchrun: bool) -> None:
     break the checkpoint they save on the way out."""
     targets = [proc.pid]
     if under_torchrun:
-        import psutil
-
         try:
             targets = [c.pid for c in psutil.Process(proc.pid).children()] or targets
         except psutil.NoSuchProcess:
