@@ -73,8 +73,7 @@ def run_locally(planned: List[PlannedRun], nproc_per_node: int = 1,
     def on_term(signum, frame):
         stop.append(signum)
         for child in list(running.values()):
-            if child.proc.poll() is None:
-                stop_training(child.proc, under_torchrun)
+            child.stop(under_torchrun)
 
     def wait_for_one():
         done = ended.get()  # a signal handler still runs while this waits
@@ -112,7 +111,7 @@ def run_locally(planned: List[PlannedRun], nproc_per_node: int = 1,
             running[slot] = _start(index, run, head, slot, nproc_per_node, devices[slot], prefix,
                                    printer, ended)
             if stop:  # the signal came while it was starting: it missed this one
-                stop_training(running[slot].proc, under_torchrun)
+                running[slot].stop(under_torchrun)
         while running:
             wait_for_one()
     finally:
@@ -159,6 +158,14 @@ class _Child:
     head: str
     proc: subprocess.Popen
     reader: threading.Thread
+    stopped: bool = False
+
+    def stop(self, under_torchrun: bool) -> None:
+        """Tell the training to save and stop, once: a second SIGTERM could reach it after its
+        own handler is gone, while it exits, and kill it."""
+        if not self.stopped and self.proc.poll() is None:
+            self.stopped = True
+            stop_training(self.proc, under_torchrun)
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,21 @@ from megatron_dmoe.sweep.gpu_slots import slot_devices
 
 # argv: RUN_DIR SHARED ROLE ACTION...; ROLE "launcher" starts itself as a "worker" child and waits
 # for it, like torchrun. Actions: touch:F (create SHARED/F), wait:F (wait for it; exit 3 after
-# WAIT_S), say:TEXT (print it), exit:N.
+# WAIT_S), say:TEXT (print it), exit:N. On SIGTERM (noted in SHARED/RUN.ROLE.sigterm) a waiting
+# worker "saves" for half a second and exits 0.
 STAND_IN = """
 import os, pathlib, signal, subprocess, sys, time
 run_dir, shared, role, actions = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3], sys.argv[4:]
+stopping = []
 def on_term(*_):
-    (shared / f"{run_dir.name}.{role}.sigterm").write_text("")
-    print("saving a checkpoint, stopping", flush=True)
-    sys.exit(0)
+    with open(shared / f"{run_dir.name}.{role}.sigterm", "a") as mark:
+        mark.write("SIGTERM\\n")
+    stopping.append(True)
+def stop_when_told():  # as training does: save a checkpoint (taking a while), then exit 0
+    if stopping:
+        print("saving a checkpoint, stopping", flush=True)
+        time.sleep(0.5)
+        sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 if role == "launcher":
     sys.exit(subprocess.call([sys.executable, __file__, str(run_dir), str(shared), "worker", *actions]))
@@ -38,6 +45,7 @@ for verb, _, arg in (a.partition(":") for a in actions):
     elif verb == "wait":
         deadline = time.monotonic() + WAIT_S
         while not (shared / arg).exists():
+            stop_when_told()
             if time.monotonic() > deadline:
                 print(f"{arg} never came", flush=True)
                 sys.exit(3)
@@ -155,11 +163,12 @@ def test_a_failing_run_is_reported_and_the_sweep_fails(sweep, monkeypatch, capsy
 
 
 class _SignalWhenReady(io.StringIO):
-    """Terminal output that sends this process SIGTERM when a training says it is ready."""
+    """Terminal output that sends this process SIGTERM when a training says it is ready, and
+    again when one says it is saving."""
 
     def write(self, text):
         super().write(text)
-        if text.endswith("] ready\n"):
+        if text.endswith(("] ready\n", "] saving a checkpoint, stopping\n")):
             os.kill(os.getpid(), signal.SIGTERM)
         return len(text)
 
@@ -176,9 +185,10 @@ def test_sigterm_reaches_every_running_training_and_starts_no_other(sweep, role)
                                 concurrent=2, device_count=0, out=out)
     assert [r.returncode for r in results[:2]] == [0, 0], out.getvalue()
     assert results[2].returncode is None and not results[2].skipped  # not started
-    # the training processes got it, not a torchrun-like launcher
-    assert sorted(p.name for p in sweep.shared.glob("*.sigterm")) == [
-        "seed=1.worker.sigterm", "seed=2.worker.sigterm"]
+    # the training processes got it, once each (a second could kill one on its way out), and
+    # not a torchrun-like launcher
+    marks = {p.name: p.read_text() for p in sweep.shared.glob("*.sigterm")}
+    assert marks == {"seed=1.worker.sigterm": "SIGTERM\n", "seed=2.worker.sigterm": "SIGTERM\n"}
     assert "[3/3]" not in out.getvalue()
     assert signal.getsignal(signal.SIGTERM) is handler
 
