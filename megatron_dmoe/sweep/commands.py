@@ -30,16 +30,13 @@ def run_sweep(sweep_file: os.PathLike, runs_dir: Optional[os.PathLike] = None,
               device_count: Optional[int] = None) -> int:
     """Returns the exit status: 0, or 1 when a local run failed or did not finish. Output goes
     to ``out`` (default: sys.stdout). ``concurrent``: local runs trained at once, each on GPUs of
-    its own out of ``device_count`` (None: the GPUs torch sees)."""
+    its own out of ``device_count`` (None: the GPUs torch sees); not used with ``slurm``."""
     out = out or sys.stdout
-    if slurm and concurrent != 1:
-        raise ValueError("--concurrent is for local runs: a SLURM job array already runs its "
-                         "tasks at the same time; leave --concurrent out with --slurm")
-    if concurrent > 1 and device_count is None:
-        device_count = gpu_count()
-    # too few GPUs for the slots: stop before anything is written
-    slot_devices(concurrent, nproc_per_node, device_count or 0,
-                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if not slurm:  # too few GPUs for the concurrent runs: stop before anything is written
+        if concurrent > 1 and device_count is None:
+            device_count = gpu_count()
+        slot_devices(concurrent, nproc_per_node, device_count or 0,
+                     os.environ.get("CUDA_VISIBLE_DEVICES"))
     spec = load_sweep(sweep_file)
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir(spec)
     # Runs submitted to SLURM are checked as for GPU nodes, not for the login node.
