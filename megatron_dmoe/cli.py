@@ -250,7 +250,8 @@ A sweep file names a base config and the values to vary:
 Each run gets a directory under --runs-dir named after its values (e.g. top_k=2,lr=0.002,...)
 with its resolved config.yaml, written before anything runs. Every run's config is validated
 first; a mistake stops the sweep before anything is written or submitted. Runs train with
-`dmoe-train --run-dir DIR --resume`, so a sweep started again continues where it stopped.
+`dmoe-train --run-dir DIR --resume`, so a sweep started again continues where it stopped. Local
+runs train one after another, or with --concurrent N up to N at once, each on GPUs of its own.
 """
 
 
@@ -281,6 +282,15 @@ def _sweep_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                         help="local runs: train each run with N processes under torchrun "
                         "(default 1)")
+    parser.add_argument("--concurrent", type=int, default=None, metavar="N",
+                        help="local runs: train up to N runs at the same time, each on GPUs of "
+                        "its own (run slot s gets devices s*P ... s*P+P-1 with P = "
+                        "--nproc-per-node, through CUDA_VISIBLE_DEVICES, counted within the "
+                        "sweep's own CUDA_VISIBLE_DEVICES when set); N x P must not exceed the "
+                        "GPUs. A run that ends frees its slot for the next one. Each output line "
+                        "on the terminal starts with [run name]; RUN_DIR/train.log holds the "
+                        "run's own lines. Without GPUs the runs share the CPU. Default 1: one "
+                        "after another")
     parser.add_argument("--sbatch-script", type=Path, default=None, metavar="PATH",
                         help="with --slurm: the batch script of each array task (default: this "
                         "repository's scripts/slurm/train.sbatch)")
@@ -297,17 +307,24 @@ def sweep_main(argv: Optional[List[str]] = None) -> int:
     ns = parser.parse_args(argv)
     if (ns.sweep is None) == (ns.summary is None):
         parser.error("give a SWEEP.yaml to run, or --summary DIR to summarise runs (not both)")
-    if ns.summary is not None and (ns.dry_run or ns.slurm or ns.runs_dir):
+    if ns.summary is not None and (ns.dry_run or ns.slurm or ns.runs_dir
+                                   or ns.concurrent is not None):
         parser.error("--summary takes only --plot")
     if ns.plot is not None and (ns.dry_run or ns.slurm):
         parser.error("--plot needs finished runs: after the sweep, use --summary DIR --plot FILE")
     if ns.nproc_per_node < 1:
         parser.error(f"--nproc-per-node must be at least 1, got {ns.nproc_per_node}")
+    if ns.concurrent is not None and ns.concurrent < 1:
+        parser.error(f"--concurrent must be at least 1 (runs trained at once), got {ns.concurrent}")
+    if ns.concurrent is not None and ns.slurm:
+        parser.error("--concurrent is for local runs: a SLURM job array already runs its tasks "
+                     "at the same time; leave --concurrent out with --slurm")
     try:
         if ns.summary is not None:
             return summarize(ns.summary, ns.plot)
         return run_sweep(ns.sweep, ns.runs_dir, dry_run=ns.dry_run, slurm=ns.slurm, plot=ns.plot,
-                         nproc_per_node=ns.nproc_per_node, sbatch_script=ns.sbatch_script)
+                         nproc_per_node=ns.nproc_per_node, sbatch_script=ns.sbatch_script,
+                         concurrent=ns.concurrent or 1)
     except (SweepError, SubmitError, FileNotFoundError, ValueError) as err:
         print(f"dmoe-sweep: error: {err}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
-"""Config sweeps: a base config, overrides, and grid/zip values expanded into runs that train one
-after another here or as one SLURM job array; plus a summary table and loss plots of the runs.
+"""Config sweeps: a base config, overrides, and grid/zip values expanded into runs that train here
+(one after another, or several at once on GPUs of their own) or as one SLURM job array; plus a
+summary table and loss plots of the runs.
 
 Names are imported on first use, so `python -m megatron_dmoe.sweep.status` (which launchers
 call) and the listing and summary commands start quickly and without torch.

@@ -13,6 +13,7 @@ from typing import List, Optional, TextIO
 
 from megatron_dmoe.config import Environment
 
+from .gpu_slots import gpu_count, slot_devices
 from .local import run_locally
 from .points import format_overrides
 from .runs import PlannedRun, default_runs_dir, plan_runs, write_runs
@@ -25,10 +26,17 @@ from .summary import find_runs, format_table, plot_summary, summarize_run
 def run_sweep(sweep_file: os.PathLike, runs_dir: Optional[os.PathLike] = None,
               dry_run: bool = False, slurm: bool = False, plot: Optional[os.PathLike] = None,
               nproc_per_node: int = 1, sbatch_script: Optional[os.PathLike] = None,
-              out: Optional[TextIO] = None) -> int:
+              out: Optional[TextIO] = None, concurrent: int = 1,
+              device_count: Optional[int] = None) -> int:
     """Returns the exit status: 0, or 1 when a local run failed or did not finish. Output goes
-    to ``out`` (default: sys.stdout)."""
+    to ``out`` (default: sys.stdout). ``concurrent``: local runs trained at once, each on GPUs of
+    its own out of ``device_count`` (None: the GPUs torch sees); not used with ``slurm``."""
     out = out or sys.stdout
+    if not slurm:  # too few GPUs for the concurrent runs: stop before anything is written
+        if concurrent > 1 and device_count is None:
+            device_count = gpu_count()
+        slot_devices(concurrent, nproc_per_node, device_count or 0,
+                     os.environ.get("CUDA_VISIBLE_DEVICES"))
     spec = load_sweep(sweep_file)
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir(spec)
     # Runs submitted to SLURM are checked as for GPU nodes, not for the login node.
@@ -50,7 +58,7 @@ def run_sweep(sweep_file: os.PathLike, runs_dir: Optional[os.PathLike] = None,
               f"line i+1 of {run_list}); follow it with `squeue -j {job}`, compare the runs with "
               f"`dmoe-sweep --summary {runs_dir}`", file=out)
         return 0
-    results = run_locally(planned, nproc_per_node, out)
+    results = run_locally(planned, nproc_per_node, out, concurrent, device_count)
     rows = [summarize_run(r.run_dir) for r in planned]
     print(format_table(rows), file=out)
     if plot is not None and any(r.train_loss is not None or r.val_loss is not None for r in rows):

@@ -52,6 +52,8 @@ SWEEP_TESTED_ELSEWHERE = {
     "dmoe-sweep configs/sweeps/xs_dmoe_vs_capacity.yaml --slurm",
     "dmoe-sweep --summary runs/tiny_topk_lr --plot loss.png",
     "dmoe-sweep configs/sweeps/time_to_quality.yaml",  # needs its corpus; its spec: test_sweep_spec.py
+    # also its GPUs; --concurrent: test_sweep_local.py (stand-in runs), test_sweep_cli.py (errors)
+    "dmoe-sweep configs/sweeps/time_to_quality.yaml --concurrent 4",
 }
 REPO = README.parent
 

@@ -120,6 +120,11 @@ def test_slurm_without_sbatch_fails_before_writing(tmp_path, capsys, monkeypatch
     (["--summary", "d", "--slurm"], "--summary takes only --plot"),
     (["s.yaml", "--slurm", "--plot", "x.png"], "--plot needs finished runs"),
     (["s.yaml", "--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
+    (["s.yaml", "--concurrent", "0"], "--concurrent must be at least 1"),
+    (["s.yaml", "--concurrent", "2", "--slurm"],
+     "--concurrent is for local runs: a SLURM job array already runs its tasks at the same time"),
+    (["s.yaml", "--concurrent", "1", "--slurm"], "leave --concurrent out with --slurm"),
+    (["--summary", "d", "--concurrent", "2"], "--summary takes only --plot"),
 ])
 def test_usage_mistakes(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -131,7 +136,8 @@ def test_usage_mistakes(argv, message, capsys):
 def test_help_explains_every_option(capsys):
     with pytest.raises(SystemExit):
         sweep_main(["--help"])
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # as one line, however argparse wraps it
     for flag in ("--dry-run", "--slurm", "--runs-dir", "--summary", "--plot", "--nproc-per-node",
-                 "--sbatch-script", "grid:", "zip:", "overrides:", "base:", "slurm:"):
+                 "--concurrent", "share the CPU", "CUDA_VISIBLE_DEVICES", "--sbatch-script",
+                 "grid:", "zip:", "overrides:", "base:", "slurm:"):
         assert flag in out
