@@ -22,7 +22,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
 from megatron_dmoe.data.builtin import prepare_builtin_corpus
-from megatron_dmoe.data.cache import default_cache_dir
+from megatron_dmoe.data.cache import default_cache_dir, index_cache_lock
 from megatron_dmoe.data.checks import check_data_files, check_splits, check_tokenizer_matches
 from megatron_dmoe.data.errors import DataError
 from megatron_dmoe.data.tokenizer import load_tokenizer
@@ -175,7 +175,8 @@ def build_datasets(
         is_built_on_rank or (lambda: True),
         config,
     )
-    with _rank_zero_without_distributed():
+    writer = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    with _rank_zero_without_distributed(), index_cache_lock(cache, writer):
         train, valid, test = builder.build()
     return train, valid, test
 

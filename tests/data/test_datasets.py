@@ -66,6 +66,32 @@ def test_samples_are_shifted_windows_of_their_split(twelve_docs, tiny_model, tin
     assert all(torch.equal(again[i]["tokens"], train[i]["tokens"]) for i in range(len(train)))
 
 
+def test_a_run_waits_while_another_writes_the_index_cache(twelve_docs, tiny_model, tiny_tokenizer):
+    """Runs started together on one data folder (a concurrent sweep): the index files are built by
+    one writer at a time, so none reads a half-written file."""
+    import fcntl
+    import threading
+
+    prefix, _ = twelve_docs
+    cfg = _config([prefix], tiny_model)
+    cache = os.path.join(os.path.dirname(prefix), "index_cache")
+    os.makedirs(cache, exist_ok=True)
+    built = {}
+    with open(os.path.join(cache, ".lock"), "a") as other_writer:
+        fcntl.flock(other_writer, fcntl.LOCK_EX)
+        def build():
+            built["train"] = build_datasets(cfg, tiny_tokenizer, (50, 10, 10))[0]
+
+        thread = threading.Thread(target=build)
+        thread.start()
+        thread.join(5.0)  # unlocked, the tiny build ends well within this
+        assert thread.is_alive() and not built, "the build did not wait for the other writer"
+        assert not [f for f in os.listdir(cache) if f.endswith(".npy")], "index files written under the lock"
+        fcntl.flock(other_writer, fcntl.LOCK_UN)
+    thread.join(60)
+    assert len(built["train"]) >= 50
+
+
 def test_sixty_documents_train_with_the_default_split(tmp_path, tiny_model, tiny_tokenizer, write_dataset,
                                                       numbered_docs):
     """The default '969,30,1' leaves the test split of 60 documents empty; training never reads it."""
