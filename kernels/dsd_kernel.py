@@ -13,6 +13,8 @@ fp32, added to the accumulator and stored in C's dtype (fp32 for a weight gradie
 import triton
 import triton.language as tl
 
+from .tile_mapping import grouped_tile
+
 
 @triton.jit
 def dsd_kernel(
@@ -26,11 +28,7 @@ def dsd_kernel(
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
-    pids_per_group = GROUP_M * num_n
-    first_m = (pid // pids_per_group) * GROUP_M
-    group_size = tl.minimum(out_block_rows - first_m, GROUP_M)
-    tm = first_m + (pid % pids_per_group) % group_size
-    tn = (pid % pids_per_group) // group_size
+    tm, tn = grouped_tile(pid, out_block_rows, num_n, GROUP_M)
 
     start = tl.load(offsets_ptr + tm)
     end = tl.load(offsets_ptr + tm + 1)

@@ -19,6 +19,8 @@ writes C through plain pointers (c_ptr, stride_cm) instead of the TMA store: sta
 import triton
 import triton.language as tl
 
+from .tile_mapping import grouped_tile
+
 
 @triton.jit
 def _add_part(c_ptr, stride_cm, N, row0, col0, part, BS: tl.constexpr, WIDTH: tl.constexpr):
@@ -70,12 +72,8 @@ def dsd_tma_kernel(
     else:
         busy_rows = tl.load(nnz_ptr) // blocks_per_row
     KSTEPS: tl.constexpr = BS // BLOCK_K
-    tiles_per_group = GROUP_M * num_n
     for tile in tl.range(pid, busy_rows * num_n, num_programs, flatten=FLATTEN):
-        first_m = (tile // tiles_per_group) * GROUP_M
-        group_size = tl.minimum(busy_rows - first_m, GROUP_M)
-        tm = first_m + (tile % tiles_per_group) % group_size
-        tn = (tile % tiles_per_group) // group_size
+        tm, tn = grouped_tile(tile, busy_rows, num_n, GROUP_M)
         start = tl.load(offsets_ptr + tm)
         end = tl.load(offsets_ptr + tm + 1)
         has_blocks = end > start

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .dsd_tma_kernel import add_tile_to_output
+from .tile_mapping import grouped_tile
 
 
 @triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs", "s_rows", "b_rows"])
@@ -36,7 +37,6 @@ def dsdt_tma_kernel(
     KSTEPS: tl.constexpr = BS // BLOCK_K
     num_n = tl.cdiv(N, BLOCK_N)
     num_tiles = out_block_rows * num_n
-    tiles_per_group = GROUP_M * num_n
     my_tiles = tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs)
 
     # Pass 1: total steps of this program (each tile at least one).
@@ -45,9 +45,7 @@ def dsdt_tma_kernel(
         j = base + tl.arange(0, COUNT_CHUNK)
         valid = j < my_tiles
         t = pid + j * num_programs
-        first_m = (t // tiles_per_group) * GROUP_M
-        group_size = tl.maximum(tl.minimum(out_block_rows - first_m, GROUP_M), 1)
-        t_m = first_m + (t % tiles_per_group) % group_size
+        t_m, t_n = grouped_tile(t, out_block_rows, num_n, GROUP_M, PAST_END=True)  # masked lanes run past
         lo = tl.load(column_offsets_ptr + t_m, mask=valid, other=0)
         hi = tl.load(column_offsets_ptr + t_m + 1, mask=valid, other=0)
         total += tl.sum(tl.where(valid, tl.maximum((hi - lo) * KSTEPS, 1), 0))
@@ -66,10 +64,7 @@ def dsdt_tma_kernel(
         ki = tl.where(ki == steps - 1, 0, ki + 1)
         if ki == 0:
             tile += num_programs
-            first_m = (tile // tiles_per_group) * GROUP_M
-            group_size = tl.maximum(tl.minimum(out_block_rows - first_m, GROUP_M), 1)
-            tm = first_m + (tile % tiles_per_group) % group_size
-            tn = (tile % tiles_per_group) // group_size
+            tm, tn = grouped_tile(tile, out_block_rows, num_n, GROUP_M, PAST_END=True)
             lo = tl.load(column_offsets_ptr + tm)
             hi = tl.load(column_offsets_ptr + tm + 1)
             first = tl.load(row_indices_t_ptr + lo, mask=hi > lo, other=0)

@@ -10,6 +10,8 @@ Programs past the number of existing blocks (``nnz``, read on the device) exit a
 import triton
 import triton.language as tl
 
+from .tile_mapping import grouped_tile
+
 
 @triton.jit
 def sdd_kernel(
@@ -26,15 +28,11 @@ def sdd_kernel(
         # Rows 0..R-1 each hold blocks_per_row blocks; pid -> (row, run of NB blocks), grouped.
         runs_per_row = blocks_per_row // NB
         num_rows = nnz // blocks_per_row
-        group = pid // (GROUP_M * runs_per_row)
-        first_row = group * GROUP_M
-        rows_in_group = tl.minimum(num_rows - first_row, GROUP_M)
-        local = pid % (GROUP_M * runs_per_row)
-        # The grid covers max_blocks; a group with fewer rows than GROUP_M has fewer programs.
-        if local >= rows_in_group * runs_per_row:
+        # The grid covers max_blocks, past the existing blocks: those programs exit.
+        row, run = grouped_tile(pid, num_rows, runs_per_row, GROUP_M, PAST_END=True)
+        if (row >= num_rows) | (run >= runs_per_row):
             return
-        row = first_row + local % rows_in_group
-        blk = row * blocks_per_row + (local // rows_in_group) * NB
+        blk = row * blocks_per_row + run * NB
         col = tl.load(column_indices_ptr + blk)
     else:
         blk = pid * NB

@@ -9,6 +9,8 @@ so K need not be a multiple of BLOCK_K. The tile count comes from nnz on the dev
 import triton
 import triton.language as tl
 
+from .tile_mapping import grouped_tile
+
 
 @triton.jit(do_not_specialize=["K", "blocks_per_row", "num_programs"])
 def sdd_tma_kernel(
@@ -23,14 +25,10 @@ def sdd_tma_kernel(
     runs_per_row = blocks_per_row // NB
     num_rows = nnz // blocks_per_row
     num_tiles = num_rows * runs_per_row
-    tiles_per_group = GROUP_M * runs_per_row
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
-        first_row = (tile // tiles_per_group) * GROUP_M
-        rows_in_group = tl.minimum(num_rows - first_row, GROUP_M)
-        local = tile % tiles_per_group
-        row = first_row + local % rows_in_group
-        blk = row * blocks_per_row + (local // rows_in_group) * NB
+        row, run = grouped_tile(tile, num_rows, runs_per_row, GROUP_M)
+        blk = row * blocks_per_row + run * NB
         col = tl.load(column_indices_ptr + blk)
         acc = tl.zeros((BS, NB * BS), dtype=tl.float32)
         for ki in range(k_tiles):

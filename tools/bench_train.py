@@ -212,13 +212,15 @@ def _max_over_ranks(value: float, device: torch.device) -> float:
 
 
 def _global_params(model) -> int:
-    """Parameters of the whole model: expert weights (allreduce = False) are split over the
+    """Parameters of the whole model: expert weights (expert-parallel) are split over the
     expert-parallel ranks, every other weight is whole on each rank."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    expert = sum(p.numel() for p in model.parameters() if not getattr(p, "allreduce", True))
-    other = sum(p.numel() for p in model.parameters() if getattr(p, "allreduce", True))
+    from megatron_dmoe.parallel.param_roles import is_expert_parallel
+
+    expert = sum(p.numel() for p in model.parameters() if is_expert_parallel(p))
+    other = sum(p.numel() for p in model.parameters() if not is_expert_parallel(p))
     t = torch.tensor([expert], dtype=torch.float64, device=next(model.parameters()).device)
     dist.all_reduce(t, group=ps.get_expert_model_parallel_group())
     return int(t.item()) + other

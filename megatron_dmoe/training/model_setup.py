@@ -4,6 +4,8 @@ from __future__ import annotations
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.transformer.module import Float16Module
 
+from megatron_dmoe.parallel.param_roles import set_main_grad_only
+
 
 def wrap_for_training(model, use_distributed_optimizer: bool = False) -> DistributedDataParallel:
     if model.config.bf16 or model.config.fp16:
@@ -19,5 +21,5 @@ def wrap_for_training(model, use_distributed_optimizer: bool = False) -> Distrib
     # its backward hook to fire: kernels may add weight gradients into main_grad outside autograd
     # (the sparse experts do; see moe/experts/sparse.py).
     for param in ddp.module.parameters():
-        param.main_grad_only = not ddp_config.overlap_grad_reduce
+        set_main_grad_only(param, not ddp_config.overlap_grad_reduce)
     return ddp

@@ -21,6 +21,7 @@ from megatron.core.transformer.module import param_is_not_shared
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.transformer_config import params_dtype
+from megatron_dmoe.parallel.param_roles import is_expert_parallel
 from megatron_dmoe.training.multi_tensor import use_foreach_multi_tensor_ops
 
 
@@ -86,15 +87,15 @@ def global_grad_norm(params) -> float:
     After the data-parallel reduction every rank holds the same dense gradients (sharded only by
     tensor/pipeline parallelism) and the gradients of its own experts, which the other ranks of its
     expert-parallel group do not hold. So squares of dense gradients are summed over the
-    model-parallel group and those of expert gradients (`allreduce = False`) over the expert
+    model-parallel group and those of expert gradients (`is_expert_parallel`) over the expert
     tensor x model x pipeline group: each gradient element is counted exactly once.
     """
     params = [p for p in params if _counts_in_norm(p)]
     device = params[0].grad.device if params else torch.device("cpu")
-    sums = {kind: torch.zeros(1, dtype=torch.float64, device=device) for kind in (True, False)}
+    sums = {kind: torch.zeros(1, dtype=torch.float64, device=device) for kind in (False, True)}  # expert?
     for p in params:
-        sums[getattr(p, "allreduce", True)] += p.grad.detach().double().pow(2).sum()
-    dense, expert = sums[True], sums[False]
+        sums[is_expert_parallel(p)] += p.grad.detach().double().pow(2).sum()
+    dense, expert = sums[False], sums[True]
     if dist.is_available() and dist.is_initialized() and ps.model_parallel_is_initialized():
         dist.all_reduce(dense, group=ps.get_model_parallel_group())
         dist.all_reduce(expert, group=ps.get_expert_tensor_model_pipeline_parallel_group())
@@ -103,7 +104,7 @@ def global_grad_norm(params) -> float:
 
 def _param_groups(model_chunks: List[torch.nn.Module]) -> List[dict]:
     """Megatron-LM's grouping: no weight decay on biases and norm weights (1-D parameters), and
-    expert-parallel parameters (marked `allreduce=False`) apart, keyed as megatron's checkpoints
+    expert-parallel parameters (`is_expert_parallel`) apart, keyed as megatron's checkpoints
     expect (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr)."""
     groups = {}
     for chunk in model_chunks:
@@ -111,7 +112,7 @@ def _param_groups(model_chunks: List[torch.nn.Module]) -> List[dict]:
             if not p.requires_grad:
                 continue
             no_decay = p.ndim == 1 or name.endswith(".bias")
-            expert = not getattr(p, "allreduce", True)
+            expert = is_expert_parallel(p)
             groups.setdefault((no_decay, expert), []).append(p)
     return [
         {

@@ -9,6 +9,7 @@ from megatron.core import parallel_state as ps
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.parallel.distributed import DistEnv
+from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel
 
 
 def human_count(n: float) -> str:
@@ -40,15 +41,15 @@ def describe_data(cfg: RunConfig, data) -> str:
 def parameter_counts(model, cfg: RunConfig, device: torch.device) -> Tuple[int, int]:
     """(all parameters, parameters each token passes through) of the whole model, all ranks.
 
-    Expert weights (megatron marks them allreduce=False) are summed over the expert-parallel
+    Expert weights (`is_expert_parallel`) are summed over the expert-parallel
     ranks, tensor-parallel slices over the tensor-parallel ranks, and everything over pipeline
     stages. A token passes through top_k of num_experts experts in each MoE layer.
     """
     split = replicated = expert = 0
     for param in model.parameters():
-        if getattr(param, "allreduce", True) is False:
+        if is_expert_parallel(param):
             expert += param.numel()
-        elif getattr(param, "tensor_model_parallel", False):
+        elif is_tensor_parallel(param):
             split += param.numel()
         else:
             replicated += param.numel()

@@ -258,3 +258,21 @@ def test_every_config_on_expert_topologies(counts, ffn, device):
             out = torch.full(expected.shape, float("nan"), device=device)
             dk.ops.dsd(data, topo, b, transpose=transpose, out=out, config=cfg)
             assert _rel_err(out, expected) < 1e-5, (transpose, cfg)
+
+
+def test_sdd_programs_past_the_last_group_exit(device):
+    """7 block rows in groups of 4 on the generic kernel: the last group's 3 rows leave some of its
+    programs idle, and the grid (max_blocks) has programs past it. They must exit: otherwise they
+    overwrite a block of a later row with another row's product, or write blocks past nnz."""
+    counts = torch.tensor([40, 30, 20], device=device)
+    topo = dk.Topology.for_experts(counts, int(counts.sum()), 32, 16)
+    n = _nnz(topo)
+    assert (n // topo.blocks_per_row, topo.max_blocks) == (7, 18)
+    rows, cols = topo.shape
+    x, w = _randn((rows, K_DENSE), torch.float32, device), _randn((cols, K_DENSE), torch.float32, device)
+    expected = ref.sdd(x.double(), w.double().t(), topo)
+    for nb in (1, 2):
+        out = torch.full(topo.data_shape(), float("nan"), device=device)
+        dk.ops.sdd(x, w.t(), topo, out=out, config=dk.SddConfig(blocks_per_program=nb, block_k=16, group_m=4))
+        assert _rel_err(out[:n], expected[:n]) < 1e-5, nb
+        assert torch.isnan(out[n:]).all(), nb

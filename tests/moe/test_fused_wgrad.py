@@ -1,8 +1,8 @@
 """The sparse backend adds expert weight gradients straight into an fp32 `main_grad`: outside autograd
 for parameters marked `main_grad_only` (our DDP wrapper's), else megatron-core's gradient-accumulation
 fusion convention (flag the weight for megatron's DDP, return a placeholder); a parameter opts out
-with `fuse_wgrad_accumulation = False`. Checked against the same call on weights without main_grad,
-and through megatron-core's DistributedDataParallel over two micro-batches.
+with `param_roles.set_fuse_wgrad_accumulation(param, False)`. Checked against the same call on
+weights without main_grad, and through megatron-core's DistributedDataParallel over two micro-batches.
 
 On CPU the kernels run through Triton's interpreter (fp32, fp16)."""
 import pytest
@@ -10,6 +10,7 @@ import torch
 
 from megatron_dmoe.moe.experts.sparse import sparse_expert_mlp, sparse_experts_combine
 from megatron_dmoe.moe.padded_dispatch import PaddedDispatcher
+from megatron_dmoe.parallel import param_roles
 from moe_reference import make_config
 
 T, E, K, HIDDEN, FFN, BS = 24, 4, 2, 32, 32, 16
@@ -44,8 +45,10 @@ def _call(kind, x_pad, state, params, activation, memory_optimized=False, wgrad_
                                   activation, memory_optimized, wgrad_stash)
 
 
-def _leaf_params(weights, main_grad_dtype=None, seed=0, **attributes):
-    """Parameters from weights; with main_grad_dtype, each gets a random main_grad (and attributes)."""
+def _leaf_params(weights, main_grad_dtype=None, seed=0, main_grad_only=None, fuse_wgrad_accumulation=None,
+                 zero_out_wgrad=None):
+    """Parameters from weights; with main_grad_dtype, each gets a random main_grad (as megatron-core's
+    DDP gives one) and the roles given (left unset when None)."""
     g = torch.Generator().manual_seed(seed)
     params = []
     for w in weights:
@@ -56,8 +59,12 @@ def _leaf_params(weights, main_grad_dtype=None, seed=0, **attributes):
         if main_grad_dtype is not None:
             p.main_grad = torch.randn(w.shape, generator=g).to(w.device, main_grad_dtype)
             p.grad_added_to_main_grad = False
-            for key, value in attributes.items():
-                setattr(p, key, value)
+            if main_grad_only is not None:
+                param_roles.set_main_grad_only(p, main_grad_only)
+            if fuse_wgrad_accumulation is not None:
+                param_roles.set_fuse_wgrad_accumulation(p, fuse_wgrad_accumulation)
+            if zero_out_wgrad is not None:
+                p.zero_out_wgrad = zero_out_wgrad  # megatron-core sets it (shared embeddings); we only read it
         params.append(p)
     return params
 
@@ -163,7 +170,7 @@ def test_unfused_weights_keep_main_grad_and_get_the_real_gradient(how):
                 p.main_grad = p.main_grad.double()
     old = [p.main_grad.clone() for p in params]
     for p in params:
-        p.grad_added_to_main_grad = True  # as an earlier fused micro-batch left it: must be cleared
+        param_roles.set_grad_added_to_main_grad(p, True)  # as an earlier fused micro-batch left it: must be cleared
     _backward("expert_mlp", x_pad, state, params, "swiglu", out_grad)
     for p, q, m0 in zip(params, plain, old):
         assert torch.equal(p.main_grad, m0)

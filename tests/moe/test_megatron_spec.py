@@ -3,6 +3,7 @@ import torch
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 
 from megatron_dmoe.moe import MoELayer
+from megatron_dmoe.parallel.param_roles import is_expert_parallel
 from moe_reference import make_config
 
 
@@ -23,8 +24,8 @@ def test_expert_parameters_are_marked_for_expert_data_parallel_reduction():
     experts = dict(layer.experts.named_parameters())
     assert sorted(experts) == ["v1", "w1", "w2"]
     # reduced over the expert-data-parallel group (the data-parallel group at EP = 1), as at any EP size
-    assert all(p.allreduce is False and p.shape == (4, 24, 16) for p in experts.values())
-    assert getattr(layer.router.weight, "allreduce", True) is True
+    assert all(is_expert_parallel(p) and p.shape == (4, 24, 16) for p in experts.values())
+    assert not is_expert_parallel(layer.router.weight)
     assert layer.router.weight.shape == (4, 16)
     std = torch.cat([p.flatten() for p in experts.values()]).std().item()
     assert abs(std - 0.02) < 0.002  # megatron's default init_method_std

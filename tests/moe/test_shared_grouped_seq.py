@@ -5,6 +5,7 @@ import torch
 
 from megatron_dmoe.moe import MoEOptions
 from megatron_dmoe.moe.router import group_limited_topk
+from megatron_dmoe.parallel.param_roles import is_expert_parallel
 from moe_reference import choose_in_groups, draw_inputs, draw_shared, rel_err, run_layer, run_reference
 
 HIDDEN, FFN, SHARED_FFN = 12, 20, 16
@@ -121,8 +122,8 @@ def test_megatron_config_fields_map_to_the_options():
     layer = MoELayer(config)
     assert layer.shared_experts.w1.shape == (16, 8) and layer.shared_experts.gate_weight.shape == (1, 8)
     # ordinary (data-parallel) parameters, unlike the experts'
-    assert all(getattr(p, "allreduce", True) for p in layer.shared_experts.parameters())
-    assert not layer.experts.w1.allreduce
+    assert not any(is_expert_parallel(p) for p in layer.shared_experts.parameters())
+    assert is_expert_parallel(layer.experts.w1)
 
 
 def test_options_off_add_no_modules():

@@ -10,6 +10,7 @@ from megatron.core.optimizer import OptimizerConfig
 from megatron_dmoe.moe import MoELayer
 from megatron_dmoe.parallel.distributed import init_distributed
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
+from megatron_dmoe.parallel.param_roles import mark_expert_parallel
 from megatron_dmoe.training.optim import CpuOptimizer
 from moe_reference import make_config
 
@@ -27,7 +28,7 @@ def check_global_grad_norm() -> None:
         expert_grad = torch.randn(experts, FFN, HIDDEN, generator=g, dtype=torch.float64).float()
         dense = torch.nn.Parameter(torch.zeros(5, HIDDEN))
         expert = torch.nn.Parameter(torch.zeros(layout.local_shape(HIDDEN)))
-        expert.allreduce = False
+        mark_expert_parallel(expert)
         dense.grad, expert.grad = dense_grad.clone(), layout.local_slice(expert_grad).clone()
         expected = math.sqrt(dense_grad.double().square().sum().item() + expert_grad.double().square().sum().item())
 

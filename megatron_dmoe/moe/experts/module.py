@@ -7,6 +7,7 @@ import torch
 
 from megatron_dmoe.parallel.expert_groups import ExpertParallelGroups
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
+from megatron_dmoe.parallel.param_roles import mark_expert_parallel
 
 from ..options import MoEOptions
 from .backends import check_backend_name, resolve_backend
@@ -43,7 +44,7 @@ class ExpertMLP(torch.nn.Module):
             # parameters in a separate buffer). With EP = 1 that group is the data-parallel group,
             # so the gradient is the same; marking them at every EP size keeps the optimizer's
             # parameter groups, and therefore its checkpoints, alike across EP sizes.
-            w.allreduce = False
+            mark_expert_parallel(w)
             return w
 
         self.w1 = weight()

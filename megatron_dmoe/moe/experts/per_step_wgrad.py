@@ -20,6 +20,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from megatron_dmoe.parallel import param_roles
+
 
 class WgradStash:
     """The deferred operands of one run's sparse experts, owned by the run (moe/run_state.py) and
@@ -69,4 +71,4 @@ def _flush(pending: Dict[int, Tuple[torch.Tensor, List, List, List]]) -> None:
     while pending:  # one weight at a time, releasing its operands before the next
         _, (weight, datas, topologies, dense) = pending.popitem()
         E, f, h = weight.shape
-        summed_transposed_products(datas, topologies, dense, weight.main_grad.view(E * f, h))
+        summed_transposed_products(datas, topologies, dense, param_roles.main_grad(weight).view(E * f, h))

@@ -21,7 +21,8 @@ DistributedDataParallel gives every parameter) by the DSD^T kernel's epilogue, i
 - otherwise, megatron-core's gradient-accumulation-fusion convention: the weight is flagged
   `grad_added_to_main_grad`, DDP's hook skips its add and drops the placeholder gradient (eager
   only; see `_weight_grad`).
-A caller turns fusion off for one parameter with `param.fuse_wgrad_accumulation = False`.
+A caller turns fusion off for one parameter with
+`parallel.param_roles.set_fuse_wgrad_accumulation(param, False)`.
 Inside the run's `WgradStash.per_step()` (moe/run_state.py), the first way's products are deferred to
 the end of the training step and run once over all micro-batches (see per_step_wgrad.py).
 
@@ -44,6 +45,8 @@ import functools
 from typing import Optional
 
 import torch
+
+from megatron_dmoe.parallel import param_roles
 
 from ..options import BLOCK_SIZES
 from .mlp import ExpertBackend
@@ -88,8 +91,8 @@ def _fusable_main_grad(weight: torch.Tensor, outside_autograd: bool = False) -> 
     config.gradient_accumulation_fusion (which its own linear layers would then require apex for);
     DDP would add the placeholder.
     """
-    main_grad = getattr(weight, "main_grad", None)
-    if main_grad is None or not getattr(weight, "fuse_wgrad_accumulation", True):
+    main_grad = param_roles.main_grad(weight)
+    if main_grad is None or not param_roles.fuses_wgrad_accumulation(weight):
         return None
     if not outside_autograd and weight.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
@@ -110,7 +113,7 @@ def _grad_owners(x: torch.Tensor, *weights):
     runs at all."""
     fuse = torch.is_grad_enabled() and x.requires_grad
     owners = tuple(
-        w if fuse and w is not None and w.requires_grad and getattr(w, "main_grad_only", False)
+        w if fuse and w is not None and w.requires_grad and param_roles.main_grad_only(w)
         and _fusable_main_grad(w, outside_autograd=True) is not None else None
         for w in weights
     )
@@ -136,16 +139,16 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
     E, f, h = weight.shape
     if owner is not None:
         if stash is None or not stash.stash(owner, data, topo, b):
-            ops.dsd(data, topo, b, transpose=True, out=owner.main_grad.view(E * f, h), accumulate=True)
+            ops.dsd(data, topo, b, transpose=True, out=param_roles.main_grad(owner).view(E * f, h), accumulate=True)
         return None
     main_grad = _fusable_main_grad(weight)
     if main_grad is None:
-        if getattr(weight, "main_grad", None) is not None:
-            weight.grad_added_to_main_grad = False
+        if param_roles.main_grad(weight) is not None:
+            param_roles.set_grad_added_to_main_grad(weight, False)
         return ops.dsd(data, topo, b, transpose=True).view(E, f, h)
     ops.dsd(data, topo, b, transpose=True, out=main_grad.view(E * f, h), accumulate=True)
-    weight.grad_added_to_main_grad = True
-    if getattr(weight, "zero_out_wgrad", False):
+    param_roles.set_grad_added_to_main_grad(weight, True)
+    if param_roles.zero_out_wgrad(weight):
         return torch.zeros_like(weight)
     return torch.empty_like(weight)
 
