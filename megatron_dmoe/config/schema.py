@@ -77,6 +77,11 @@ class MoEConfig:
     # a group's score: the sum of its best top_k / group_topk scores (megatron-core, DeepSeek-V3)
     # or its best score (DeepSeek-V2)
     router_group_score: str = "sum"  # sum | max
+    # The router's softmax and top-k (and the load-balancing loss's sums): auto = one fused Triton
+    # kernel forward and one backward for fp32 CUDA logits where the settings allow (softmax,
+    # router_pre_softmax, no groups, no expert bias, <= 256 experts), else torch's ops; fused = always
+    # (an error where it cannot); torch = always torch's.
+    router_impl: str = "auto"  # auto | fused | torch
     # With checkpoint.upcycle_from: each dense MLP becomes this many experts of width ffn / N
     # (moe.ffn_hidden_size must be model.ffn_hidden_size / N)
     upcycle_granularity: int = 1

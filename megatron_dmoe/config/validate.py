@@ -57,6 +57,7 @@ MOE_KEYS = {
     "router_num_groups": "moe.router_num_groups",
     "router_group_topk": "moe.router_group_topk",
     "router_group_score": "moe.router_group_score",
+    "router_impl": "moe.router_impl",
 }
 
 # Allowed values of the enumerated keys (the `a | b` comments in schema.py).
@@ -323,6 +324,10 @@ class _Checker:
                 and os.environ.get("TRITON_INTERPRET") != "1":
             self.problem("moe.backend", "sparse needs CUDA here (on CPU the block-sparse kernels run only "
                          "under Triton's interpreter, TRITON_INTERPRET=1, slowly); use auto, reference or grouped")
+        if ok("moe.router_impl", "training.device") and v("moe.router_impl") == "fused" and not self._on_cuda() \
+                and os.environ.get("TRITON_INTERPRET") != "1":
+            self.problem("moe.router_impl", "fused needs CUDA here (on CPU its Triton kernels run only under "
+                         "Triton's interpreter, TRITON_INTERPRET=1); use auto or torch")
 
     def check_upcycle(self) -> None:
         """checkpoint.upcycle_from and moe.upcycle_granularity: an MoE run whose experts can hold

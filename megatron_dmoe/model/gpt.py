@@ -29,6 +29,7 @@ def moe_layer_params(cfg: RunConfig) -> dict:
         ep_exchange=moe.ep_exchange,
         renormalize=moe.router_renormalize,
         router_group_score=moe.router_group_score,
+        router_impl=moe.router_impl,
     )
 
 

@@ -22,6 +22,10 @@ AUX_LOSS_TYPES = ("micro_batch", "sequence", "global")
 # how group-limited routing scores a group: the sum of its best top_k / group_topk scores
 # (megatron-core, DeepSeek-V3) or its best score (DeepSeek-V2)
 GROUP_SCORES = ("sum", "max")
+# how the router's softmax and top-k run: auto (the fused Triton kernels for fp32 CUDA logits where
+# the options allow them, else torch), fused (always; an error where they cannot), torch
+ROUTER_IMPLS = ("auto", "fused", "torch")
+FUSED_ROUTER_MAX_EXPERTS = 256  # dmoe_kernels.router_ops.MAX_EXPERTS
 AUX_LOSS_TYPES_MEGATRON = {"aux_loss": "micro_batch", "seq_aux_loss": "sequence", "global_aux_loss": "global"}
 
 # field: allowed values
@@ -34,6 +38,7 @@ CHOICES = {
     "ep_exchange": EP_EXCHANGES,
     "aux_loss_type": AUX_LOSS_TYPES,
     "router_group_score": GROUP_SCORES,
+    "router_impl": ROUTER_IMPLS,
 }
 # field: (lowest, highest, lowest allowed?, highest allowed?); None = unbounded or not given
 RANGES = {
@@ -141,6 +146,10 @@ def option_problems(values: Dict[str, Any], key: Callable[[str], str] = lambda f
                               f"adds the bias to sigmoid scores), but it is {fmt(get('score_function'))}; "
                               f"set {key('score_function')}: sigmoid or {key('expert_bias')}: false")
     _group_problems(values, key, have, report)
+    if get("router_impl") == "fused":
+        reason = fused_router_unsupported(values, key)
+        if reason is not None:
+            report("router_impl", f"fused cannot route with {reason}; use auto or torch")
     if have("shared_expert_gate", "shared_expert_ffn_hidden_size") and get("shared_expert_gate") \
             and not get("shared_expert_ffn_hidden_size"):
         report("shared_expert_gate", f"true without a shared expert ({key('shared_expert_ffn_hidden_size')} "
@@ -175,6 +184,24 @@ def option_problems(values: Dict[str, Any], key: Callable[[str], str] = lambda f
                               f"{key('backend')}: grouped needs at this precision (16-byte rows); use a "
                               f"multiple of {multiple} or another {key('backend')}")
     return problems
+
+
+def fused_router_unsupported(values: Dict[str, Any], key: Callable[[str], str] = lambda field: field):
+    """Why the fused router kernels cannot route with these MoEOptions values (None: they can).
+    They cover softmax scores with the top-k taken of the probabilities, without group-limited
+    routing or expert bias, up to FUSED_ROUTER_MAX_EXPERTS experts."""
+    get = values.get
+    if get("score_function", "softmax") != "softmax":
+        return f"{key('score_function')} {fmt(get('score_function'))} (softmax only)"
+    if not get("pre_softmax", True):
+        return f"{key('pre_softmax')} false (it takes the top-k of the probabilities)"
+    if get("router_num_groups") is not None:
+        return f"{key('router_num_groups')} {get('router_num_groups')} (no group-limited routing)"
+    if get("expert_bias"):
+        return f"{key('expert_bias')} true (no expert bias)"
+    if (get("num_experts") or 0) > FUSED_ROUTER_MAX_EXPERTS:
+        return f"{key('num_experts')} {get('num_experts')} (at most {FUSED_ROUTER_MAX_EXPERTS} experts)"
+    return None
 
 
 def _group_problems(values, key, have, report) -> None:
@@ -242,6 +269,7 @@ class MoEOptions:
     router_num_groups: Optional[int] = None  # group-limited routing: experts in this many equal groups
     router_group_topk: Optional[int] = None  # ... of which each token picks this many, then top_k inside
     router_group_score: str = "sum"  # sum (of each group's best top_k / group_topk; megatron-core) | max
+    router_impl: str = "auto"  # auto | fused | torch: see ROUTER_IMPLS
 
     def __post_init__(self):
         problems = option_problems(dataclasses.asdict(self))

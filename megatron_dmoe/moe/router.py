@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .global_aux_loss import GlobalLoadBalance
-from .options import MoEOptions
+from .options import MoEOptions, fused_router_unsupported
 
 
 @dataclass
@@ -132,25 +132,10 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.to(compute_dtype), weight.to(compute_dtype))
 
 
-FUSED_MAX_EXPERTS = 256  # dmoe_kernels.router_ops.MAX_EXPERTS, without importing triton here
-
-
 def fused_route_unsupported(options: MoEOptions) -> Optional[str]:
-    """Why the fused router kernels cannot route with these options (None: they can).
-
-    They cover the common case: softmax scores with the top-k taken of the probabilities, no
-    group-limited routing, no expert bias, at most FUSED_MAX_EXPERTS experts."""
-    if options.score_function != "softmax":
-        return f"score_function={options.score_function!r} (the fused router is softmax only)"
-    if not options.pre_softmax:
-        return "pre_softmax=False (the fused router takes the top-k of the probabilities)"
-    if options.router_num_groups is not None:
-        return f"router_num_groups={options.router_num_groups} (the fused router has no group-limited routing)"
-    if options.expert_bias:
-        return "expert_bias=True (the fused router has no expert bias)"
-    if options.num_experts > FUSED_MAX_EXPERTS:
-        return f"num_experts={options.num_experts} (the fused router takes at most {FUSED_MAX_EXPERTS})"
-    return None
+    """Why the fused router kernels cannot route with these options (None: they can); see
+    options.fused_router_unsupported."""
+    return fused_router_unsupported(vars(options))
 
 
 class TopKRouter(torch.nn.Module):

@@ -264,6 +264,11 @@ CASES = {
     "shared_gate_without_shared_expert": (
         {"moe.shared_expert_gate": True}, None, EVERYTHING, "moe.shared_expert_gate",
         ["without a shared expert (moe.shared_expert_ffn_hidden_size is 0)"]),
+    "router_impl_fused_with_groups": (
+        {"moe.router_impl": "fused", "moe.router_num_groups": 4, "moe.router_group_topk": 2}, None, EVERYTHING,
+        "moe.router_impl", ["fused cannot route with moe.router_num_groups 4", "use auto or torch"]),
+    "router_impl_unknown": ({"moe.router_impl": "triton"}, None, EVERYTHING, "moe.router_impl",
+                            ["'triton' is not allowed", "auto, fused, torch"]),
     "aux_loss_type_unknown": ({"moe.aux_loss_type": "batch"}, None, EVERYTHING, "moe.aux_loss_type",
                               ["'batch' is not allowed", "micro_batch, sequence, global"]),
     "upcycle_into_dense": (
@@ -490,4 +495,13 @@ def test_sparse_backend_on_cpu_needs_the_triton_interpreter(make, monkeypatch):
     assert find_problems(cfg, env=BARE_CPU) == []
     monkeypatch.delenv("TRITON_INTERPRET")
     assert [k for k, _ in find_problems(cfg, env=BARE_CPU)] == ["moe.backend"]
+    assert find_problems(cfg, env=EVERYTHING) == []
+
+
+def test_fused_router_on_cpu_needs_the_triton_interpreter(make, monkeypatch):
+    cfg = make({"moe.router_impl": "fused"})
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert find_problems(cfg, env=BARE_CPU) == []
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert [k for k, _ in find_problems(cfg, env=BARE_CPU)] == ["moe.router_impl"]
     assert find_problems(cfg, env=EVERYTHING) == []

@@ -93,16 +93,28 @@ def test_fused_choice_auto_forced_and_refused():
     assert TopKRouter(opts, fused=True).uses_fused(torch.zeros(5, 4)) is True
     with pytest.raises(ValueError, match="float64"):
         TopKRouter(opts, dtype=torch.float64, fused=True)(x.double())
-    for kwargs, message in ((dict(score_function="sigmoid"), "score_function='sigmoid'"),
-                            (dict(pre_softmax=False), "pre_softmax=False"),
-                            (dict(num_experts=8, router_num_groups=2, router_group_topk=1), "router_num_groups=2"),
-                            (dict(num_experts=300), "num_experts=300")):
+    for kwargs, message in ((dict(score_function="sigmoid"), "score_function 'sigmoid'"),
+                            (dict(pre_softmax=False), "pre_softmax false"),
+                            (dict(num_experts=8, router_num_groups=2, router_group_topk=1), "router_num_groups 2"),
+                            (dict(num_experts=300), "num_experts 300")):
         bad = MoEOptions(**{**dict(hidden_size=8, ffn_hidden_size=8, num_experts=4, top_k=2), **kwargs})
         with pytest.raises(ValueError, match=message):
             TopKRouter(bad, fused=True)
         assert TopKRouter(bad).uses_fused(torch.zeros(5, bad.num_experts)) is False
     with pytest.raises(ValueError, match="fused='yes'"):
         TopKRouter(opts, fused="yes")
+
+
+def test_router_impl_option_picks_the_path_and_is_checked():
+    config = make_config(8, 8, 4, 2)
+    paths = {impl: MoELayer(config, backend="reference", router_impl=impl).router.fused
+             for impl in ("auto", "fused", "torch")}
+    assert paths == {"auto": None, "fused": True, "torch": False}
+    with pytest.raises(ValueError, match="router_impl.*fused cannot route with score_function 'sigmoid'"):
+        MoEOptions(hidden_size=8, ffn_hidden_size=8, num_experts=4, top_k=2, score_function="sigmoid",
+                   router_impl="fused")
+    with pytest.raises(ValueError, match="router_impl"):
+        MoEOptions(hidden_size=8, ffn_hidden_size=8, num_experts=4, router_impl="triton")
 
 
 def test_load_balancing_loss_from_a_precomputed_column_sum_is_the_same_loss():
