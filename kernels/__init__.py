@@ -9,8 +9,8 @@ package named ``kernels`` exists on the package registry). It depends on torch a
   sdd, dsd, dds             differentiable products (functional.py)
   ops.sdd, ops.dsd, ops.dds the same products without autograd (ops.py)
   reference                 pure-torch versions of every op (reference.py)
-  permute_rows,             fused Triton permutation into / out of the expert-grouped, block-padded
-  unpermute_rows            buffer, differentiable (permute_functional.py); permute_ops has the same
+  permute, unpermute        fused Triton permutation into / out of the expert-grouped, block-padded
+                            buffer, differentiable (permute_functional.py); permute_ops has the same
   permute_ops               kernels without autograd and the routing positions computed on the device
                             (permute_ops.py; references in permute_reference.py)
   launch                    what every launch shares: device checks, program counts, TMA readiness
@@ -25,12 +25,10 @@ See README.md in this folder for an example.
 """
 from . import activation, launch, ops, permute_ops, permute_reference, reference, regroup, router_ops
 from .functional import dds, dsd, sdd
-from .permute_functional import permute as permute_rows, unpermute as unpermute_rows
+from .permute_functional import permute, unpermute
 from .router_functional import fused_route
 from .topology import Topology, max_padded_rows, padded_expert_offsets
 from .tuning import DsdConfig, SddConfig
-
-permute = permute_ops  # the former name of permute_ops, kept for existing callers
 
 __all__ = [
     "Topology",
@@ -43,8 +41,8 @@ __all__ = [
     "reference",
     "permute_ops",
     "permute_reference",
-    "permute_rows",
-    "unpermute_rows",
+    "permute",
+    "unpermute",
     "activation",
     "launch",
     "regroup",
