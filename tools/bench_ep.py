@@ -53,6 +53,15 @@ LAYER_COLUMNS = [
     ("layer_graph_ms", "as a CUDA graph ms", "{:.3f}"),
     ("layer_tokens_per_s", "tokens/s (all)", "{:.0f}"),
 ]
+# with --shared-ffn: how much of the shared MLP's time the layer hides (behind the exchange)
+SHARED_COLUMNS = [
+    ("ep", "EP", "{:d}"),
+    ("exchange", "exchange", "{}"),
+    ("layer_fwd_bwd_ms", "layer ms", "{:.3f}"),
+    ("layer_without_shared_ms", "without shared ms", "{:.3f}"),
+    ("shared_alone_ms", "shared MLP alone ms", "{:.3f}"),
+    ("shared_hidden", "shared time hidden", "{:.0%}"),
+]
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -84,6 +93,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="auto: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--backend", default="auto", help="expert backend of the layer (default auto)")
+    parser.add_argument("--shared-ffn", type=int, default=0, metavar="N",
+                        help="give the layer a shared expert of width N (default 0: none) and also time the "
+                             "layer without it and the shared MLP alone: the share of the shared MLP's time "
+                             "the layer hides, (without + alone - with) / alone, e.g. behind the exchange")
     parser.add_argument("--iters", type=int, default=20, help="timed calls (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
@@ -100,6 +113,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for name in ("tokens", "hidden", "ffn", "experts", "top_k", "iters"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.shared_ffn < 0:
+        parser.error(f"--shared-ffn must be >= 0 (0: no shared expert), got {args.shared_ffn}")
     try:
         args.exchange_mib = [float(x) for x in args.exchange_mib.split(",") if x.strip()]
     except ValueError:
@@ -287,17 +302,36 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
         activation_func=F.gelu, params_dtype=dtype, use_cpu_initialization=device.type == "cpu",
         expert_model_parallel_size=ep,
     )
-    layer = MoELayer(config, backend=args.backend, ep_exchange=exchange).to(device).train()
+
+    def make_layer(shared_ffn: int, run_state=None):
+        return MoELayer(config, backend=args.backend, ep_exchange=exchange, run_state=run_state,
+                        shared_expert_ffn_hidden_size=shared_ffn).to(device).train()
+
+    layer = make_layer(args.shared_ffn)
     generator = torch.Generator(device=device).manual_seed(2000 + dist.get_rank())
     x = torch.randn(args.tokens, 1, args.hidden, device=device, dtype=dtype, generator=generator).requires_grad_()
     out_grad = torch.randn(args.tokens, 1, args.hidden, device=device, dtype=dtype, generator=generator)
 
-    def step():
-        out, _ = layer(x)
-        out.backward(out_grad)
-        layer.run_state.metrics.reset()
+    def layer_step(moe):
+        def step():
+            out, _ = moe(x)
+            out.backward(out_grad)
+            moe.run_state.metrics.reset()
+        return step
 
+    step = layer_step(layer)
     seconds = _timed(step, args, device)
+    shared = {}
+    if args.shared_ffn:
+        # the same run state: the second layer reuses the first one's exchange buffers
+        without = _timed(layer_step(make_layer(0, layer.run_state)), args, device)
+
+        def shared_step():
+            layer.shared_experts(x.view(-1, args.hidden)).backward(out_grad.view(-1, args.hidden))
+
+        alone = _timed(shared_step, args, device)
+        shared = {"layer_without_shared_ms": 1e3 * without, "shared_alone_ms": 1e3 * alone,
+                  "shared_hidden": (without + alone - seconds) / alone}
     profile = _profile(step, args, device, f"layer_ep{ep}_{exchange if ep > 1 else 'local'}") if args.profile else None
     graph_ms = None
     if device.type == "cuda" and (ep == 1 or exchange == "symmetric"):  # nothing read on the host
@@ -311,6 +345,8 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
         "layer_tokens_per_s": args.tokens * dist.get_world_size() / seconds,
         "local_experts": layer.experts.layout.num_local_experts,
         "local_ffn": layer.experts.layout.local_ffn_hidden_size,
+        "shared_ffn": args.shared_ffn,
+        **shared,
     }
 
 
@@ -331,7 +367,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     results = {
         "world_size": world, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
         "tokens_per_rank": args.tokens, "hidden": args.hidden, "ffn": args.ffn, "experts": args.experts,
-        "top_k": args.top_k, "iters": args.iters, "warmup": args.warmup,
+        "top_k": args.top_k, "iters": args.iters, "warmup": args.warmup, "shared_ffn": args.shared_ffn,
         "nccl_env": {k: os.environ.get(k) for k in NCCL_ENV} if env.on_cuda else None,
         "exchange_mib": args.exchange_mib, "exchange": [], "layer": [], "skipped_ep": [],
     }
@@ -365,8 +401,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                               f"host waits {prof['host_wait_ms_per_call']:.3f} ms "
                               f"for the split sizes/sync, kernels {prof['gpu_kernel_ms_per_call']:.3f} ms GPU, "
                               f"{prof['launches_per_call']:.0f} launches")
-            print(f"\nMoE layer forward + backward, {args.tokens} tokens/process, ffn {args.ffn}")
+            shared_text = f", shared expert {args.shared_ffn}" if args.shared_ffn else ""
+            print(f"\nMoE layer forward + backward, {args.tokens} tokens/process, ffn {args.ffn}{shared_text}")
             print(format_table(results["layer"], LAYER_COLUMNS))
+            if args.shared_ffn:
+                print("\nshared expert: the layer's time with it, without it, the shared MLP alone (eager)")
+                print(format_table(results["layer"], SHARED_COLUMNS))
             if results["skipped_ep"]:
                 print(f"skipped EP sizes {results['skipped_ep']}: they must divide the {world} processes and "
                       f"divide or be a multiple of {args.experts} experts")

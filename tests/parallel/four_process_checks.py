@@ -8,7 +8,7 @@ from ep_state_checks import check_state
 BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench_ep.py"
 # tiny sizes; 2 experts so that EP = 4 splits each expert's FFN over two ranks
 BENCH_ARGS = ["--device", "cpu", "--tokens", "24", "--hidden", "8", "--ffn", "16", "--experts", "2",
-              "--top-k", "1", "--ep", "1,2,3,4", "--iters", "2", "--warmup", "1",
+              "--top-k", "1", "--ep", "1,2,3,4", "--iters", "2", "--warmup", "1", "--shared-ffn", "8",
               # 24 and 48 rows of 8 float32 values per exchange
               "--exchange-mib", f"{24 * 32 / 2**20},{48 * 32 / 2**20}"]
 

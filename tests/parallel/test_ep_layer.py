@@ -27,6 +27,9 @@ def test_expert_parallel_layer_state_and_benchmark_in_four_processes(tmp_path):
     assert (layer[1]["local_experts"], layer[2]["local_experts"], layer[4]["local_experts"]) == (2, 1, 1)
     assert layer[4]["local_ffn"] == 8  # 2 experts over 4 ranks: half an FFN each
     assert all(row["layer_fwd_bwd_ms"] > 0 and row["layer_tokens_per_s"] > 0 for row in layer.values())
+    # --shared-ffn: the layer with a shared expert, without it, and the shared MLP alone
+    assert all(row["shared_ffn"] == 8 and row["layer_without_shared_ms"] > 0 and row["shared_alone_ms"] > 0
+               and isinstance(row["shared_hidden"], float) for row in layer.values())
     exchange = [(row["ep"], row["exchange_bytes_per_rank"]) for row in results["exchange"]]
     # every row (a token copy to each FFN shard: 12 tokens x 2 shards at EP = 4) goes out and comes
     # back: 24 or 48 rows of 8 float32 values; EP = 1 exchanges nothing
@@ -40,6 +43,7 @@ def test_expert_parallel_layer_state_and_benchmark_in_four_processes(tmp_path):
     table = bench.format_table(results["exchange"]).splitlines()
     assert len(table) == 5 and "disp+comb ms" in table[0] and table[1].split()[0] == "2"
     assert len(bench.format_table(results["layer"], bench.LAYER_COLUMNS).splitlines()) == 4
+    assert "shared time hidden" in bench.format_table(results["layer"], bench.SHARED_COLUMNS).splitlines()[0]
 
 
 def test_benchmark_help_names_the_nccl_environment():
