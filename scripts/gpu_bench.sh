@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The speed measurements of the README's Performance section on one CUDA machine, each tool's table
+# and JSON in OUT_DIR: with one GPU the MoE layer (both router paths, balanced and skewed routing,
+# eager and as CUDA graphs) and whole-model training throughput (dense, dMoE, capacity factor,
+# eager and graphs); with two or more, the gpu-marked expert-parallel tests, the exchange and layer
+# at EP 1 and 2 (with a shared expert) and training at EP 2 against data-parallel dense.
+# Usage: scripts/gpu_bench.sh OUT_DIR [GPUS]    (GPUS: 1 (default) or 2)
+set -u
+out=${1:?usage: scripts/gpu_bench.sh OUT_DIR [GPUS]}
+gpus=${2:-1}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} \
+    TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} \
+    NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
+status=0
+step() {  # step NAME COMMAND...: run one measurement, keep going, remember failures
+    local name=$1; shift
+    echo "=== $name"
+    if "$@" > "$out/$name.log" 2>&1; then echo "ok   $name"; else echo "FAIL $name (see $name.log)"; status=1; fi
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+if [ "$gpus" -ge 2 ]; then
+    step ep_tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/parallel
+    step bench_ep torchrun --standalone --nproc_per_node 2 tools/bench_ep.py --ep 1,2 \
+        --exchange nccl,symmetric --shared-ffn 1024 --out "$out/bench_ep.json"
+    step bench_train_ep2 python3 tools/bench_train.py --nproc-per-node 2 --ep 2 \
+        --models dense,dmoe,capacity --cuda-graphs both --out "$out/bench_train_ep2.json"
+else
+    for router in torch fused; do
+        step "bench_moe_$router" python3 tools/bench_moe.py --graph --skew 2 --router "$router" \
+            --out "$out/bench_moe_$router.json"
+    done
+    step bench_train python3 tools/bench_train.py --models dense,dmoe,capacity --cuda-graphs both \
+        --out "$out/bench_train.json"
+fi
+for log in "$out"/*.log; do  # each tool's closing table
+    echo "=== $(basename "$log" .log)"
+    tail -n 25 "$log"
+done
+exit $status
