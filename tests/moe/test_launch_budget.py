@@ -1,0 +1,91 @@
+"""The sparse layer's launches per forward and backward, counted on CPU: every aten op that would
+launch a kernel on a GPU, and every Triton kernel launch (through Triton's interpreter here).
+
+On small experts the layer is bound by the host, which pays per launch (tools/moe_notes.md, "Host
+time and launches"), so the count is a budget: a change that adds launches fails here and must
+update the numbers on purpose. The GPU path is mirrored where it differs on CPU: the topology is
+built by its Triton kernels and the router is the fused one (both CUDA's choice)."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from megatron_dmoe.moe import MoELayer
+from moe_reference import make_config
+
+# Ops that launch nothing on a GPU: views, metadata and uninitialised allocations.
+NO_LAUNCH = {
+    "view", "_unsafe_view", "reshape", "t", "transpose", "expand", "slice", "select", "detach", "alias",
+    "as_strided", "unsqueeze", "squeeze", "permute", "split", "split_with_sizes", "unbind", "view_as",
+    "lift_fresh", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "set_",
+    "promote_types", "is_same_size", "_has_compatible_shallow_copy_type", "sym_size", "sym_stride",
+}
+# The budget (GELU experts, top-2, micro-batch load-balancing loss, no padding tokens). Forward: the
+# router GEMM and fused router, the counting sort and topology (6), the permutation, the two
+# products and the activation, the combine, the loss (3), the metrics' running sums (3) and the
+# aux-loss scaler's copy. Backward: the loss's (2), the experts' and combine's (10), the fused
+# router's, the router GEMM's two and the sum of the input's two gradients.
+FORWARD_LAUNCHES = 20
+BACKWARD_LAUNCHES = 16
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+        self.in_triton = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if not self.in_triton and name not in NO_LAUNCH:
+            self.names.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """A _Counter that also records each Triton launch (and not the interpreter's own torch ops)."""
+    from triton.runtime import interpreter
+
+    import dmoe_kernels as dk
+
+    counter = _Counter()
+    run = interpreter.InterpretedFunction.run
+
+    def counted_run(self, *args, **kwargs):
+        counter.names.append(f"triton:{self.fn.__name__}")
+        counter.in_triton += 1
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            counter.in_triton -= 1
+
+    monkeypatch.setattr(interpreter.InterpretedFunction, "run", counted_run)
+    build = dk.Topology.for_experts  # bound to the class
+
+    def for_experts(*args, **kwargs):
+        return build(*args, **{**kwargs, "builder": "triton"})  # CUDA's builder
+
+    monkeypatch.setattr(dk.Topology, "for_experts", staticmethod(for_experts))
+    return counter
+
+
+def test_sparse_layer_launch_budget(counted):
+    torch.manual_seed(0)
+    config = make_config(32, 64, 4, 2, dtype=torch.float32, moe_aux_loss_coeff=0.01)
+    layer = MoELayer(config, backend="sparse", block_size=16, router_impl="fused").train()
+    layer.run_state.metrics.megatron_tracker = False  # as in dmoe-train
+    x = torch.randn(24, 2, 32, requires_grad=True)
+    dy = torch.randn(24, 2, 32)
+    out, _ = layer(x)  # first call: backends and dispatchers resolved, nothing cached counted
+    out.backward(dy)
+    for p in layer.parameters():
+        p.grad = None  # the counted backward assigns gradients, as the first of a step does
+    x.grad = None
+    counted.names.clear()
+    with counted:
+        out, _ = layer(x)
+        forward = list(counted.names)
+        out.backward(dy)
+    backward = counted.names[len(forward):]
+    assert len(forward) == FORWARD_LAUNCHES, f"forward launches {len(forward)}: {forward}"
+    assert len(backward) == BACKWARD_LAUNCHES, f"backward launches {len(backward)}: {backward}"
