@@ -4,7 +4,7 @@ router -> dispatch (permute into expert-grouped rows) -> expert MLPs -> combine 
 weight, sum over the k experts of each token). With a capacity factor it becomes the
 token-dropping baseline: same router, a capacity buffer and batched matmuls.
 With shared_expert_ffn_hidden_size, a shared MLP (moe/shared_experts.py) runs on every token and
-its output is added; it is issued before the combine, so it can overlap the expert exchange.
+its output is added; under expert parallelism it runs on a side CUDA stream alongside the exchange.
 
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
@@ -77,6 +77,8 @@ class MoELayer(MegatronModule):
         self.shared_experts = None
         if opts.shared_expert_ffn_hidden_size:
             self.shared_experts = SharedExpertMLP(opts, dtype=config.params_dtype, device=device)
+            # on a side stream alongside the expert exchange; with every expert here there is none
+            self.shared_experts.overlap = groups.size > 1
         if self.token_dropping:
             self.dispatcher: TokenDispatcher = CapacityDispatcher(
                 opts.num_experts, opts.capacity_factor, opts.token_drop_policy
@@ -128,7 +130,7 @@ class MoELayer(MegatronModule):
             routing.tokens_per_expert = state.counts
             self.router.record_load(state.counts)
         # issued while the dispatch exchange is in flight, before anything waits on its result
-        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        shared = self.shared_experts.start(x) if self.shared_experts is not None else None
         if isinstance(state, PaddedState):  # block-sparse experts and the weighted combine, fused
             y = padded_experts_combine(self.experts, x_perm, state)
         elif self.token_dropping:
@@ -137,7 +139,7 @@ class MoELayer(MegatronModule):
             counts_by_source = dispatcher.counts_by_source(state)
             y = dispatcher.combine(self.experts(x_perm, tokens_per_expert, counts_by_source), state)
         if shared is not None:
-            y = y + shared
+            y = y + self.shared_experts.finish(shared)
         y = self._attach_aux_losses(y, routing, valid, b)
         return y.view(s, b, h), None
 

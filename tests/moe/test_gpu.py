@@ -66,3 +66,29 @@ def test_auto_backend_on_cuda_picks_sparse_for_bf16_and_grouped_for_untileable_w
 
     assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16, HIDDEN, FFN).name == "sparse"
     assert resolve_backend("auto", torch.device("cuda"), torch.bfloat16, HIDDEN, 200).name == "grouped"
+
+
+@pytest.mark.gpu
+def test_shared_expert_on_a_side_stream_gives_the_same_output_and_gradients():
+    """SharedExpertMLP.overlap (set by the layer under expert parallelism): forward and backward on a
+    side stream give what the same module gives on the current stream, bit for bit."""
+    from megatron_dmoe.moe import MoEOptions, SharedExpertMLP
+
+    opts = MoEOptions(hidden_size=256, ffn_hidden_size=256, num_experts=4, shared_expert_ffn_hidden_size=512,
+                      shared_expert_gate=True)
+    mlp = SharedExpertMLP(opts, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(4096, 256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    results = []
+    for overlap in (False, True):
+        mlp.overlap = overlap
+        mlp.zero_grad(set_to_none=True)
+        inp = x.clone().requires_grad_()
+        y = mlp.start(inp)
+        busy = torch.randn(4096, 4096, device="cuda") @ torch.randn(4096, 4096, device="cuda")  # main stream work
+        out = mlp.finish(y) + 0 * busy[:1, :1].to(y.dtype)
+        out.backward(dy)
+        results.append([out.detach(), inp.grad] + [p.grad for p in mlp.parameters()])
+    assert mlp._side_streams, "the overlapped call used no side stream"
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
