@@ -71,8 +71,7 @@ class MoELayer(MegatronModule):
         groups = expert_parallel_groups(ep_size, pg_collection)
         device = _param_device(config)
         # the router first: its weights draw from the generator before the experts' at every EP size
-        fused = {"auto": None, "fused": True, "torch": False}[opts.router_impl]
-        self.router = TopKRouter(opts, dtype=config.params_dtype, device=device, fused=fused)
+        self.router = TopKRouter(opts, dtype=config.params_dtype, device=device)
         self.experts = ExpertMLP(opts, dtype=config.params_dtype, device=device, groups=groups)
         self.shared_experts = None
         if opts.shared_expert_ffn_hidden_size:

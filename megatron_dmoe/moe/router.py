@@ -132,31 +132,21 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.to(compute_dtype), weight.to(compute_dtype))
 
 
-def fused_route_unsupported(options: MoEOptions) -> Optional[str]:
-    """Why the fused router kernels cannot route with these options (None: they can); see
-    options.fused_router_unsupported."""
-    return fused_router_unsupported(vars(options))
-
-
 class TopKRouter(torch.nn.Module):
     """Router weight [E, h] (logits computed in fp32) and, optionally, the expert-bias state.
 
-    fused: route with dmoe_kernels' fused softmax top-k kernels (one kernel forward and one
-    backward, the load-balancing loss's column sums included) instead of torch's softmax, topk and
-    sum. None (auto): fused for fp32 logits on CUDA when the options allow it (see
-    `fused_route_unsupported`); False: always torch; True: always fused (an error where the
-    options or the logits do not allow it; CPU tensors need Triton's interpreter). An attribute
-    too, so a built layer's router can be switched (`layer.router.fused = False`)."""
+    `fused`, from options.router_impl: route with dmoe_kernels' fused softmax top-k kernels (one
+    kernel forward and one backward, the load-balancing loss's column sums included) instead of
+    torch's softmax, topk and sum. None (auto): fused for fp32 logits on CUDA when the options allow
+    it (options.fused_router_unsupported); False: always torch; True: always fused (an error for
+    logits that are not fp32; CPU tensors need Triton's interpreter). An attribute, so a built
+    layer's router can be switched (`layer.router.fused = False`)."""
 
-    def __init__(self, options: MoEOptions, dtype=torch.float32, device=None, fused: Optional[bool] = None):
+    def __init__(self, options: MoEOptions, dtype=torch.float32, device=None):
         super().__init__()
-        if fused not in (None, True, False):
-            raise ValueError(f"TopKRouter: fused={fused!r}; use None (auto), True or False")
-        if fused:
-            reason = fused_route_unsupported(options)
-            if reason is not None:
-                raise ValueError(f"TopKRouter(fused=True): {reason}; use fused=None or False")
-        self.fused = fused
+        self.fused = {"auto": None, "fused": True, "torch": False}[options.router_impl]
+        # the options never change: whether they allow the kernels is decided once, not per call
+        self._unfusable = fused_router_unsupported(vars(options))
         self.options = options
         E, h = options.num_experts, options.hidden_size
         self.weight = torch.nn.Parameter(torch.empty(E, h, dtype=dtype, device=device))
@@ -227,11 +217,14 @@ class TopKRouter(torch.nn.Module):
         if self.fused is False:
             return False
         if self.fused is None:
-            return logits.is_cuda and logits.dtype == torch.float32 and fused_route_unsupported(self.options) is None
+            return logits.is_cuda and logits.dtype == torch.float32 and self._unfusable is None
+        if self._unfusable is not None:  # switched on by hand for options the kernels cannot route
+            raise ValueError(f"TopKRouter.fused=True: the fused router cannot route with {self._unfusable}; "
+                             "set fused to None or False")
         if logits.dtype != torch.float32:
             raise ValueError(
-                f"TopKRouter(fused=True): the logits are {logits.dtype} (from {logits.dtype} inputs); the fused "
-                "router takes fp32 logits: use fused=None or False for this precision"
+                f"TopKRouter.fused=True: the logits are {logits.dtype} (from {logits.dtype} inputs); the fused "
+                "router takes fp32 logits: use router_impl auto or torch for this precision"
             )
         return True
 

@@ -1,9 +1,10 @@
 """The fused router (dmoe_kernels.fused_route) in a whole MoE layer against the torch router.
 
-On CPU the fused router runs only when forced (fused=True), through Triton's interpreter
+On CPU the fused router runs only when forced (router_impl fused), through Triton's interpreter
 (tests/conftest.py sets it up); its logits are fp32, so the layer runs in fp32 here.
 """
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -90,19 +91,24 @@ def test_fused_choice_auto_forced_and_refused():
     assert TopKRouter(opts).fused is None
     assert TopKRouter(opts)(x).prob_colsum is None  # auto: CPU logits take torch's path
     assert TopKRouter(opts).uses_fused(torch.zeros(5, 4)) is False
-    assert TopKRouter(opts, fused=True).uses_fused(torch.zeros(5, 4)) is True
+    forced = dataclasses.replace(opts, router_impl="fused")
+    assert TopKRouter(forced).uses_fused(torch.zeros(5, 4)) is True
     with pytest.raises(ValueError, match="float64"):
-        TopKRouter(opts, dtype=torch.float64, fused=True)(x.double())
+        TopKRouter(forced, dtype=torch.float64)(x.double())
     for kwargs, message in ((dict(score_function="sigmoid"), "score_function 'sigmoid'"),
                             (dict(pre_softmax=False), "pre_softmax false"),
                             (dict(num_experts=8, router_num_groups=2, router_group_topk=1), "router_num_groups 2"),
                             (dict(num_experts=300), "num_experts 300")):
         bad = MoEOptions(**{**dict(hidden_size=8, ffn_hidden_size=8, num_experts=4, top_k=2), **kwargs})
         with pytest.raises(ValueError, match=message):
-            TopKRouter(bad, fused=True)
-        assert TopKRouter(bad).uses_fused(torch.zeros(5, bad.num_experts)) is False
-    with pytest.raises(ValueError, match="fused='yes'"):
-        TopKRouter(opts, fused="yes")
+            dataclasses.replace(bad, router_impl="fused")
+        router = TopKRouter(bad)
+        assert router.uses_fused(torch.zeros(5, bad.num_experts)) is False
+        router.fused = True  # switched on by hand: refused, not routed wrongly
+        with pytest.raises(ValueError, match=message):
+            router.uses_fused(torch.zeros(5, bad.num_experts))
+    with pytest.raises(ValueError, match="router_impl"):
+        MoEOptions(hidden_size=8, ffn_hidden_size=8, num_experts=4, router_impl="yes")
 
 
 def test_router_impl_option_picks_the_path_and_is_checked():
