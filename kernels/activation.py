@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_launchable
+from .launch import check_launchable, direct
 
 ACTIVATIONS = ("gelu", "swiglu")
 _BLOCK = 1024
@@ -121,7 +121,9 @@ def _launch(kernel, data: torch.Tensor, *args, swiglu: bool) -> None:
         return
     check_launchable(kernel, data.device)
     block_elements = data.shape[1] * data.shape[2]
-    kernel[(triton.cdiv(data.numel(), _BLOCK),)](*args, block_elements, SWIGLU=swiglu, BLOCK=_BLOCK, num_warps=4)
+    direct(kernel)[(triton.cdiv(data.numel(), _BLOCK),)](
+        *args, block_elements, SWIGLU=swiglu, BLOCK=_BLOCK, num_warps=4
+    )
 
 
 def activation_forward(name: str, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor) -> torch.Tensor:
@@ -177,7 +179,7 @@ def activation_backward_weighted(
     if topology.max_blocks:
         check_launchable(_weighted_backward_kernel, grad.device)
         rows_per_program = max(1, min(bs, 2048 // bs))
-        _weighted_backward_kernel[(topology.max_blocks * (bs // rows_per_program),)](
+        direct(_weighted_backward_kernel)[(topology.max_blocks * (bs // rows_per_program),)](
             grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, act, row_weights.contiguous(), row_dot,
             topology.nnz, F, SWIGLU=swiglu, BS=bs, ROWS=rows_per_program, num_warps=4,
         )

@@ -1,5 +1,6 @@
 """What every kernel launch of the library shares: can it run here, how many programs, which dot
-precision, can TMA read an operand, and which device backward launches on.
+precision, can TMA read an operand, which device backward launches on, and the launch itself
+(`DirectLauncher`: Triton's launch without its per-call argument binding).
 
 Imports torch only (triton lazily), so any module of the library, and megatron_dmoe's own Triton
 code, can use it without importing the products.
@@ -7,6 +8,7 @@ code, can use it without importing the products.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -76,3 +78,98 @@ def bind_device(t: torch.Tensor) -> None:
     """
     if t.is_cuda:
         torch.cuda.set_device(t.device)
+
+
+_NO_DEFAULT = inspect.Parameter.empty
+
+
+def _specialization(value):
+    """What Triton specialises a non-constexpr argument on: dtype and 16-byte alignment of tensors,
+    an int's width and whether it is 1 or a multiple of 16, a descriptor's dtype and block, else type."""
+    kind = type(value)
+    if kind is int:
+        return (kind, value == 1, value % 16 == 0, -(2**31) <= value < 2**31)
+    if kind is bool or value is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() % 16 == 0)
+    if kind is float:
+        return kind
+    base = getattr(value, "base", None)  # triton.tools.tensor_descriptor.TensorDescriptor
+    if isinstance(base, torch.Tensor):
+        return (kind, base.dtype, tuple(value.block_shape), value.padding, value.round_f32_to_tf32)
+    return (kind, value)
+
+
+class DirectLauncher:
+    """`launcher[grid](*args, **kwargs)` does what `kernel[grid](...)` does, at a fraction of its host cost.
+
+    Triton's `kernel[grid](...)` binds and specialises every argument in Python on every call: tens
+    of microseconds for a kernel taking TMA descriptors, several times the cost of a torch op, and
+    the sparse layer issues about twenty such launches per forward and backward. The first launch of
+    each specialisation goes through Triton (which compiles); its compiled kernel is kept under a
+    key of everything Triton specialises on (constexpr values, launch options, and `_specialization`
+    of the other arguments), and later calls with that key go to the compiled launcher directly.
+
+    Falls back to `kernel[grid]` under Triton's interpreter, for a callable grid, and when launch
+    hooks (a profiler's) were installed as the launcher was made, so that they see every launch.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._compiled = {}
+        self._direct = False
+        if interpreted(kernel) or not hasattr(kernel, "params"):
+            return
+        from triton import knobs
+
+        self._direct = knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+        self._names = tuple(p.name for p in kernel.params)
+        self._constexpr = tuple(p.is_constexpr for p in kernel.params)
+        self._defaults = tuple(p.default for p in kernel.params)
+        self._param_names = frozenset(self._names)
+
+    def __getitem__(self, grid):
+        if not self._direct or callable(grid):
+            return self.kernel[grid]
+        return functools.partial(self._launch, grid)
+
+    def bind(self, args, kwargs):
+        """Every parameter's value in signature order (what the compiled launcher takes, constexprs
+        included) and the key of their specialisation; None when an argument is missing."""
+        values = list(args)
+        for i in range(len(args), len(self._names)):
+            value = kwargs.get(self._names[i], _NO_DEFAULT)
+            if value is _NO_DEFAULT:
+                value = self._defaults[i]
+                if value is _NO_DEFAULT:
+                    return None
+            values.append(value)
+        key = tuple(v if c else _specialization(v) for v, c in zip(values, self._constexpr))
+        key += tuple(item for item in kwargs.items() if item[0] not in self._param_names)  # num_warps, ...
+        return values, key
+
+    def _launch(self, grid, *args, **kwargs):
+        bound = self.bind(args, kwargs)
+        compiled = self._compiled.get(bound[1]) if bound is not None else None
+        if compiled is None:
+            kernel = self.kernel[grid](*args, **kwargs)  # compiles on first use, and launches
+            if bound is not None:
+                if hasattr(kernel, "result"):
+                    kernel = kernel.result()
+                self._compiled[bound[1]] = (kernel.run, kernel.function, kernel.packed_metadata)
+            return kernel
+        run, function, metadata = compiled
+        device = torch.cuda.current_device()
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        x = grid[0]
+        y = grid[1] if len(grid) > 1 else 1
+        z = grid[2] if len(grid) > 2 else 1
+        run(x, y, z, stream, function, metadata, None, None, None, *bound[0])
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def direct(kernel) -> DirectLauncher:
+    """The DirectLauncher of a kernel (one per kernel, so that its compiled kernels are kept once)."""
+    return DirectLauncher(kernel)

@@ -25,7 +25,7 @@ from . import (
     sdd_kernel as _sdd_module,
     sdd_tma_kernel as _sdd_tma_module,
 )
-from .launch import check_launchable, dot_precision, persistent_programs, tma_descriptor, tma_ready
+from .launch import check_launchable, direct, dot_precision, persistent_programs, tma_descriptor, tma_ready
 from .topology import Topology
 from .tuning import DsdConfig, SddConfig, dsd_config, sdd_config
 
@@ -123,7 +123,7 @@ def sdd(
         b_block = [nb * bs, cfg.block_k] if b_kmajor else [cfg.block_k, nb * bs]
         kernel = _sdd_tma_module.sdd_tma_kernel
         grid = min(persistent_programs(a.device, cfg.programs_per_sm), topology.max_blocks // nb)
-        kernel[(grid,)](
+        direct(kernel)[(grid,)](
             tma_descriptor(a, [bs, cfg.block_k]), tma_descriptor(b_mat, b_block),
             tma_descriptor(out.view(-1, bs), [bs, bs]),
             topology.column_indices, topology.nnz,
@@ -137,7 +137,7 @@ def sdd(
     num_programs = topology.max_blocks // nb
     if num_programs == 0:
         return out
-    kernel[(num_programs,)](
+    direct(kernel)[(num_programs,)](
         a, b, out,
         topology.row_indices, topology.column_indices, topology.nnz,
         K, regular or 1,
@@ -210,7 +210,7 @@ def dsd(
             epilogue = {}
             c_desc = tma_descriptor(out, [bs, cfg.block_n])
         if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
-            _dsdt_tma_module.dsdt_tma_kernel[(grid,)](
+            direct(_dsdt_tma_module.dsdt_tma_kernel)[(grid,)](
                 tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
                 c_desc,
                 offsets, indices, positions,
@@ -220,7 +220,7 @@ def dsd(
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             )
             return out
-        _dsd_tma_module.dsd_tma_kernel[(grid,)](
+        direct(_dsd_tma_module.dsd_tma_kernel)[(grid,)](
             tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
             c_desc,
             offsets, indices, positions, topology.nnz,
@@ -231,7 +231,7 @@ def dsd(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
         )
         return out
-    kernel[(num_programs,)](
+    direct(kernel)[(num_programs,)](
         data, b, out,
         offsets, indices, positions,
         N, out_block_rows, topology.blocks_per_row or 1,

@@ -24,7 +24,7 @@ import torch
 import triton
 
 from . import permute_kernel as _kernels
-from .launch import check_launchable
+from .launch import check_launchable, direct
 
 _TILE_ELEMENTS = 4096  # elements of one program's [K, BLOCK_H] tile: 32 per thread at 4 warps
 
@@ -107,7 +107,7 @@ def expand(
         _check_device(src.device)
         k_pow2 = triton.next_power_of_2(max(K, 1))
         block_h = _block_h(H, k_pow2)
-        _kernels.expand_kernel[(E + T,)](
+        direct(_kernels.expand_kernel)[(E + T,)](
             src, out, pos, scale if scale is not None else src, other if other is not None else out,
             dot if dot is not None else src,
             expert_offsets, counts,
@@ -149,7 +149,7 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
             raise ValueError(
                 f"{op}: copy must have src's shape {tuple(src.shape)} and dtype {src.dtype}, rows contiguous"
             )
-        _kernels.reduce_kernel[(T,)](
+        direct(_kernels.reduce_kernel)[(T,)](
             src, dst, pos, scale if scale is not None else src, copy if copy is not None else src,
             H, src.stride(0), dst.stride(0), copy.stride(0) if copy is not None else 0,
             K=K, BLOCK_H=_block_h(H, 4), HAS_SCALE=scale is not None, HAS_COPY=copy is not None,
@@ -173,7 +173,7 @@ def expert_histogram(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
     _check_device(flat.device)
     blocks = triton.cdiv(n, _POSITION_BLOCK)
     hist = torch.empty(num_experts, blocks, dtype=torch.int32, device=flat.device)
-    _positions.block_histogram_kernel[(blocks,)](
+    direct(_positions.block_histogram_kernel)[(blocks,)](
         flat, hist, n, num_experts, BLOCK=_POSITION_BLOCK, BINS=triton.next_power_of_2(num_experts + 1)
     )
     return torch.cumsum(hist, 1, dtype=torch.int32)
@@ -188,7 +188,7 @@ def positions_from_histogram(indices: torch.Tensor, cumulative: torch.Tensor, ex
     n = flat.numel()
     pos = torch.empty(n, dtype=torch.int32, device=flat.device)
     if n:
-        _positions.block_positions_kernel[(cumulative.shape[1],)](
+        direct(_positions.block_positions_kernel)[(cumulative.shape[1],)](
             flat, cumulative, expert_offsets.to(torch.int32), pos, n, cumulative.shape[0], BLOCK=_POSITION_BLOCK
         )
     return pos.view(indices.shape)

@@ -21,7 +21,7 @@ import torch
 import triton
 
 from . import regroup_kernel
-from .launch import check_launchable
+from .launch import check_launchable, direct
 from .topology import Topology, _expert_arrays_torch, _expert_arrays_triton
 
 
@@ -101,7 +101,7 @@ def gather_block_rows(tensors: Sequence[torch.Tensor], source_tensor: torch.Tens
     check_launchable(kernel, device)
     block = min(4096, triton.next_power_of_2(width))
     if rows:
-        kernel[(rows, triton.cdiv(width, block))](out, addresses, source_tensor, source_row, width, BLOCK=block)
+        direct(kernel)[(rows, triton.cdiv(width, block))](out, addresses, source_tensor, source_row, width, BLOCK=block)
     return out
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 
 from . import router_kernel as _kernels
-from .launch import check_launchable
+from .launch import check_launchable, direct
 
 MAX_EXPERTS = 256  # one program holds [BLOCK_T, next_pow2(E)] in registers
 _TILE_ELEMENTS = 4096  # elements of a program's tile: 32 per thread at 4 warps
@@ -66,7 +66,7 @@ def route_forward(logits: torch.Tensor, top_k: int, renormalize: bool = False, s
         return indices, weights, scores, torch.zeros(E, dtype=torch.float32, device=device)
     partial = torch.empty(programs, E, dtype=torch.float32, device=device)
     check_launchable(_kernels.route_forward_kernel, device)
-    _kernels.route_forward_kernel[(programs,)](
+    direct(_kernels.route_forward_kernel)[(programs,)](
         logits, scores, weights, indices, partial, valid_bytes if valid_bytes is not None else logits,
         T, E, logits.stride(0), float(scale),
         K=top_k, K_POW2=triton.next_power_of_2(top_k), E_POW2=e_pow2, BLOCK_T=block_t,
@@ -100,7 +100,7 @@ def route_backward(scores: torch.Tensor, indices: torch.Tensor, d_weights: Optio
     e_pow2 = triton.next_power_of_2(E)
     block_t = _block_t(e_pow2)
     check_launchable(_kernels.route_backward_kernel, device)
-    _kernels.route_backward_kernel[(triton.cdiv(T, block_t),)](
+    direct(_kernels.route_backward_kernel)[(triton.cdiv(T, block_t),)](
         scores, indices.contiguous(), d_weights if d_weights is not None else scores,
         d_colsum if d_colsum is not None else scores, d_scores if d_scores is not None else scores,
         valid_bytes if valid_bytes is not None else scores, d_logits,

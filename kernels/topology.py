@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import triton
 
-from .launch import check_launchable
+from .launch import check_launchable, direct
 
 BLOCK_SIZES = (16, 32, 64, 128)
 
@@ -247,13 +247,13 @@ def _expert_arrays_triton(tokens_per_expert: torch.Tensor, F: int, bs: int, max_
         expert_offsets=torch.empty(num_experts + 1, **i32),
     )
     e_pow2 = max(16, triton.next_power_of_2(num_experts))
-    topology_kernel.expert_prefix_kernel[(1,)](
+    direct(topology_kernel.expert_prefix_kernel)[(1,)](
         tokens_per_expert, row_start, row_end, out["expert_offsets"], out["nnz"],
         num_experts, F, max_rows, BS=bs, E_POW2=e_pow2,
     )
     block = 256
     span = max(max_blocks, max_rows + 1, num_experts * F + 1)
-    topology_kernel.expert_index_kernel[(triton.cdiv(span, block),)](
+    direct(topology_kernel.expert_index_kernel)[(triton.cdiv(span, block),)](
         row_start, row_end, out["nnz"],
         out["row_indices"], out["column_indices"], out["offsets"],
         out["column_offsets"], out["row_indices_t"], out["block_offsets_t"],

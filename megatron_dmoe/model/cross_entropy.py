@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dmoe_kernels.launch import bind_device
+from dmoe_kernels.launch import bind_device, direct
 
 BLOCK_V = 4096  # vocabulary entries per chunk of a row
 
@@ -73,7 +73,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
         loss = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         if n:
-            _cross_entropy_forward_kernel[(n,)](logits, labels, loss, lse, vocab, logits.stride(0),
+            direct(_cross_entropy_forward_kernel)[(n,)](logits, labels, loss, lse, vocab, logits.stride(0),
                                                 BLOCK_V=BLOCK_V, **_launch_options(logits.device))
         ctx.save_for_backward(logits, labels, lse)
         ctx.inplace_backward = inplace_backward
@@ -86,7 +86,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
         bind_device(logits)  # autograd's worker thread
         grad = logits if ctx.inplace_backward else logits.clone()
         if n:
-            _cross_entropy_backward_kernel[(n,)](grad, labels, lse, dloss.float().contiguous(), vocab,
+            direct(_cross_entropy_backward_kernel)[(n,)](grad, labels, lse, dloss.float().contiguous(), vocab,
                                                  grad.stride(0), BLOCK_V=BLOCK_V, **_launch_options(logits.device))
         return grad, None, None
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dmoe_kernels.launch import bind_device, persistent_programs
+from dmoe_kernels.launch import bind_device, direct, persistent_programs
 
 
 @triton.jit
@@ -88,9 +88,11 @@ class FusedNormFunction(torch.autograd.Function):
         rstd = torch.empty(m, dtype=torch.float32, device=x.device)
         block_n = triton.next_power_of_2(n)
         if m:
-            _norm_forward_kernel[(m,)](rows, weight, bias if bias is not None else weight, y, mean, rstd, n, eps,
-                                  rows.stride(0), y.stride(0), RMS=rms, HAS_BIAS=bias is not None,
-                                  BLOCK_N=block_n, **_launch(x.device, block_n))
+            direct(_norm_forward_kernel)[(m,)](
+                rows, weight, bias if bias is not None else weight, y, mean, rstd, n, eps,
+                rows.stride(0), y.stride(0), RMS=rms, HAS_BIAS=bias is not None,
+                BLOCK_N=block_n, **_launch(x.device, block_n),
+            )
         ctx.save_for_backward(rows, weight, bias, mean, rstd)
         ctx.rms, ctx.input_shape = rms, x.shape
         return y.view(x.shape)
@@ -109,7 +111,7 @@ class FusedNormFunction(torch.autograd.Function):
         partial = torch.empty((1 if bias is None else 2, programs, n), dtype=torch.float32, device=rows.device)
         block_n = triton.next_power_of_2(n)
         if m:
-            _norm_backward_kernel[(programs,)](
+            direct(_norm_backward_kernel)[(programs,)](
                 rows, weight, dy, dx, mean, rstd, partial,
                 m, n, rows.stride(0), dy.stride(0), dx.stride(0), triton.cdiv(m, programs), programs,
                 RMS=ctx.rms, HAS_BIAS=bias is not None, BLOCK_N=block_n, **_launch(rows.device, block_n))

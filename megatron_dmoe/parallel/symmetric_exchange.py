@@ -68,6 +68,8 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
     one kernel launch."""
     import triton
 
+    from dmoe_kernels.launch import direct
+
     from .push_kernels import exchange_plan_kernel
 
     ranks, V = inbox.shape
@@ -77,7 +79,7 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
     tokens_per_expert = torch.empty(local_experts, dtype=torch.int64, device=device)
     offsets = torch.empty(V + 1, dtype=torch.int32, device=device)
     counts = torch.empty(V, dtype=torch.int32, device=device)
-    exchange_plan_kernel[(1,)](inbox, packed, counts_by_source, tokens_per_expert, offsets, counts, me, ranks,
+    direct(exchange_plan_kernel)[(1,)](inbox, packed, counts_by_source, tokens_per_expert, offsets, counts, me, ranks,
                                local_experts,
                                R_P2=triton.next_power_of_2(ranks), L_P2=triton.next_power_of_2(local_experts),
                                V_P2=triton.next_power_of_2(V))
@@ -89,9 +91,13 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
 def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None:
     """counts [V] (any integer dtype and stride) into row `me` of every rank's int32 inbox
     (inbox_ptrs: their addresses)."""
+    from dmoe_kernels.launch import direct
+
     from .push_kernels import post_counts_kernel
 
-    post_counts_kernel[(inbox_ptrs.numel(),)](counts, counts.stride(0), inbox_ptrs, me, counts.numel(), BLOCK=1024)
+    direct(post_counts_kernel)[(inbox_ptrs.numel(),)](
+        counts, counts.stride(0), inbox_ptrs, me, counts.numel(), BLOCK=1024
+    )
 
 
 def _launch_shape(src: torch.Tensor, programs: Optional[int]):
@@ -112,6 +118,8 @@ def push_rows(
 ) -> None:
     """Rows [starts[d], starts[d+1]) of src to rank d's buffer (address dest_ptrs[d], rows of
     src.shape[1] elements) from row dest_base[d] on."""
+    from dmoe_kernels.launch import direct
+
     from .push_kernels import push_rows_kernel
 
     ranks = dest_ptrs.numel()
@@ -119,7 +127,7 @@ def push_rows(
     programs, block_h, warps = _launch_shape(src, None if programs_per_destination is None
                                              else programs_per_destination * ranks)
     per_destination = max(1, programs // ranks)
-    push_rows_kernel[(ranks * per_destination,)](
+    direct(push_rows_kernel)[(ranks * per_destination,)](
         src, starts, dest_base, dest_ptrs, capacity, me, ranks, src.shape[1], src.stride(0),
         BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
     )
@@ -131,11 +139,13 @@ def push_copies(
 ) -> None:
     """Each routed copy (t, j) of x[t] (experts/positions [T, K]: virtual expert and sorted position)
     to its expert's rank, at arrival row dest_base[d] + position - send_starts[d]."""
+    from dmoe_kernels.launch import direct
+
     from .push_kernels import push_copies_kernel
 
     x = x if x.stride(1) == 1 else x.contiguous()
     programs, block_h, warps = _launch_shape(x, programs)
-    push_copies_kernel[(programs,)](
+    direct(push_copies_kernel)[(programs,)](
         x, experts, positions, plan.send_starts, plan.dest_base, dest_ptrs, capacity, experts.numel(), local_experts,
         x.shape[1], x.stride(0),
         K=experts.shape[1], BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
