@@ -20,13 +20,14 @@ package named ``kernels`` exists on the package registry). It depends on torch a
   fused_route               softmax top-k routing with the load-balancing loss's column sums, one
                             kernel (and the sums' reduction) forward, one backward
                             (router_functional.py); router_ops has the kernels without autograd
+  balance_loss              the load-balancing loss from those column sums, one launch each way
 
 See README.md in this folder for an example.
 """
 from . import activation, launch, ops, permute_ops, permute_reference, reference, regroup, router_ops
 from .functional import dds, dsd, sdd
 from .permute_functional import permute, unpermute
-from .router_functional import fused_route
+from .router_functional import balance_loss, fused_route
 from .topology import Topology, max_padded_rows, padded_expert_offsets
 from .tuning import DsdConfig, SddConfig
 
@@ -48,6 +49,7 @@ __all__ = [
     "regroup",
     "router_ops",
     "fused_route",
+    "balance_loss",
     "SddConfig",
     "DsdConfig",
 ]

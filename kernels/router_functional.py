@@ -7,6 +7,10 @@ The same values as torch's softmax -> topk -> gather (-> renormalisation -> scal
 load-balancing loss's column sums of the probabilities over the valid tokens, in one forward
 kernel and one reduction; the backward takes the gradients of weights, colsum and scores (any
 may be absent) and returns d_logits in one launch. indices carry no gradient.
+
+  balance_loss(colsum, counts, scale, record=None) -> loss (0-dim)
+      scale * <counts, colsum>: the load-balancing loss from those column sums, one launch forward
+      (which can also add to the metrics' running sums) and one backward.
 """
 from __future__ import annotations
 
@@ -44,3 +48,23 @@ def fused_route(logits: torch.Tensor, top_k: int, renormalize: bool = False, sca
                 valid: Optional[torch.Tensor] = None):
     """(indices, weights, scores, colsum) of fp32 logits [T, E] (see router_ops.route_forward)."""
     return _FusedRoute.apply(logits, int(top_k), bool(renormalize), float(scale), valid)
+
+
+class _BalanceLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, colsum, counts, scale, record):
+        ctx.save_for_backward(counts)
+        ctx.scale = scale
+        return _ops.balance_loss(colsum, counts, scale, record)
+
+    @staticmethod
+    def backward(ctx, d_loss):
+        (counts,) = ctx.saved_tensors
+        bind_device(counts)
+        return _ops.balance_loss_backward(d_loss, counts, ctx.scale), None, None, None
+
+
+def balance_loss(colsum: torch.Tensor, counts: torch.Tensor, scale: float, record=None) -> torch.Tensor:
+    """scale * <counts, colsum>, differentiable in colsum (fused_route's fourth output), one launch
+    each way; record: running sums updated by the forward (see router_ops.balance_loss)."""
+    return _BalanceLoss.apply(colsum, counts, float(scale), record)

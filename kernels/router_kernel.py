@@ -8,6 +8,8 @@ Each program owns BLOCK_T token rows and all E experts of them as one [BLOCK_T, 
                           the probabilities over its valid rows: partial [programs, E]
   route_backward_kernel   d_logits [T, E] = softmax backward of
                           d_scores + valid[t] * d_colsum[e] + scatter(d(probabilities at indices))
+  balance_loss_kernel     the load-balancing loss scale * <counts, colsum> (and the metrics' running
+                          sums); balance_loss_backward_kernel its gradient, scale * counts
 
 The top-k is k rounds of a row maximum over the experts not yet chosen, read from the logits (the
 order of the probabilities, without the ties that rounding or underflow makes among them). Among
@@ -134,3 +136,32 @@ def route_backward_kernel(
     inner = tl.sum(p * g, axis=1)
     d = p * (g - inner[:, None])
     tl.store(d_logits_ptr + offs, d, mask=tile_ok)
+
+
+@triton.jit
+def balance_loss_kernel(
+    colsum_ptr, counts_ptr, loss_ptr, scale,
+    lb_sum_ptr, lb_count_ptr, load_ptr,  # running sums (RECORD only)
+    E,
+    BLOCK_E: tl.constexpr, RECORD: tl.constexpr,
+):
+    """loss = scale * <counts, colsum>; with RECORD also lb_sum += loss, lb_count += 1, load += counts."""
+    e = tl.arange(0, BLOCK_E)
+    ok = e < E
+    counts = tl.load(counts_ptr + e, mask=ok, other=0)
+    colsum = tl.load(colsum_ptr + e, mask=ok, other=0.0)
+    loss = tl.sum(counts.to(tl.float32) * colsum, axis=0) * scale
+    tl.store(loss_ptr, loss)
+    if RECORD:
+        tl.store(lb_sum_ptr, tl.load(lb_sum_ptr) + loss.to(tl.float64))
+        tl.store(lb_count_ptr, tl.load(lb_count_ptr) + 1.0)
+        tl.store(load_ptr + e, tl.load(load_ptr + e, mask=ok) + counts.to(load_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def balance_loss_backward_kernel(d_loss_ptr, counts_ptr, d_colsum_ptr, scale, E, BLOCK_E: tl.constexpr):
+    """d_colsum = d_loss * scale * counts."""
+    e = tl.arange(0, BLOCK_E)
+    ok = e < E
+    counts = tl.load(counts_ptr + e, mask=ok, other=0)
+    tl.store(d_colsum_ptr + e, tl.load(d_loss_ptr) * scale * counts.to(tl.float32), mask=ok)

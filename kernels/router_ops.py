@@ -111,3 +111,40 @@ def route_backward(scores: torch.Tensor, indices: torch.Tensor, d_weights: Optio
         num_warps=4,
     )
     return d_logits
+
+
+def balance_loss(colsum: torch.Tensor, counts: torch.Tensor, scale: float, record=None) -> torch.Tensor:
+    """scale * <counts, colsum>, a 0-dim fp32 tensor, in one launch: the load-balancing loss from
+    route_forward's column sums and the assignments per expert (any integer dtype).
+
+    record: None, or running sums (lb_sum 0-dim fp64, lb_count 0-dim fp64, load [E]) that the same
+    launch updates in place: lb_sum += loss, lb_count += 1, load += counts.
+    """
+    E = colsum.shape[0]
+    if colsum.dtype != torch.float32 or tuple(counts.shape) != (E,) or counts.device != colsum.device:
+        raise ValueError(f"balance_loss: colsum must be fp32 [E] and counts [E] on its device, got "
+                         f"{colsum.dtype} {tuple(colsum.shape)} and {tuple(counts.shape)} on {counts.device}")
+    loss = torch.empty((), dtype=torch.float32, device=colsum.device)
+    if record is not None:
+        lb_sum, lb_count, load = record
+        if lb_sum.dtype != torch.float64 or lb_count.dtype != torch.float64 or tuple(load.shape) != (E,):
+            raise ValueError("balance_loss: record must be (lb_sum fp64, lb_count fp64, load [E])")
+    check_launchable(_kernels.balance_loss_kernel, colsum.device)
+    direct(_kernels.balance_loss_kernel)[(1,)](
+        colsum.contiguous(), counts.contiguous(), loss, float(scale),
+        *(record if record is not None else (loss, loss, loss)),
+        E, BLOCK_E=triton.next_power_of_2(E), RECORD=record is not None,
+    )
+    return loss
+
+
+def balance_loss_backward(d_loss: torch.Tensor, counts: torch.Tensor, scale: float) -> torch.Tensor:
+    """d colsum [E] fp32 of balance_loss: d_loss * scale * counts, in one launch."""
+    E = counts.shape[0]
+    d_colsum = torch.empty(E, dtype=torch.float32, device=counts.device)
+    check_launchable(_kernels.balance_loss_backward_kernel, counts.device)
+    direct(_kernels.balance_loss_backward_kernel)[(1,)](
+        d_loss.to(torch.float32).contiguous(), counts.contiguous(), d_colsum, float(scale), E,
+        BLOCK_E=triton.next_power_of_2(E),
+    )
+    return d_colsum

@@ -104,16 +104,17 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
 
     One scale for megatron's MoE and ours: megatron-core's pipeline schedules set it every
     micro-batch (`loss_scale * cp_size / num_microbatches`), and our own loop does the same through
-    `set_aux_loss_scale`. Forward returns a copy (see there); backward reads the scale on the aux
+    `set_aux_loss_scale`. Forward returns a copy unless told not to (see there); backward reads the scale on the aux
     loss's device.
     """
 
     @staticmethod
-    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor):
+    def forward(ctx, output: torch.Tensor, aux_loss: torch.Tensor, copy: bool = True):
         ctx.save_for_backward(aux_loss)
-        # a fresh tensor, not the input: the caller may modify it in place (bias-dropout-add
-        # does), which autograd forbids on an input a custom Function returns as is
-        return output.clone()
+        # copy: a fresh tensor, not the input, for a caller that may modify it in place (bias-dropout-
+        # add does), which autograd forbids on an input a custom Function returns as is; the MoE
+        # layer attaches its losses to a tensor nothing modifies and passes copy=False
+        return output.clone() if copy else output
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
@@ -123,7 +124,7 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
         scale = AuxLossScaler._scale_on(aux_loss.device)
         # d(aux_loss) = scale: the scale tensor itself, shaped like the loss (a 0-dim view, no launch
         # when the dtypes agree, as they do for fp32 losses)
-        return grad_output, scale.to(aux_loss.dtype).reshape(aux_loss.shape)
+        return grad_output, scale.to(aux_loss.dtype).reshape(aux_loss.shape), None
 
     @staticmethod
     def set_loss_scale(scale) -> None:

@@ -128,6 +128,9 @@ class MoELayer(MegatronModule):
         if counted_by_dispatch:
             routing.tokens_per_expert = state.counts
             self.router.record_load(state.counts)
+        # the aux losses ride on the experts' input, which nothing modifies in place: returned as
+        # is (a view), where the layer's output would need a copy (callers add into it in place)
+        x_perm = self._attach_aux_losses(x_perm, routing, valid, b)
         # issued while the dispatch exchange is in flight, before anything waits on its result
         shared = self.shared_experts.start(x) if self.shared_experts is not None else None
         if isinstance(state, PaddedState):  # block-sparse experts and the weighted combine, fused
@@ -139,7 +142,6 @@ class MoELayer(MegatronModule):
             y = dispatcher.combine(self.experts(x_perm, tokens_per_expert, counts_by_source), state)
         if shared is not None:
             y = y + self.shared_experts.finish(shared)
-        y = self._attach_aux_losses(y, routing, valid, b)
         return y.view(s, b, h), None
 
     def _dispatcher_for(self, x: torch.Tensor) -> TokenDispatcher:
@@ -169,28 +171,40 @@ class MoELayer(MegatronModule):
             )
         return (~padding_mask.bool()).transpose(0, 1).reshape(-1)
 
-    def _attach_aux_losses(self, y: torch.Tensor, routing: Routing, valid, num_sequences: int) -> torch.Tensor:
+    def _attach_aux_losses(self, x_perm: torch.Tensor, routing: Routing, valid, num_sequences: int) -> torch.Tensor:
         # training forwards that build a graph only: eval and the no-grad first pass of activation
         # recompute neither add losses nor record metrics
         if not (self.training and torch.is_grad_enabled()):
-            return y
+            return x_perm
         opts = self.options
+        metrics = self.run_state.metrics
         lb = z = None
-        if opts.aux_loss_coeff > 0:
+        # the fused router's column sums: the loss and the metrics' running sums in one launch
+        fused = (opts.aux_loss_coeff > 0 and opts.aux_loss_type == "micro_batch" and valid is None
+                 and routing.prob_colsum is not None and not metrics.megatron_tracker)
+        if fused:
+            from dmoe_kernels import balance_loss
+
+            counts = routing.tokens_per_expert
+            scale = opts.aux_loss_coeff * counts.shape[0] / (opts.top_k * routing.scores.shape[0] ** 2)
+            lb = balance_loss(routing.prob_colsum, counts, scale,
+                              record=metrics.balance_sums(self.layer_number, counts))
+        elif opts.aux_loss_coeff > 0:
             lb = self._load_balancing_loss(routing, valid, num_sequences)
         if opts.z_loss_coeff > 0:
             z = z_loss(routing.logits, opts.z_loss_coeff, valid)
         # megatron-core's tracker too (Megatron-LM logs it), indexed by global layer like its own MoE
         num_layers = self.config.num_layers + (getattr(self.config, "mtp_num_layers", None) or 0)
-        self.run_state.metrics.record(
-            self.layer_number, lb_loss=lb, z_loss=z, tokens_per_expert=routing.tokens_per_expert,
+        metrics.record(
+            self.layer_number, lb_loss=None if fused else lb, z_loss=z,
+            tokens_per_expert=None if fused else routing.tokens_per_expert,
             num_layers=num_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
         )
         losses = [loss for loss in (lb, z) if loss is not None]
         if not losses:
-            return y
+            return x_perm
         # not sum(losses): its start value 0 would cost one more launch
-        return AuxLossScaler.apply(y, losses[0] if len(losses) == 1 else losses[0] + losses[1])
+        return AuxLossScaler.apply(x_perm, losses[0] if len(losses) == 1 else losses[0] + losses[1], False)
 
     def _load_balancing_loss(self, routing: Routing, valid, num_sequences: int) -> torch.Tensor:
         opts = self.options

@@ -89,6 +89,18 @@ class MoEMetrics:
         if tokens_per_expert is not None:
             rec.load = _accumulate(rec.load, tokens_per_expert)
 
+    def balance_sums(self, layer_number: int, tokens_per_expert: torch.Tensor):
+        """(lb_sum, lb_count, load) of a layer, for a kernel that adds one micro-batch's load-balancing
+        loss and loads to them itself (the same buffers `record` adds to)."""
+        rec = self._layers.setdefault(layer_number, _LayerRecord())
+        device = tokens_per_expert.device
+        for name in ("lb_sum", "lb_count"):
+            if getattr(rec, name) is None or getattr(rec, name).device != device:
+                setattr(rec, name, torch.zeros((), dtype=torch.float64, device=device))
+        if rec.load is None or rec.load.shape != tokens_per_expert.shape or rec.load.device != device:
+            rec.load = torch.zeros(tokens_per_expert.shape, dtype=tokens_per_expert.dtype, device=device)
+        return rec.lb_sum, rec.lb_count, rec.load
+
     def tensors(self):
         """Every accumulator (megatron-core's tracker entries we write included), for callers that
         must save and restore them in place."""

@@ -107,3 +107,29 @@ def test_fused_route_ties_nan_and_bad_arguments(device):
                           "valid")):
         with pytest.raises(ValueError, match=message):
             bad()
+
+
+@pytest.mark.parametrize("E,counts_dtype", [(8, torch.int64), (60, torch.int32), (256, torch.int64)])
+def test_balance_loss_value_gradient_and_running_sums(E, counts_dtype, device):
+    from dmoe_kernels.router_functional import balance_loss
+
+    colsum = torch.rand(E, device=device, dtype=torch.float32).requires_grad_()
+    counts = torch.randint(0, 50, (E,), device=device, dtype=counts_dtype)
+    scale = 0.01 * E / (2 * 37.0**2)
+    want = scale * (counts.double() * colsum.detach().double()).sum()
+    lb_sum = torch.full((), 0.5, dtype=torch.float64, device=device)
+    lb_count = torch.full((), 2.0, dtype=torch.float64, device=device)
+    load = torch.randint(0, 9, (E,), device=device, dtype=counts_dtype)
+    load_before = load.clone()
+    loss = balance_loss(colsum, counts, scale, record=(lb_sum, lb_count, load))
+    assert loss.shape == () and loss.dtype == torch.float32
+    assert float(loss) == pytest.approx(float(want), rel=1e-5)
+    assert float(lb_sum) == pytest.approx(0.5 + float(want), rel=1e-5) and float(lb_count) == 3.0
+    assert torch.equal(load, load_before + counts)
+    g = torch.tensor(1.7, device=device)
+    loss.backward(g)
+    torch.testing.assert_close(colsum.grad.double(), 1.7 * scale * counts.double(), rtol=1e-5, atol=0)
+    # without running sums: the same value, nothing else written
+    assert float(balance_loss(colsum.detach(), counts, scale)) == pytest.approx(float(want), rel=1e-5)
+    with pytest.raises(ValueError, match="colsum must be fp32"):
+        balance_loss(colsum.detach().double(), counts, scale)
