@@ -101,6 +101,11 @@ def _specialization(value):
     return (kind, value)
 
 
+def _idle(hook) -> bool:
+    """No launch hook: None, or an empty triton.knobs.HookChain (what a profiler adds its hooks to)."""
+    return hook is None or not getattr(hook, "calls", True)
+
+
 class DirectLauncher:
     """`launcher[grid](*args, **kwargs)` does what `kernel[grid](...)` does, at a fraction of its host cost.
 
@@ -111,8 +116,8 @@ class DirectLauncher:
     key of everything Triton specialises on (constexpr values, launch options, and `_specialization`
     of the other arguments), and later calls with that key go to the compiled launcher directly.
 
-    Falls back to `kernel[grid]` under Triton's interpreter, for a callable grid, and when launch
-    hooks (a profiler's) were installed as the launcher was made, so that they see every launch.
+    Falls back to `kernel[grid]` under Triton's interpreter, for a callable grid, and while launch
+    hooks (a profiler's) are installed, so that they see every launch.
     """
 
     def __init__(self, kernel):
@@ -123,14 +128,15 @@ class DirectLauncher:
             return
         from triton import knobs
 
-        self._direct = knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+        self._direct = True
+        self._hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
         self._names = tuple(p.name for p in kernel.params)
         self._constexpr = tuple(p.is_constexpr for p in kernel.params)
         self._defaults = tuple(p.default for p in kernel.params)
         self._param_names = frozenset(self._names)
 
     def __getitem__(self, grid):
-        if not self._direct or callable(grid):
+        if not self._direct or callable(grid) or not all(_idle(hook) for hook in self._hooks):
             return self.kernel[grid]
         return functools.partial(self._launch, grid)
 
