@@ -97,7 +97,8 @@ def _specialization(value):
         return kind
     base = getattr(value, "base", None)  # triton.tools.tensor_descriptor.TensorDescriptor
     if isinstance(base, torch.Tensor):
-        return (kind, base.dtype, tuple(value.block_shape), value.padding, value.round_f32_to_tf32)
+        options = (getattr(value, "padding", None), getattr(value, "round_f32_to_tf32", None))  # per version
+        return (kind, base.dtype, tuple(value.block_shape), options)
     return (kind, value)
 
 

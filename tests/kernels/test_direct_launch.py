@@ -61,3 +61,17 @@ def test_launches_match_triton(device):
     assert odd[0].item() == 2.0 and odd[1:].eq(1.0).all()
     if device.type == "cuda":  # three specialisations kept, each launched straight after the first time
         assert len(direct(add_one)._compiled) == 3
+
+
+def test_descriptor_key_reads_only_what_every_triton_version_has(launcher):
+    """Triton 3.6's TensorDescriptor has no round_f32_to_tf32: the key must not need it."""
+
+    class Descriptor:  # the fields all versions share
+        def __init__(self, base, block_shape):
+            self.base, self.block_shape = base, block_shape
+            self.shape, self.strides = list(base.shape), list(base.stride())
+
+    x = torch.zeros(64, 64)
+    key = launcher.bind((Descriptor(x, [16, 16]), 5, 1.0), {})[1]
+    assert key != launcher.bind((Descriptor(x, [32, 16]), 5, 1.0), {})[1]
+    assert key != launcher.bind((Descriptor(x.half(), [16, 16]), 5, 1.0), {})[1]
