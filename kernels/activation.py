@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_launchable, direct
+from .launch import cdiv, check_launchable, direct
 
 ACTIVATIONS = ("gelu", "swiglu")
 _BLOCK = 1024
@@ -121,7 +121,7 @@ def _launch(kernel, data: torch.Tensor, *args, swiglu: bool) -> None:
         return
     check_launchable(kernel, data.device)
     block_elements = data.shape[1] * data.shape[2]
-    direct(kernel)[(triton.cdiv(data.numel(), _BLOCK),)](
+    direct(kernel)[(cdiv(data.numel(), _BLOCK),)](
         *args, block_elements, SWIGLU=swiglu, BLOCK=_BLOCK, num_warps=4
     )
 

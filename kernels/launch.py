@@ -64,10 +64,40 @@ def tma_ready(t: torch.Tensor, transposed: bool = False) -> bool:
     )
 
 
-def tma_descriptor(t: torch.Tensor, block_shape):
+@functools.lru_cache(maxsize=None)
+def _descriptor_type():
+    import dataclasses
+
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block_shape))
+    defaults = {f.name: f.default for f in dataclasses.fields(TensorDescriptor) if f.default is not dataclasses.MISSING}
+    return TensorDescriptor, defaults
+
+
+def tma_descriptor(t: torch.Tensor, block_shape):
+    """Triton's host-side TensorDescriptor of t. Its constructor validates alignment, strides and
+    the block shape in Python on every call; callers have checked `tma_ready(t)` and pass fixed
+    power-of-two blocks, so the fields are set directly (the constructor still runs for an empty t,
+    whose error it reports)."""
+    kind, defaults = _descriptor_type()
+    shape = list(t.shape)
+    if 0 in shape:
+        return kind(t, shape, list(t.stride()), list(block_shape))
+    desc = object.__new__(kind)
+    for name, value in defaults.items():
+        setattr(desc, name, value)
+    desc.base, desc.shape, desc.strides, desc.block_shape = t, shape, list(t.stride()), list(block_shape)
+    return desc
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of host ints (triton.cdiv is a constexpr function, several times slower to call)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 >= n for n >= 1, and 0 for 0, as triton.next_power_of_2 (host ints)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def bind_device(t: torch.Tensor) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 import triton.language as tl
 
 from . import (
@@ -25,7 +24,15 @@ from . import (
     sdd_kernel as _sdd_module,
     sdd_tma_kernel as _sdd_tma_module,
 )
-from .launch import check_launchable, direct, dot_precision, persistent_programs, tma_descriptor, tma_ready
+from .launch import (
+    cdiv,
+    check_launchable,
+    direct,
+    dot_precision,
+    persistent_programs,
+    tma_descriptor,
+    tma_ready,
+)
 from .topology import Topology
 from .tuning import DsdConfig, SddConfig, dsd_config, sdd_config
 
@@ -191,7 +198,7 @@ def dsd(
     cfg = config or dsd_config(bs, N, transpose, b.device, bool(topology.blocks_per_row), dtype)
     if bs % cfg.block_k != 0:
         raise ValueError(f"{op}: block_k={cfg.block_k} must divide the block size {bs}")
-    num_programs = out_block_rows * triton.cdiv(N, cfg.block_n)
+    num_programs = out_block_rows * cdiv(N, cfg.block_n)
     if num_programs == 0:
         return out
     if transpose:

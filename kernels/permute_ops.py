@@ -21,10 +21,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 
 from . import permute_kernel as _kernels
-from .launch import check_launchable, direct
+from .launch import cdiv, check_launchable, direct, next_power_of_2
 
 _TILE_ELEMENTS = 4096  # elements of one program's [K, BLOCK_H] tile: 32 per thread at 4 warps
 
@@ -34,7 +33,7 @@ def _check_device(device: torch.device) -> None:
 
 
 def _block_h(H: int, k_pow2: int) -> int:
-    return max(16, min(triton.next_power_of_2(max(H, 1)), _TILE_ELEMENTS // k_pow2))
+    return max(16, min(next_power_of_2(max(H, 1)), _TILE_ELEMENTS // k_pow2))
 
 
 def _check_positions(op: str, pos: torch.Tensor, num_tokens: int, device: torch.device) -> None:
@@ -105,7 +104,7 @@ def expand(
     K = pos.shape[1]
     if E + T > 0 and H > 0:
         _check_device(src.device)
-        k_pow2 = triton.next_power_of_2(max(K, 1))
+        k_pow2 = next_power_of_2(max(K, 1))
         block_h = _block_h(H, k_pow2)
         direct(_kernels.expand_kernel)[(E + T,)](
             src, out, pos, scale if scale is not None else src, other if other is not None else out,
@@ -171,10 +170,10 @@ def expert_histogram(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
     if n == 0:
         return torch.zeros(num_experts, 1, dtype=torch.int32, device=flat.device)
     _check_device(flat.device)
-    blocks = triton.cdiv(n, _POSITION_BLOCK)
+    blocks = cdiv(n, _POSITION_BLOCK)
     hist = torch.empty(num_experts, blocks, dtype=torch.int32, device=flat.device)
     direct(_positions.block_histogram_kernel)[(blocks,)](
-        flat, hist, n, num_experts, BLOCK=_POSITION_BLOCK, BINS=triton.next_power_of_2(num_experts + 1)
+        flat, hist, n, num_experts, BLOCK=_POSITION_BLOCK, BINS=next_power_of_2(num_experts + 1)
     )
     return torch.cumsum(hist, 1, dtype=torch.int32)
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 from typing import Sequence, Tuple
 
 import torch
-import triton
 
 from . import regroup_kernel
-from .launch import check_launchable, direct
+from .launch import cdiv, check_launchable, direct, next_power_of_2
 from .topology import Topology, _expert_arrays_torch, _expert_arrays_triton
 
 
@@ -99,9 +98,9 @@ def gather_block_rows(tensors: Sequence[torch.Tensor], source_tensor: torch.Tens
         addresses = addresses.pin_memory().to(device, non_blocking=True)
     kernel = regroup_kernel.gather_rows_kernel
     check_launchable(kernel, device)
-    block = min(4096, triton.next_power_of_2(width))
+    block = min(4096, next_power_of_2(width))
     if rows:
-        direct(kernel)[(rows, triton.cdiv(width, block))](out, addresses, source_tensor, source_row, width, BLOCK=block)
+        direct(kernel)[(rows, cdiv(width, block))](out, addresses, source_tensor, source_row, width, BLOCK=block)
     return out
 
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 
 from . import router_kernel as _kernels
-from .launch import check_launchable, direct
+from .launch import cdiv, check_launchable, direct, next_power_of_2
 
 MAX_EXPERTS = 256  # one program holds [BLOCK_T, next_pow2(E)] in registers
 _TILE_ELEMENTS = 4096  # elements of a program's tile: 32 per thread at 4 warps
@@ -56,9 +55,9 @@ def route_forward(logits: torch.Tensor, top_k: int, renormalize: bool = False, s
         logits = logits.contiguous()
     device = logits.device
     valid_bytes = _check_valid(valid, T, device)
-    e_pow2 = triton.next_power_of_2(E)
+    e_pow2 = next_power_of_2(E)
     block_t = _block_t(e_pow2)
-    programs = triton.cdiv(T, block_t)
+    programs = cdiv(T, block_t)
     scores = torch.empty(T, E, dtype=torch.float32, device=device)
     weights = torch.empty(T, top_k, dtype=torch.float32, device=device)
     indices = torch.empty(T, top_k, dtype=torch.int64, device=device)
@@ -69,7 +68,7 @@ def route_forward(logits: torch.Tensor, top_k: int, renormalize: bool = False, s
     direct(_kernels.route_forward_kernel)[(programs,)](
         logits, scores, weights, indices, partial, valid_bytes if valid_bytes is not None else logits,
         T, E, logits.stride(0), float(scale),
-        K=top_k, K_POW2=triton.next_power_of_2(top_k), E_POW2=e_pow2, BLOCK_T=block_t,
+        K=top_k, K_POW2=next_power_of_2(top_k), E_POW2=e_pow2, BLOCK_T=block_t,
         RENORMALIZE=bool(renormalize), HAS_SCALE=float(scale) != 1.0, HAS_VALID=valid_bytes is not None,
         num_warps=4,
     )
@@ -97,15 +96,15 @@ def route_backward(scores: torch.Tensor, indices: torch.Tensor, d_weights: Optio
     d_logits = torch.empty(T, E, dtype=torch.float32, device=device)
     if T == 0:
         return d_logits
-    e_pow2 = triton.next_power_of_2(E)
+    e_pow2 = next_power_of_2(E)
     block_t = _block_t(e_pow2)
     check_launchable(_kernels.route_backward_kernel, device)
-    direct(_kernels.route_backward_kernel)[(triton.cdiv(T, block_t),)](
+    direct(_kernels.route_backward_kernel)[(cdiv(T, block_t),)](
         scores, indices.contiguous(), d_weights if d_weights is not None else scores,
         d_colsum if d_colsum is not None else scores, d_scores if d_scores is not None else scores,
         valid_bytes if valid_bytes is not None else scores, d_logits,
         T, E, float(scale),
-        K=K, K_POW2=triton.next_power_of_2(K), E_POW2=e_pow2, BLOCK_T=block_t,
+        K=K, K_POW2=next_power_of_2(K), E_POW2=e_pow2, BLOCK_T=block_t,
         RENORMALIZE=bool(renormalize), HAS_DW=d_weights is not None, HAS_DCOLSUM=d_colsum is not None,
         HAS_DSCORES=d_scores is not None, HAS_VALID=valid_bytes is not None,
         num_warps=4,
@@ -133,7 +132,7 @@ def balance_loss(colsum: torch.Tensor, counts: torch.Tensor, scale: float, recor
     direct(_kernels.balance_loss_kernel)[(1,)](
         colsum.contiguous(), counts.contiguous(), loss, float(scale),
         *(record if record is not None else (loss, loss, loss)),
-        E, BLOCK_E=triton.next_power_of_2(E), RECORD=record is not None,
+        E, BLOCK_E=next_power_of_2(E), RECORD=record is not None,
     )
     return loss
 
@@ -145,6 +144,6 @@ def balance_loss_backward(d_loss: torch.Tensor, counts: torch.Tensor, scale: flo
     check_launchable(_kernels.balance_loss_backward_kernel, counts.device)
     direct(_kernels.balance_loss_backward_kernel)[(1,)](
         d_loss.to(torch.float32).contiguous(), counts.contiguous(), d_colsum, float(scale), E,
-        BLOCK_E=triton.next_power_of_2(E),
+        BLOCK_E=next_power_of_2(E),
     )
     return d_colsum

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
-from .launch import check_launchable, direct
+from .launch import cdiv, check_launchable, direct, next_power_of_2
 
 BLOCK_SIZES = (16, 32, 64, 128)
 
@@ -246,14 +245,14 @@ def _expert_arrays_triton(tokens_per_expert: torch.Tensor, F: int, bs: int, max_
         block_offsets_t=torch.empty(max_blocks, **i32),
         expert_offsets=torch.empty(num_experts + 1, **i32),
     )
-    e_pow2 = max(16, triton.next_power_of_2(num_experts))
+    e_pow2 = max(16, next_power_of_2(num_experts))
     direct(topology_kernel.expert_prefix_kernel)[(1,)](
         tokens_per_expert, row_start, row_end, out["expert_offsets"], out["nnz"],
         num_experts, F, max_rows, BS=bs, E_POW2=e_pow2,
     )
     block = 256
     span = max(max_blocks, max_rows + 1, num_experts * F + 1)
-    direct(topology_kernel.expert_index_kernel)[(triton.cdiv(span, block),)](
+    direct(topology_kernel.expert_index_kernel)[(cdiv(span, block),)](
         row_start, row_end, out["nnz"],
         out["row_indices"], out["column_indices"], out["offsets"],
         out["column_offsets"], out["row_indices_t"], out["block_offsets_t"],

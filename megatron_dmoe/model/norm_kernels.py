@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dmoe_kernels.launch import bind_device, direct, persistent_programs
+from dmoe_kernels.launch import bind_device, cdiv, direct, next_power_of_2, persistent_programs
 
 
 @triton.jit
@@ -86,7 +86,7 @@ class FusedNormFunction(torch.autograd.Function):
         y = torch.empty((m, n), dtype=x.dtype, device=x.device)
         mean = torch.empty(m, dtype=torch.float32, device=x.device)
         rstd = torch.empty(m, dtype=torch.float32, device=x.device)
-        block_n = triton.next_power_of_2(n)
+        block_n = next_power_of_2(n)
         if m:
             direct(_norm_forward_kernel)[(m,)](
                 rows, weight, bias if bias is not None else weight, y, mean, rstd, n, eps,
@@ -109,11 +109,11 @@ class FusedNormFunction(torch.autograd.Function):
         programs = max(1, min(m, persistent_programs(rows.device, per_sm=4)))
         # per-program sums of dw (and db), added up by one torch reduction
         partial = torch.empty((1 if bias is None else 2, programs, n), dtype=torch.float32, device=rows.device)
-        block_n = triton.next_power_of_2(n)
+        block_n = next_power_of_2(n)
         if m:
             direct(_norm_backward_kernel)[(programs,)](
                 rows, weight, dy, dx, mean, rstd, partial,
-                m, n, rows.stride(0), dy.stride(0), dx.stride(0), triton.cdiv(m, programs), programs,
+                m, n, rows.stride(0), dy.stride(0), dx.stride(0), cdiv(m, programs), programs,
                 RMS=ctx.rms, HAS_BIAS=bias is not None, BLOCK_N=block_n, **_launch(rows.device, block_n))
             sums = partial.sum(1)
             dw = sums[0].to(weight.dtype)

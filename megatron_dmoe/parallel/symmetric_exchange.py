@@ -66,9 +66,8 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
     """Offsets of the exchange from the count matrix inbox int32 [R, V] (row s: rank s's counts per
     virtual expert; rank d owns virtual experts [d * local_experts, (d + 1) * local_experts)), in
     one kernel launch."""
-    import triton
 
-    from dmoe_kernels.launch import direct
+    from dmoe_kernels.launch import direct, next_power_of_2
 
     from .push_kernels import exchange_plan_kernel
 
@@ -81,8 +80,8 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
     counts = torch.empty(V, dtype=torch.int32, device=device)
     direct(exchange_plan_kernel)[(1,)](inbox, packed, counts_by_source, tokens_per_expert, offsets, counts, me, ranks,
                                local_experts,
-                               R_P2=triton.next_power_of_2(ranks), L_P2=triton.next_power_of_2(local_experts),
-                               V_P2=triton.next_power_of_2(V))
+                               R_P2=next_power_of_2(ranks), L_P2=next_power_of_2(local_experts),
+                               V_P2=next_power_of_2(V))
     send_starts, dest_base, recv_starts, return_base = packed.split([ranks + 1, ranks, ranks + 1, ranks])
     return ExchangePlan(send_starts, dest_base, recv_starts, return_base, counts_by_source, tokens_per_expert,
                         offsets, counts)
@@ -102,13 +101,12 @@ def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None
 
 def _launch_shape(src: torch.Tensor, programs: Optional[int]):
     """(programs, BLOCK_H, warps) of a push kernel; by default two programs per multiprocessor."""
-    import triton
 
-    from dmoe_kernels.launch import multiprocessors
+    from dmoe_kernels.launch import multiprocessors, next_power_of_2
 
     if programs is None:
         programs = 2 * multiprocessors(src.device)
-    block_h = min(1024, triton.next_power_of_2(src.shape[1]))
+    block_h = min(1024, next_power_of_2(src.shape[1]))
     return programs, block_h, (8 if block_h >= 512 else 4)
 
 

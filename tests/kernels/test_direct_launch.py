@@ -75,3 +75,31 @@ def test_descriptor_key_reads_only_what_every_triton_version_has(launcher):
     key = launcher.bind((Descriptor(x, [16, 16]), 5, 1.0), {})[1]
     assert key != launcher.bind((Descriptor(x, [32, 16]), 5, 1.0), {})[1]
     assert key != launcher.bind((Descriptor(x.half(), [16, 16]), 5, 1.0), {})[1]
+
+
+def test_host_helpers_match_triton():
+    from dmoe_kernels.launch import cdiv, next_power_of_2
+
+    for n in range(0, 600):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for d in (1, 3, 64, 128):
+            assert cdiv(n, d) == triton.cdiv(n, d), (n, d)
+
+
+def test_tma_descriptor_has_the_constructors_fields():
+    import dataclasses
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from dmoe_kernels.launch import tma_descriptor
+
+    t = torch.zeros(256, 64)[:, :32]  # a strided view, as the products pass
+    fast = tma_descriptor(t, [64, 32])
+    slow = TensorDescriptor(t, list(t.shape), list(t.stride()), [64, 32])
+    assert type(fast) is TensorDescriptor
+    for field in dataclasses.fields(TensorDescriptor):
+        if field.name != "base":
+            assert getattr(fast, field.name) == getattr(slow, field.name), field.name
+    assert fast.base is t
+    with pytest.raises(AssertionError):  # an empty tensor still meets the constructor's checks
+        tma_descriptor(torch.zeros(0, 64), [64, 32])
