@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The speed measurements of the README's Performance section on one CUDA machine, each tool's table
-# and JSON in OUT_DIR: with one GPU the MoE layer (both router paths, balanced and skewed routing,
-# eager and as CUDA graphs) and whole-model training throughput (dense, dMoE, capacity factor,
-# eager and graphs); with two or more, the gpu-marked expert-parallel tests, the exchange and layer
-# at EP 1 and 2 (with a shared expert) and training at EP 2 against data-parallel dense.
+# and JSON in OUT_DIR: with one GPU the host cost of a launch, the MoE layer (both router paths,
+# balanced and skewed routing, eager and as CUDA graphs) and whole-model training throughput
+# (dense, dMoE, capacity factor, eager and graphs; micro-batch 16 and 32); with two or more, the
+# gpu-marked expert-parallel tests, the exchange and layer at EP 1 and 2 (with a shared expert) and
+# training at EP 2 against data-parallel dense.
 # Usage: scripts/gpu_bench.sh OUT_DIR [GPUS]    (GPUS: 1 (default) or 2)
 set -u
 out=${1:?usage: scripts/gpu_bench.sh OUT_DIR [GPUS]}
@@ -27,12 +28,15 @@ if [ "$gpus" -ge 2 ]; then
     step bench_train_ep2 python3 tools/bench_train.py --nproc-per-node 2 --ep 2 \
         --models dense,dmoe,capacity --cuda-graphs both --out "$out/bench_train_ep2.json"
 else
+    step bench_launch python3 tools/bench_launch.py --out "$out/bench_launch.json"
     for router in torch fused; do
         step "bench_moe_$router" python3 tools/bench_moe.py --graph --skew 2 --router "$router" \
             --out "$out/bench_moe_$router.json"
     done
     step bench_train python3 tools/bench_train.py --models dense,dmoe,capacity --cuda-graphs both \
         --out "$out/bench_train.json"
+    step bench_train_mb32 python3 tools/bench_train.py --models dense,dmoe --cuda-graphs both \
+        --micro-batch-size 32 --out "$out/bench_train_mb32.json"
 fi
 for log in "$out"/*.log; do  # each tool's closing table
     echo "=== $(basename "$log" .log)"
