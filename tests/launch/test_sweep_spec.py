@@ -152,6 +152,14 @@ def test_gpu_sweeps_are_checked_for_gpu_nodes(tmp_path):
     assert factors == [(64, None), (64, 1.0), (64, 1.5), (64, 2.0), (0, None)]
 
 
+def test_the_settings_sweep_crosses_the_aux_coefficient_with_the_learning_rates(tmp_path):
+    spec = load_sweep(CONFIGS_DIR / "sweeps" / "settings_xs.yaml")
+    planned = plan_runs(spec, tmp_path / "runs", Environment.everything())
+    values = [(r.config.moe.aux_loss_coeff, r.config.training.lr, r.config.training.min_lr) for r in planned]
+    assert values == [(c, lr, low) for c in (0.001, 0.01, 0.03) for lr, low in ((6.0e-4, 6.0e-5), (1.2e-3, 1.2e-4))]
+    assert {r.config.training.time_limit_minutes for r in planned} == {4}
+
+
 def test_a_run_directory_of_another_config_is_refused(tmp_path):
     spec = load_sweep(_sweep(tmp_path, "base: tiny\ngrid: {moe.top_k: [1, 2]}\n"))
     env = Environment.detect()
