@@ -132,6 +132,21 @@ def _specialization(value):
     return (kind, value)
 
 
+def direct_launch_supported() -> bool:
+    """Whether DirectLauncher calls compiled launchers: Triton 3.6 and later 3.x, whose JITFunction.run calls
+    them as `run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
+    enter_hook, exit_hook, *all_arguments)` (read in 3.6 and 3.9), and not turned off with
+    DMOE_DIRECT_LAUNCH=0 (every launch then goes through `kernel[grid]`)."""
+    import os
+
+    import triton
+
+    if os.environ.get("DMOE_DIRECT_LAUNCH", "1") == "0":
+        return False
+    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
+    return major == 3 and minor >= 6
+
+
 def _idle(hook) -> bool:
     """No launch hook: None, or an empty triton.knobs.HookChain (what a profiler adds its hooks to)."""
     return hook is None or not getattr(hook, "calls", True)
@@ -147,8 +162,9 @@ class DirectLauncher:
     key of everything Triton specialises on (constexpr values, launch options, and `_specialization`
     of the other arguments), and later calls with that key go to the compiled launcher directly.
 
-    Falls back to `kernel[grid]` under Triton's interpreter, for a callable grid, and while launch
-    hooks (a profiler's) are installed, so that they see every launch.
+    Falls back to `kernel[grid]` under Triton's interpreter, for a callable grid, while launch hooks
+    (a profiler's) are installed, so that they see every launch, and where `direct_launch_supported`
+    says no (another Triton major version, or DMOE_DIRECT_LAUNCH=0).
     """
 
     def __init__(self, kernel):
@@ -159,7 +175,7 @@ class DirectLauncher:
             return
         from triton import knobs
 
-        self._direct = True
+        self._direct = direct_launch_supported()
         self._hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
         self._names = tuple(p.name for p in kernel.params)
         self._constexpr = tuple(p.is_constexpr for p in kernel.params)

@@ -103,3 +103,11 @@ def test_tma_descriptor_has_the_constructors_fields():
     assert fast.base is t
     with pytest.raises(AssertionError):  # an empty tensor still meets the constructor's checks
         tma_descriptor(torch.zeros(0, 64), [64, 32])
+
+
+def test_direct_launch_can_be_turned_off(monkeypatch):
+    from dmoe_kernels.launch import direct_launch_supported
+
+    monkeypatch.setenv("DMOE_DIRECT_LAUNCH", "0")
+    assert not direct_launch_supported()
+    assert not DirectLauncher(JITFunction(_signature))._direct
