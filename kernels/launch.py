@@ -159,8 +159,9 @@ class DirectLauncher:
     of microseconds for a kernel taking TMA descriptors, several times the cost of a torch op, and
     the sparse layer issues about twenty such launches per forward and backward. The first launch of
     each specialisation goes through Triton (which compiles); its compiled kernel is kept under a
-    key of everything Triton specialises on (constexpr values, launch options, and `_specialization`
-    of the other arguments), and later calls with that key go to the compiled launcher directly.
+    key of the current device and everything Triton specialises on (constexpr values, launch
+    options, and `_specialization` of the other arguments), and later calls with that key go to
+    the compiled launcher directly.
 
     Falls back to `kernel[grid]` under Triton's interpreter, for a callable grid, while launch hooks
     (a profiler's) are installed, so that they see every launch, and where `direct_launch_supported`
@@ -204,16 +205,18 @@ class DirectLauncher:
 
     def _launch(self, grid, *args, **kwargs):
         bound = self.bind(args, kwargs)
-        compiled = self._compiled.get(bound[1]) if bound is not None else None
+        # a compiled kernel's function handle belongs to one device's context
+        device = torch.cuda.current_device()
+        key = None if bound is None else (device, bound[1])
+        compiled = self._compiled.get(key) if key is not None else None
         if compiled is None:
             kernel = self.kernel[grid](*args, **kwargs)  # compiles on first use, and launches
-            if bound is not None:
+            if key is not None:
                 if hasattr(kernel, "result"):
                     kernel = kernel.result()
-                self._compiled[bound[1]] = (kernel.run, kernel.function, kernel.packed_metadata)
+                self._compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata)
             return kernel
         run, function, metadata = compiled
-        device = torch.cuda.current_device()
         stream = torch._C._cuda_getCurrentRawStream(device)
         x = grid[0]
         y = grid[1] if len(grid) > 1 else 1
