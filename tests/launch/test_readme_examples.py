@@ -54,6 +54,8 @@ SWEEP_TESTED_ELSEWHERE = {
     "dmoe-sweep configs/sweeps/time_to_quality.yaml",  # needs its corpus; its spec: test_sweep_spec.py
     # also its GPUs; --concurrent: test_sweep_local.py (stand-in runs), test_sweep_cli.py (errors)
     "dmoe-sweep configs/sweeps/time_to_quality.yaml --concurrent 4",
+    # needs the corpus and CUDA; its plan: test_sweep_spec.py
+    "dmoe-sweep configs/sweeps/settings_xs.yaml --concurrent 4",
 }
 REPO = README.parent
 
