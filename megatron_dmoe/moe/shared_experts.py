@@ -69,6 +69,12 @@ class SharedExpertMLP(torch.nn.Module):
             side = self._side_streams[x.device] = torch.cuda.Stream(x.device)
         return side
 
+    def __getstate__(self):
+        # CUDA streams neither copy nor pickle: a copy of the layer (copy.deepcopy, a checkpoint of
+        # the module) makes its own side streams when it first needs them
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        return {**state, "_side_streams": {}}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, h] -> [T, h]."""
         h2 = F.linear(x, self.v1) if self.v1 is not None else None

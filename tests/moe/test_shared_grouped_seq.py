@@ -161,3 +161,22 @@ def test_sequence_loss_leaves_padding_out():
         rows = torch.arange(seq, s * b, b)[valid[seq::b]]
         expected += load_balancing_loss(scores[rows], count_assignments(indices[rows], E), k, 0.1)
     assert torch.allclose(loss, torch.as_tensor(expected / b), rtol=1e-12)
+
+
+def test_a_layer_with_side_streams_deep_copies():
+    """CUDA streams cannot be copied: a copy of a shared expert that made its side stream (stood in
+    for here by a lock, which cannot be copied either) starts without one, the original keeps it."""
+    import copy
+    import threading
+
+    from megatron_dmoe.moe.shared_experts import SharedExpertMLP
+
+    shared = SharedExpertMLP(MoEOptions(hidden_size=8, ffn_hidden_size=16, num_experts=4,
+                                        shared_expert_ffn_hidden_size=16))
+    lock = threading.Lock()
+    shared._side_streams["cuda:0"] = lock
+    twin = copy.deepcopy(shared)
+    assert twin._side_streams == {} and shared._side_streams == {"cuda:0": lock}
+    torch.testing.assert_close(twin.w1, shared.w1)
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(twin(x), shared(x))
