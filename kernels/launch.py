@@ -133,8 +133,8 @@ def _specialization(value):
 
 
 def direct_launch_supported() -> bool:
-    """Whether DirectLauncher calls compiled launchers: Triton 3.6 and later 3.x, whose JITFunction.run calls
-    them as `run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
+    """Whether DirectLauncher calls compiled launchers: Triton 3.6 and later 3.x, whose
+    JITFunction.run calls them as `run(grid_x, grid_y, grid_z, stream, function, packed_metadata, launch_metadata,
     enter_hook, exit_hook, *all_arguments)` (read in 3.6 and 3.9), and not turned off with
     DMOE_DIRECT_LAUNCH=0 (every launch then goes through `kernel[grid]`)."""
     import os
@@ -184,7 +184,7 @@ class DirectLauncher:
         self._param_names = frozenset(self._names)
 
     def __getitem__(self, grid):
-        if not self._direct or callable(grid) or not all(_idle(hook) for hook in self._hooks):
+        if not self._direct or callable(grid) or not (_idle(self._hooks[0]) and _idle(self._hooks[1])):
             return self.kernel[grid]
         return functools.partial(self._launch, grid)
 

@@ -73,8 +73,9 @@ class _FusedCrossEntropy(torch.autograd.Function):
         loss = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         if n:
-            direct(_cross_entropy_forward_kernel)[(n,)](logits, labels, loss, lse, vocab, logits.stride(0),
-                                                BLOCK_V=BLOCK_V, **_launch_options(logits.device))
+            direct(_cross_entropy_forward_kernel)[(n,)](
+                logits, labels, loss, lse, vocab, logits.stride(0), BLOCK_V=BLOCK_V, **_launch_options(logits.device)
+            )
         ctx.save_for_backward(logits, labels, lse)
         ctx.inplace_backward = inplace_backward
         return loss
@@ -86,8 +87,10 @@ class _FusedCrossEntropy(torch.autograd.Function):
         bind_device(logits)  # autograd's worker thread
         grad = logits if ctx.inplace_backward else logits.clone()
         if n:
-            direct(_cross_entropy_backward_kernel)[(n,)](grad, labels, lse, dloss.float().contiguous(), vocab,
-                                                 grad.stride(0), BLOCK_V=BLOCK_V, **_launch_options(logits.device))
+            direct(_cross_entropy_backward_kernel)[(n,)](
+                grad, labels, lse, dloss.float().contiguous(), vocab, grad.stride(0),
+                BLOCK_V=BLOCK_V, **_launch_options(logits.device),
+            )
         return grad, None, None
 
 

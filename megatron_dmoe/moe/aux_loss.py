@@ -29,6 +29,7 @@ def load_balancing_loss(
     score_function: str = "softmax",
     valid: Optional[torch.Tensor] = None,
     column_sum: Optional[torch.Tensor] = None,
+    record=None,
 ) -> torch.Tensor:
     """coeff * E * sum_i f_i * P_i (Switch Transformer / megatron form).
 
@@ -36,8 +37,17 @@ def load_balancing_loss(
     probability of expert i; sigmoid scores are first normalised to sum 1 per token.
     scores [T, E]; tokens_per_expert [E] counting the valid tokens only; valid [T] bool or None.
     column_sum [E]: sum_t P_t,i over the valid tokens when the router already formed it (the fused
-    router does, in its own launch); scores then give only T and E.
+    router does, in its own launch); scores then give only T and E. An fp32 column sum without a
+    padding mask goes through dmoe_kernels.balance_loss (one launch each way), whose forward can
+    also add the loss and the loads to running sums: record=(lb_sum, lb_count, load), that path only.
     """
+    if column_sum is not None and valid is None and column_sum.dtype == torch.float32:
+        from dmoe_kernels import balance_loss
+
+        T, E = scores.shape
+        return balance_loss(column_sum, tokens_per_expert, coeff * E / (top_k * T * T), record)
+    if record is not None:
+        raise ValueError("load_balancing_loss: record= needs an fp32 column_sum and no padding mask")
     if column_sum is None:
         probs = scores if score_function == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
         if valid is not None:
@@ -104,8 +114,8 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
 
     One scale for megatron's MoE and ours: megatron-core's pipeline schedules set it every
     micro-batch (`loss_scale * cp_size / num_microbatches`), and our own loop does the same through
-    `set_aux_loss_scale`. Forward returns a copy unless told not to (see there); backward reads the scale on the aux
-    loss's device.
+    `set_aux_loss_scale`. Forward returns a copy unless told not to (see there); backward reads the
+    scale on the aux loss's device.
     """
 
     @staticmethod

@@ -179,25 +179,22 @@ class MoELayer(MegatronModule):
         opts = self.options
         metrics = self.run_state.metrics
         lb = z = None
-        # the fused router's column sums: the loss and the metrics' running sums in one launch
-        fused = (opts.aux_loss_coeff > 0 and opts.aux_loss_type == "micro_batch" and valid is None
-                 and routing.prob_colsum is not None and not metrics.megatron_tracker)
-        if fused:
-            from dmoe_kernels import balance_loss
-
-            counts = routing.tokens_per_expert
-            scale = opts.aux_loss_coeff * counts.shape[0] / (opts.top_k * routing.scores.shape[0] ** 2)
-            lb = balance_loss(routing.prob_colsum, counts, scale,
-                              record=metrics.balance_sums(self.layer_number, counts))
-        elif opts.aux_loss_coeff > 0:
-            lb = self._load_balancing_loss(routing, valid, num_sequences)
+        # the fused router's loss kernel adds the loss and the loads to our metrics in its own launch;
+        # where megatron-core's tracker is written too, `metrics.record` below takes them instead
+        record = None
+        if (opts.aux_loss_coeff > 0 and opts.aux_loss_type == "micro_batch" and valid is None
+                and routing.prob_colsum is not None and not metrics.megatron_tracker):
+            record = metrics.balance_sums(self.layer_number, routing.tokens_per_expert)
+        if opts.aux_loss_coeff > 0:
+            lb = self._load_balancing_loss(routing, valid, num_sequences, record)
         if opts.z_loss_coeff > 0:
             z = z_loss(routing.logits, opts.z_loss_coeff, valid)
         # megatron-core's tracker too (Megatron-LM logs it), indexed by global layer like its own MoE
         num_layers = self.config.num_layers + (getattr(self.config, "mtp_num_layers", None) or 0)
+        recorded = record is not None
         metrics.record(
-            self.layer_number, lb_loss=None if fused else lb, z_loss=z,
-            tokens_per_expert=None if fused else routing.tokens_per_expert,
+            self.layer_number, lb_loss=None if recorded else lb, z_loss=z,
+            tokens_per_expert=None if recorded else routing.tokens_per_expert,
             num_layers=num_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
         )
         losses = [loss for loss in (lb, z) if loss is not None]
@@ -206,7 +203,7 @@ class MoELayer(MegatronModule):
         # not sum(losses): its start value 0 would cost one more launch
         return AuxLossScaler.apply(x_perm, losses[0] if len(losses) == 1 else losses[0] + losses[1], False)
 
-    def _load_balancing_loss(self, routing: Routing, valid, num_sequences: int) -> torch.Tensor:
+    def _load_balancing_loss(self, routing: Routing, valid, num_sequences: int, record=None) -> torch.Tensor:
         opts = self.options
         if opts.aux_loss_type == "sequence":
             return sequence_load_balancing_loss(
@@ -221,7 +218,7 @@ class MoELayer(MegatronModule):
         # the fused router summed the probabilities over the valid tokens in its own launch
         return load_balancing_loss(
             routing.scores, routing.tokens_per_expert, opts.top_k, opts.aux_loss_coeff,
-            opts.score_function, valid, column_sum=routing.prob_colsum,
+            opts.score_function, valid, column_sum=routing.prob_colsum, record=record,
         )
 
     def update_expert_bias(self, group=None) -> None:

@@ -43,18 +43,22 @@ class _LayerRecord:
                 t.zero_()
 
 
+def _sum_buffer(total: Optional[torch.Tensor], shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """total, or a new zero buffer for running sums: the first time, or for a new model's shape or
+    device."""
+    if total is None or total.shape != shape or total.device != device:
+        total = torch.zeros(shape, dtype=dtype, device=device)
+    return total
+
+
 def _accumulate(total: Optional[torch.Tensor], value: torch.Tensor) -> torch.Tensor:
     value = value.detach()
-    if total is None or total.shape != value.shape or total.device != value.device:  # first, or a new model
-        total = torch.zeros(value.shape, dtype=torch.float64 if value.is_floating_point() else value.dtype,
-                            device=value.device)
-    return total.add_(value)
+    dtype = torch.float64 if value.is_floating_point() else value.dtype
+    return _sum_buffer(total, value.shape, dtype, value.device).add_(value)
 
 
 def _count(total: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    if total is None or total.device != like.device:
-        total = torch.zeros((), dtype=torch.float64, device=like.device)
-    return total.add_(1)
+    return _sum_buffer(total, (), torch.float64, like.device).add_(1)
 
 
 class MoEMetrics:
@@ -94,11 +98,9 @@ class MoEMetrics:
         loss and loads to them itself (the same buffers `record` adds to)."""
         rec = self._layers.setdefault(layer_number, _LayerRecord())
         device = tokens_per_expert.device
-        for name in ("lb_sum", "lb_count"):
-            if getattr(rec, name) is None or getattr(rec, name).device != device:
-                setattr(rec, name, torch.zeros((), dtype=torch.float64, device=device))
-        if rec.load is None or rec.load.shape != tokens_per_expert.shape or rec.load.device != device:
-            rec.load = torch.zeros(tokens_per_expert.shape, dtype=tokens_per_expert.dtype, device=device)
+        rec.lb_sum = _sum_buffer(rec.lb_sum, (), torch.float64, device)
+        rec.lb_count = _sum_buffer(rec.lb_count, (), torch.float64, device)
+        rec.load = _sum_buffer(rec.load, tokens_per_expert.shape, tokens_per_expert.dtype, device)
         return rec.lb_sum, rec.lb_count, rec.load
 
     def tensors(self):

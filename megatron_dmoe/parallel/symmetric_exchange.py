@@ -66,7 +66,6 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
     """Offsets of the exchange from the count matrix inbox int32 [R, V] (row s: rank s's counts per
     virtual expert; rank d owns virtual experts [d * local_experts, (d + 1) * local_experts)), in
     one kernel launch."""
-
     from dmoe_kernels.launch import direct, next_power_of_2
 
     from .push_kernels import exchange_plan_kernel
@@ -78,10 +77,10 @@ def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangeP
     tokens_per_expert = torch.empty(local_experts, dtype=torch.int64, device=device)
     offsets = torch.empty(V + 1, dtype=torch.int32, device=device)
     counts = torch.empty(V, dtype=torch.int32, device=device)
-    direct(exchange_plan_kernel)[(1,)](inbox, packed, counts_by_source, tokens_per_expert, offsets, counts, me, ranks,
-                               local_experts,
-                               R_P2=next_power_of_2(ranks), L_P2=next_power_of_2(local_experts),
-                               V_P2=next_power_of_2(V))
+    direct(exchange_plan_kernel)[(1,)](
+        inbox, packed, counts_by_source, tokens_per_expert, offsets, counts, me, ranks, local_experts,
+        R_P2=next_power_of_2(ranks), L_P2=next_power_of_2(local_experts), V_P2=next_power_of_2(V),
+    )
     send_starts, dest_base, recv_starts, return_base = packed.split([ranks + 1, ranks, ranks + 1, ranks])
     return ExchangePlan(send_starts, dest_base, recv_starts, return_base, counts_by_source, tokens_per_expert,
                         offsets, counts)
@@ -101,7 +100,6 @@ def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None
 
 def _launch_shape(src: torch.Tensor, programs: Optional[int]):
     """(programs, BLOCK_H, warps) of a push kernel; by default two programs per multiprocessor."""
-
     from dmoe_kernels.launch import multiprocessors, next_power_of_2
 
     if programs is None:
