@@ -138,7 +138,9 @@ def train_tokens(cfg) -> Optional[int]:
     return total or None
 
 
-def read_run(run_dir: Path, label: Optional[str] = None) -> Run:
+def read_run(run_dir: Path, label: Optional[str] = None, one_pass: Optional[int] = None) -> Run:
+    """One run's evaluation points and totals; `one_pass`: tokens of one pass over its training
+    data, where its data files cannot be read here (else read from them)."""
     from megatron_dmoe.config import ConfigError, load_config
     from megatron_dmoe.training.metrics import read_metrics
 
@@ -175,7 +177,7 @@ def read_run(run_dir: Path, label: Optional[str] = None) -> Run:
               capacity_factor=factor, points=points, steps=last["step"],
               train_time_s=time_at(last), tokens=tokens_at(last),
               time_source="train_time_s" if logged_time else "tokens_per_s")
-    one_pass = train_tokens(cfg)
+    one_pass = one_pass or train_tokens(cfg)
     run.epochs = run.tokens / one_pass if one_pass else None
     return run
 
@@ -355,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default="time_to_loss.json", metavar="FILE",
                    help="every number of the table, plus each run's evaluation points "
                         "(default time_to_loss.json)")
+    p.add_argument("--train-tokens", type=int, metavar="N",
+                   help="tokens of one pass over the runs' training data, for the epochs column "
+                        "where the data files are not readable here (e.g. tokens.train of "
+                        "make_corpus's summary.json; default: read from the runs' data files)")
     return p
 
 
@@ -382,7 +388,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ReportError(f"--labels got {len(args.labels)} names for {len(run_dirs)} runs: "
                               "give one per run")
         labels = args.labels or [None] * len(run_dirs)
-        runs = [read_run(d, label) for d, label in zip(run_dirs, labels)]
+        if args.train_tokens is not None and args.train_tokens <= 0:
+            raise ReportError(f"--train-tokens {args.train_tokens}: give the positive token count of "
+                              "one pass over the training data")
+        runs = [read_run(d, label, args.train_tokens) for d, label in zip(run_dirs, labels)]
         if args.labels is None:  # the same kind twice: tell them apart by directory name
             for r in runs:
                 if sum(o.label == r.label for o in runs) > 1:

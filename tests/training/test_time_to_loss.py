@@ -128,3 +128,15 @@ def test_input_mistakes_are_reported(tool, four_runs, tmp_path, capsys):
     assert tool.main([str(tmp_path / "nowhere")]) == 2
     assert "nowhere" in capsys.readouterr().err
     assert not (tmp_path / "a.json").exists()
+
+
+def test_epochs_from_a_given_token_count(tool, four_runs, tmp_path, capsys):
+    """--train-tokens stands in for data files that cannot be read here: dMoE saw 1200 tokens."""
+    out = tmp_path / "e.json"
+    args = [*map(str, four_runs), "--png", str(tmp_path / "e.png"), "--json", str(out)]
+    assert tool.main([*args, "--train-tokens", "800"]) == 0
+    runs = {Path(r["run_dir"]).name: r for r in json.loads(out.read_text())["runs"]}
+    assert runs["dmoe"]["epochs"] == pytest.approx(1.5, rel=1e-12)
+    assert "| 1.50 |" in next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| dmoe |"))
+    assert tool.main([*args, "--train-tokens", "0"]) == 2
+    assert "--train-tokens 0" in capsys.readouterr().err
