@@ -56,6 +56,8 @@ SWEEP_TESTED_ELSEWHERE = {
     "dmoe-sweep configs/sweeps/time_to_quality.yaml --concurrent 4",
     # needs the corpus and CUDA; its plan: test_sweep_spec.py
     "dmoe-sweep configs/sweeps/settings_xs.yaml --concurrent 4",
+    # the measured time-to-quality runs: the corpus and an H200 (80 GB is too little); plan: test_sweep_spec.py
+    "dmoe-sweep configs/sweeps/time_to_quality_small_8min.yaml",
 }
 REPO = README.parent
 
