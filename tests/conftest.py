@@ -24,12 +24,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def cpu_dist():
-    """A one-process gloo group with megatron's model-parallel groups (sizes 1), seeded."""
-    from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
+    """A one-process gloo group with megatron's model-parallel groups (sizes 1), seeded; torn down
+    afterwards: every gloo group keeps three threads alive until it is destroyed, and groups left
+    behind by one test after another slowed the whole suite (2,400 threads, some spinning)."""
+    from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed, seed_everything
 
     env = init_distributed("cpu")
     seed_everything(1234, env)
-    return env
+    yield env
+    destroy_distributed()
 
 
 @pytest.fixture(scope="session")
