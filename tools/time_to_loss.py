@@ -383,14 +383,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     try:
+        if args.train_tokens is not None and args.train_tokens <= 0:
+            raise ReportError(f"--train-tokens {args.train_tokens}: give the positive token count of "
+                              "one pass over the training data")
         run_dirs = expand_runs(args.run_dirs)
         if args.labels is not None and len(args.labels) != len(run_dirs):
             raise ReportError(f"--labels got {len(args.labels)} names for {len(run_dirs)} runs: "
                               "give one per run")
         labels = args.labels or [None] * len(run_dirs)
-        if args.train_tokens is not None and args.train_tokens <= 0:
-            raise ReportError(f"--train-tokens {args.train_tokens}: give the positive token count of "
-                              "one pass over the training data")
         runs = [read_run(d, label, args.train_tokens) for d, label in zip(run_dirs, labels)]
         if args.labels is None:  # the same kind twice: tell them apart by directory name
             for r in runs:
