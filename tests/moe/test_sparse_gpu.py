@@ -51,11 +51,18 @@ def _layer(config, backend, seed, **kwargs):
     return MoELayer(config, backend=backend, **kwargs).cuda().train()
 
 
+# (T, d, f, E, k): several tiles per product; and the zoo's Small MoE layer (hidden 768, 64 experts of
+# width 3072, top-1) at a 16-sequence micro-batch, whose hidden size spans several chunks of the
+# permutation kernels' rows
+SHAPES = {"tiles": (2048, 512, 768, 16, 4), "small-model": (16384, 768, 3072, 64, 1)}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-def test_bf16_sparse_layer_at_tile_sizes_with_skewed_routing(activation):
-    """Several tiles per product, one expert taking most tokens, two taking none: bf16 sparse
-    against the fp32 reference backend on the same weights."""
-    T, d, f, E, k = 2048, 512, 768, 16, 4
+def test_bf16_sparse_layer_at_tile_sizes_with_skewed_routing(activation, shape):
+    """One expert taking most tokens, two taking none: bf16 sparse against the fp32 reference
+    backend on the same weights."""
+    T, d, f, E, k = SHAPES[shape]
     config = make_config(d, f, E, k, activation=activation, dtype=torch.float32, moe_aux_loss_coeff=0.01)
     ref = _layer(config, "reference", 7)
     sparse = _layer(config, "sparse", 7).to(torch.bfloat16)
