@@ -42,6 +42,7 @@ class MoEConfig:
     num_experts: int = 0  # 0 = dense model (no MoE layers)
     top_k: int = 1
     layer_freq: int = 1  # MoE MLP in every layer_freq-th layer (1 = every layer)
+    first_dense_layers: int = 0  # the first N of those keep the dense MLP (DeepSeek's first_k_dense_replace)
     ffn_hidden_size: Optional[int] = None  # expert width; None = model.ffn_hidden_size
     router_score_function: str = "softmax"  # softmax | sigmoid
     router_pre_softmax: bool = True  # softmax over all experts before top-k (needed for top_k=1)

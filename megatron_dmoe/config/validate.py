@@ -19,6 +19,7 @@ from megatron_dmoe.moe import options as moe_options
 from .environment import Environment
 from .errors import ConfigError, ConfigWarning, Problem
 from .fields import check_type, default_of, did_you_mean, section_class, section_types
+from .moe_layers import moe_layer_pattern
 from .resolve import DERIVED_FROM, resolve
 from .schema import RunConfig
 
@@ -91,6 +92,7 @@ RANGES = {
     "model.init_method_std": (0, None, False, None),
     "moe.num_experts": (0, None, True, None),
     "moe.layer_freq": (1, None, True, None),
+    "moe.first_dense_layers": (0, None, True, None),
     "moe.ffn_hidden_size": (1, None, True, None),
     "moe.upcycle_granularity": (1, None, True, None),
     # the layer's own (moe/options.py); moe.num_experts may be 0 here (a dense model)
@@ -312,6 +314,13 @@ class _Checker:
         v, ok = self.v, self.ok
         if not ok("moe.num_experts") or v("moe.num_experts") == 0:
             return  # a dense model: the router keys are unused
+        if ok("moe.layer_freq", "moe.first_dense_layers", "model.num_layers") \
+                and not any(moe_layer_pattern(v("model.num_layers"), v("moe.layer_freq"), v("moe.first_dense_layers"))):
+            layers, freq = v("model.num_layers"), v("moe.layer_freq")
+            self.problem("moe.first_dense_layers", f"{v('moe.first_dense_layers')} leaves no MoE layer among the "
+                         f"model's {layers} (MoE layers are every moe.layer_freq-th, {freq}, from layer 0); use "
+                         f"at most {max(i for i in range(layers) if i % freq == 0)}, or moe.num_experts 0 for a "
+                         f"dense model")
         values = {field: v(key) for field, key in MOE_KEYS.items() if ok(key)}
         sparse = ok("moe.backend", "training.device") and self._sparse_backend()
         precision_ok = ok("training.bf16", "training.fp16")

@@ -41,6 +41,8 @@ def _mixtral_mismatches(cfg: RunConfig) -> List[str]:
     else:
         if moe.layer_freq != 1:
             out.append(f"moe.layer_freq={moe.layer_freq} (Mixtral: an MoE in every layer, 1)")
+        if moe.first_dense_layers:
+            out.append(f"moe.first_dense_layers={moe.first_dense_layers} (Mixtral: an MoE in every layer, 0)")
         if moe.router_score_function != "softmax":
             out.append(f"moe.router_score_function={moe.router_score_function} (Mixtral: softmax)")
         # Mixtral: softmax over all experts, top-k, weights renormalised to sum 1. A softmax over

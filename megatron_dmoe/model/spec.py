@@ -32,6 +32,7 @@ from megatron.core.transformer.transformer_block import (
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.model.attention import SDPAttention
 from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
 from megatron_dmoe.model.norm import FusedNorm
@@ -123,13 +124,13 @@ def layer_spec(
     return spec
 
 
-def moe_layer_pattern(config: TransformerConfig) -> List[bool]:
-    """Which layers (0-based, whole model) carry an MoE MLP."""
+def config_moe_layers(config: TransformerConfig) -> List[bool]:
+    """Which layers (0-based, whole model) carry an MoE MLP, by megatron-core's moe_layer_freq."""
     if not config.num_moe_experts:
         return [False] * config.num_layers
     freq = config.moe_layer_freq
     if isinstance(freq, int):
-        return [i % freq == 0 for i in range(config.num_layers)]
+        return moe_layer_pattern(config.num_layers, freq)
     if len(freq) != config.num_layers:
         raise ValueError(f"moe_layer_freq lists {len(freq)} layers but the model has {config.num_layers}")
     return [bool(x) for x in freq]
@@ -144,7 +145,7 @@ def block_spec(
     moe_params: Optional[dict] = None,
     vp_stage: Optional[int] = None,
 ) -> TransformerBlockSubmodules:
-    """Layer-by-layer specs for this pipeline stage, MoE where `moe_layer_pattern` says."""
+    """Layer-by-layer specs for this pipeline stage, MoE where `config_moe_layers` says."""
     kinds = {
         moe: layer_spec(
             moe=moe,
@@ -155,7 +156,7 @@ def block_spec(
         )
         for moe in (False, True)
     }
-    pattern = moe_layer_pattern(config)
+    pattern = config_moe_layers(config)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     count = get_num_layers_to_build(config, vp_stage=vp_stage)
     local = [kinds[is_moe] for is_moe in pattern[offset : offset + count]]

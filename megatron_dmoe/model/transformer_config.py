@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
 
 from megatron_dmoe.config import RunConfig
+from megatron_dmoe.config.moe_layers import megatron_moe_layer_freq
 from megatron_dmoe.moe.options import AUX_LOSS_TYPES_MEGATRON
 
 MEGATRON_LOAD_BALANCING = {ours: theirs for theirs, ours in AUX_LOSS_TYPES_MEGATRON.items()}
@@ -36,7 +37,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
             num_moe_experts=moe.num_experts,
             moe_router_topk=moe.top_k,
             moe_ffn_hidden_size=moe.ffn_hidden_size,
-            moe_layer_freq=moe.layer_freq,
+            moe_layer_freq=megatron_moe_layer_freq(m.num_layers, moe.layer_freq, moe.first_dense_layers),
             moe_router_score_function=moe.router_score_function,
             moe_router_pre_softmax=moe.router_pre_softmax,
             moe_router_topk_scaling_factor=moe.router_topk_scaling_factor,

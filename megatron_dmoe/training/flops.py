@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.config.resolve import resolve
 from megatron_dmoe.config.schema import RunConfig
 
@@ -31,7 +32,8 @@ def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> f
                                 + 2 * m * h * f_s  +  2 * h [gate]  (shared expert of width f_s)
 
     where m = 3 matrices for SwiGLU (gate, up, down) and 2 for GELU. Layers 0, layer_freq,
-    2*layer_freq, ... are MoE layers when num_experts > 0; the others are dense. Once per token the
+    2*layer_freq, ... from moe.first_dense_layers on are MoE layers when num_experts > 0; the others
+    are dense. Once per token the
     output logits add 2 * h * V. Embedding lookups, norms, softmax and activations are not counted.
     A capacity-factor MoE is counted as if no token were dropped (an upper bound).
 
@@ -123,4 +125,4 @@ def _num_moe_layers(cfg: RunConfig) -> int:
         return 0
     if moe.layer_freq <= 0:
         raise ValueError(f"moe.layer_freq={moe.layer_freq} must be a positive integer")
-    return sum(1 for layer in range(cfg.model.num_layers) if layer % moe.layer_freq == 0)
+    return sum(moe_layer_pattern(cfg.model.num_layers, moe.layer_freq, moe.first_dense_layers))

@@ -271,6 +271,11 @@ CASES = {
                             ["'triton' is not allowed", "auto, fused, torch"]),
     "aux_loss_type_unknown": ({"moe.aux_loss_type": "batch"}, None, EVERYTHING, "moe.aux_loss_type",
                               ["'batch' is not allowed", "micro_batch, sequence, global"]),
+    "first_dense_layers_all": ({"model.num_layers": 4, "moe.layer_freq": 2, "moe.first_dense_layers": 3}, None,
+                               EVERYTHING, "moe.first_dense_layers",
+                               ["3 leaves no MoE layer among the model's 4", "use at most 2"]),
+    "first_dense_layers_negative": ({"moe.first_dense_layers": -1}, None, EVERYTHING, "moe.first_dense_layers",
+                                    ["-1 is out of range", ">= 0"]),
     "upcycle_into_dense": (
         {"checkpoint.upcycle_from": "runs/dense", "moe.num_experts": 0}, None, EVERYTHING,
         "checkpoint.upcycle_from", ["needs MoE layers", "moe.num_experts is 0"]),

@@ -73,6 +73,18 @@ def test_layer_freq_mixes_dense_and_moe_layers(cpu_dist, tmp_path):
     assert kinds == [MoELayer, MLP, MoELayer, MLP]
 
 
+@pytest.mark.parametrize("freq, first_dense, expected", [(1, 2, "ddmm"), (2, 1, "ddmd"), (1, 0, "mmmm")])
+def test_first_dense_layers_keep_the_dense_mlp(cpu_dist, tmp_path, freq, first_dense, expected):
+    cfg = _config(tmp_path, "model.num_layers=4", f"moe.layer_freq={freq}", f"moe.first_dense_layers={first_dense}")
+    model = build_gpt_model(cfg, vocab_size=50, on_cuda=False)
+    kinds = "".join("m" if isinstance(layer.mlp, MoELayer) else "d" for layer in model.decoder.layers)
+    assert kinds == expected
+    assert all(type(layer.mlp) is MLP for layer in model.decoder.layers if not isinstance(layer.mlp, MoELayer))
+    # megatron-core's own form of the pattern: the integer, or one 0/1 per layer
+    config = to_transformer_config(cfg, on_cuda=False)
+    assert config.moe_layer_freq == (freq if not first_dense else [int(c == "m") for c in expected])
+
+
 def test_dense_and_capacity_models_build_and_run(cpu_dist, tmp_path):
     for overrides in (["moe.num_experts=0"], ["moe.expert_capacity_factor=1.0"]):
         cfg = _config(tmp_path, *overrides)

@@ -85,7 +85,7 @@ class TinyGPT(torch.nn.Module):
 
     @staticmethod
     def is_moe(cfg, index):
-        return cfg.moe.num_experts > 0 and index % cfg.moe.layer_freq == 0
+        return cfg.moe.num_experts > 0 and index % cfg.moe.layer_freq == 0 and index >= cfg.moe.first_dense_layers
 
     def mlp(self, lin, h, width):
         names = ("gate", "up", "down") if self.swiglu else ("up", "down")
@@ -125,13 +125,16 @@ class TinyGPT(torch.nn.Module):
 def random_cfg(rng: random.Random) -> RunConfig:
     heads = rng.choice([2, 4])
     num_experts = rng.choice([0, 2, 4])
+    num_layers, layer_freq = rng.randint(1, 4), rng.randint(1, 3)
     return make_cfg(
-        model=dict(num_layers=rng.randint(1, 4), hidden_size=heads * rng.choice([4, 8]),
+        model=dict(num_layers=num_layers, hidden_size=heads * rng.choice([4, 8]),
                    num_attention_heads=heads, num_query_groups=rng.choice([None, 1, heads // 2]),
                    ffn_hidden_size=rng.choice([None, 24]), seq_length=rng.choice([8, 16]),
                    activation=rng.choice(["gelu", "swiglu"])),
         moe=dict(num_experts=num_experts, top_k=rng.randint(1, max(1, num_experts)),
-                 layer_freq=rng.randint(1, 3), ffn_hidden_size=rng.choice([None, 20])))
+                 layer_freq=layer_freq, ffn_hidden_size=rng.choice([None, 20]),
+                 # dense first layers, as long as one MoE layer is left
+                 first_dense_layers=rng.choice([0, 1]) if num_layers > layer_freq else 0))
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -77,6 +77,16 @@ def test_upcycled_moe_gives_the_dense_models_outputs_and_loss(cpu_dist, tmp_path
     torch.testing.assert_close(moe_out, dense_out, rtol=1e-5, atol=1e-6)
 
 
+def test_a_dense_first_layer_is_copied_as_it_is(cpu_dist, tmp_path):
+    run, dense = _dense_run(tmp_path)
+    cfg, moe = _upcycled(run, "moe.num_experts=4", "moe.top_k=2", "moe.ffn_hidden_size=64",
+                         "moe.router_renormalize=true", "moe.first_dense_layers=1")
+    first, second = (layer.mlp for layer in moe.decoder.layers)
+    assert not isinstance(first, MoELayer) and isinstance(second, MoELayer)
+    assert torch.equal(first.linear_fc1.weight, dense.decoder.layers[0].mlp.linear_fc1.weight)
+    assert abs(float(_loss(moe)) - float(_loss(dense))) < 1e-5
+
+
 def test_granularity_splits_the_dense_mlp_into_pieces(cpu_dist, tmp_path):
     """Two pieces of half width, each token on both with weight 1/2 (a zero router): the pieces
     sum to the dense MLP once scaled by the granularity."""
