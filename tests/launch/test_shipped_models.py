@@ -24,7 +24,7 @@ def reduced(path):
     original = resolve(load_config(str(path)))
     m, moe = original.model, original.moe
     overrides = [
-        f"model.num_layers={max(2, 2 * moe.layer_freq)}",
+        f"model.num_layers={max(2, 2 * moe.layer_freq) + moe.first_dense_layers}",
         "model.hidden_size=32", "model.num_attention_heads=4", "model.ffn_hidden_size=64",
         "model.seq_length=16", "model.max_position_embeddings=16",
         "training.micro_batch_size=2", "training.global_batch_size=2", "training.device=cpu",
@@ -48,7 +48,8 @@ def test_shipped_config_builds_and_runs(path, cpu_dist):
     model = build_gpt_model(cfg, vocab_size=VOCAB, on_cuda=False)
 
     freq, moe = original.moe.layer_freq, original.moe
-    expected = [moe.num_experts > 0 and i % freq == 0 for i in range(cfg.model.num_layers)]
+    expected = [moe.num_experts > 0 and i % freq == 0 and i >= moe.first_dense_layers
+                for i in range(cfg.model.num_layers)]
     mlps = [layer.mlp for layer in model.decoder.layers]
     states = {id(mlp.run_state) for mlp in mlps if isinstance(mlp, MoELayer)}
     assert len(states) <= 1, "the model's MoE layers share one run state"
