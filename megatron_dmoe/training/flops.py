@@ -33,8 +33,8 @@ def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> f
 
     where m = 3 matrices for SwiGLU (gate, up, down) and 2 for GELU. Layers 0, layer_freq,
     2*layer_freq, ... from moe.first_dense_layers on are MoE layers when num_experts > 0; the others
-    are dense. Once per token the
-    output logits add 2 * h * V. Embedding lookups, norms, softmax and activations are not counted.
+    are dense. Once per token the output logits add 2 * h * V. Embedding lookups, norms, softmax and
+    activations are not counted.
     A capacity-factor MoE is counted as if no token were dropped (an upper bound).
 
     ``vocab_size`` is the output layer's width: pass the padded size the model was built with to
