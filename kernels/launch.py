@@ -117,6 +117,8 @@ def _specialization(value):
     """What Triton specialises a non-constexpr argument on: dtype and 16-byte alignment of tensors,
     an int's width and whether it is 1 or a multiple of 16, a descriptor's dtype and block, else type."""
     kind = type(value)
+    if kind is torch.Tensor:  # most arguments: tested first
+        return (value.dtype, value.data_ptr() % 16 == 0)
     if kind is int:
         return (kind, value == 1, value % 16 == 0, -(2**31) <= value < 2**31)
     if kind is bool or value is None:
@@ -130,6 +132,26 @@ def _specialization(value):
         options = (getattr(value, "padding", None), getattr(value, "round_f32_to_tf32", None))  # per version
         return (kind, base.dtype, tuple(value.block_shape), options)
     return (kind, value)
+
+
+def _make_binder(names, constexpr, defaults):
+    """A function (*args, **kwargs) -> (values in signature order, specialisation key) for one
+    kernel's parameters, written out once so that a launch binds its arguments in one Python call
+    (a loop over the parameters cost several microseconds per launch). Launch options (num_warps,
+    ...) go into the key in the order given. Raises TypeError for a missing or unknown argument."""
+    params, key = [], []
+    scope = {"__spec": _specialization}
+    for i, (name, is_constexpr, default) in enumerate(zip(names, constexpr, defaults)):
+        if default is _NO_DEFAULT:
+            params.append(name)
+        else:
+            scope[f"__default{i}"] = default
+            params.append(f"{name}=__default{i}")
+        key.append(name if is_constexpr else f"__spec({name})")
+    source = (f"def bind({', '.join(params + ['**__options'])}):\n"
+              f"    return [{', '.join(names)}], ({''.join(k + ', ' for k in key)}*__options.items())\n")
+    exec(source, scope)  # noqa: S102 - built only from the kernel's own parameter names
+    return scope["bind"]
 
 
 def direct_launch_supported() -> bool:
@@ -181,7 +203,7 @@ class DirectLauncher:
         self._names = tuple(p.name for p in kernel.params)
         self._constexpr = tuple(p.is_constexpr for p in kernel.params)
         self._defaults = tuple(p.default for p in kernel.params)
-        self._param_names = frozenset(self._names)
+        self._binder = _make_binder(self._names, self._constexpr, self._defaults)
 
     def __getitem__(self, grid):
         if not self._direct or callable(grid) or not (_idle(self._hooks[0]) and _idle(self._hooks[1])):
@@ -191,17 +213,10 @@ class DirectLauncher:
     def bind(self, args, kwargs):
         """Every parameter's value in signature order (what the compiled launcher takes, constexprs
         included) and the key of their specialisation; None when an argument is missing."""
-        values = list(args)
-        for i in range(len(args), len(self._names)):
-            value = kwargs.get(self._names[i], _NO_DEFAULT)
-            if value is _NO_DEFAULT:
-                value = self._defaults[i]
-                if value is _NO_DEFAULT:
-                    return None
-            values.append(value)
-        key = tuple(v if c else _specialization(v) for v, c in zip(values, self._constexpr))
-        key += tuple(item for item in kwargs.items() if item[0] not in self._param_names)  # num_warps, ...
-        return values, key
+        try:
+            return self._binder(*args, **kwargs)
+        except TypeError:  # a missing or unexpected argument: left to Triton's own error
+            return None
 
     def _launch(self, grid, *args, **kwargs):
         bound = self.bind(args, kwargs)

@@ -41,6 +41,7 @@ def host_us(fn, calls: int, sync) -> float:
 
 
 def rows(device_name: str, calls: int):
+    global tl  # the kernels below are compiled against this module's globals, not rows()'s locals
     import torch
     import triton
     import triton.language as tl
@@ -97,7 +98,44 @@ def rows(device_name: str, calls: int):
     w = torch.randn(experts * width, hidden, device=device, dtype=dtype)
     out.append(("ops.sdd(x, w.t(), topology): one product call",
                 host_us(lambda: ops.sdd(xs, w.t(), topo), max(1, calls // 10), sync)))
+    if cuda:
+        out += _product_parts(lambda: ops.sdd(xs, w.t(), topo), max(1, calls // 10), sync)
     return out
+
+
+def _product_parts(call, calls: int, sync):
+    """The parts of one product call's host time: the launcher's argument binding alone, and
+    Triton's compiled launcher alone (its driver's Python, the TMA descriptors' encoding and the
+    driver's launch) on the arguments the call bound."""
+    import torch
+
+    from dmoe_kernels.launch import DirectLauncher
+
+    seen = {}
+    launch = DirectLauncher._launch
+
+    def spy(self, grid, *args, **kwargs):
+        seen.update(launcher=self, grid=grid, args=args, kwargs=kwargs)
+        return launch(self, grid, *args, **kwargs)
+
+    DirectLauncher._launch = spy
+    try:
+        call()
+    finally:
+        DirectLauncher._launch = launch
+    if not seen:
+        return []
+    launcher, grid, args, kwargs = seen["launcher"], seen["grid"], seen["args"], seen["kwargs"]
+    values, key = launcher.bind(args, kwargs)
+    device = torch.cuda.current_device()
+    run, function, metadata = launcher._compiled[(device, key)]
+    stream = torch.cuda.current_stream().cuda_stream
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    return [
+        ("  of which the launcher's binding (bind)", host_us(lambda: launcher.bind(args, kwargs), calls, sync)),
+        ("  of which Triton's compiled launcher (run)",
+         host_us(lambda: run(*grid, stream, function, metadata, None, None, None, *values), calls, sync)),
+    ]
 
 
 def main(argv=None):

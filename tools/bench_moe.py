@@ -84,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--host-profile", action="store_true",
                    help="print a cProfile of the host side of 20 eager steps per MoE backend (what the Python "
                         "and the launches cost when the step is host-bound)")
+    p.add_argument("--host-trace", action="store_true",
+                   help="print torch.profiler's host-side table of 5 eager steps per backend, by self CPU time "
+                        "(aten ops, autograd nodes and CUDA launch calls on every thread, backward's included)")
     p.add_argument("--graph", action="store_true",
                    help="also time steps captured once as a CUDA graph and replayed (no launch overhead)")
     p.add_argument("--graph-backends", default="sparse,dense-equiv", help="the backends --graph applies to")
@@ -299,6 +302,29 @@ def profile_table(step, grads, rows=25):
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
 
 
+def host_trace(step, grads, steps: int = 5, rows: int = 30) -> str:
+    """torch.profiler's host side of `steps` eager steps, sorted by self CPU time: where issuing a
+    step goes, on the autograd worker thread too (which cProfile does not see), with the wall time
+    per step under the profiler for scale."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    clear_grads(grads)
+    step()
+    torch.cuda.synchronize()
+    wall = 0.0
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            clear_grads(grads)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            step()
+            wall += time.perf_counter() - start
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=55)
+    return f"host trace: {wall / steps * 1e3:.3f} ms wall per step under the profiler ({steps} steps)\n{table}"
+
+
 def activation_memory(step, params, inputs, device):
     """Bytes the step allocates at its peak beyond parameters, input and the weights' gradients."""
     import torch
@@ -403,6 +429,8 @@ def run_routing(name, case, args, backends, skew, device, dtype, report):
                + (f"  load max/mean {extra['load_max_over_mean']:.2f}" if "load_max_over_mean" in extra else ""))
         if args.profile and device.type == "cuda":
             report(profile_table(step, params + inputs))
+        if args.host_trace and device.type == "cuda":
+            report(host_trace(step, params + inputs))
         if args.host_profile and device.type == "cuda" and backend != "dense-equiv":
             report(profile_host(step, calls=20, top=30, before=lambda: clear_grads(params + inputs)))
         if args.graph and device.type == "cuda" and backend in args.graph_backends.split(","):
