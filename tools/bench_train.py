@@ -48,9 +48,14 @@ MODELS = {
     "dmoe-per-step": "zoo/dmoe_small",
     "capacity": "zoo/capacity1.0_small",
 }
-# Overrides that make a named model differ from its config (before --set's).
+# Overrides that make a named model differ from its config (before --set's). The MoE models keep
+# the paper's layout, every layer MoE (the zoo's Small MoE models have three dense first layers),
+# so that the figures compare with earlier runs and measure the MoE layer where it costs most.
+ALL_MOE = "moe.first_dense_layers=0"
 MODEL_OVERRIDES = {
-    "dmoe-per-step": ["moe.expert_wgrad_per_step=true"],  # expert weight gradients once per step
+    "dmoe": [ALL_MOE],
+    "dmoe-per-step": [ALL_MOE, "moe.expert_wgrad_per_step=true"],  # expert weight gradients once per step
+    "capacity": [ALL_MOE],
 }
 # Models that run eagerly only: captured layers accumulate weight gradients per micro-batch.
 WITHOUT_GRAPHS = {"dmoe-per-step"}
