@@ -11,6 +11,8 @@ in one 2-D tile [K_POW2, BLOCK_H], so no atomics are needed and results are dete
                   zero each expert's padding rows
   reduce_kernel   dst[t] = sum_j scale(t, j) * src[pos(t, j)]     (un-permute; permute's backward)
                   optionally copy[pos(t, j)] = src[pos(t, j)] (keeps a transient source)
+                  optionally row_sums(t, j) = sum_c partials[pos(t, j), c] (each copy's row of
+                  partial sums gathered and summed: the router-weight gradient in the same launch)
 
 Sums and dot products accumulate in fp32.
 """
@@ -77,6 +79,7 @@ def reduce_kernel(
     src_ptr, dst_ptr, pos_ptr, scale_ptr, copy_ptr,
     H, stride_src, stride_dst, stride_copy,
     K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_COPY: tl.constexpr,
+    partials_ptr=None, row_sums_ptr=None, C=1, BLOCK_C: tl.constexpr = 1, HAS_ROW_SUMS: tl.constexpr = False,
 ):
     # One 1-D row load per copy (unrolled over K): the sum stays inside each thread, where a
     # [K, BLOCK_H] tile summed over K would cross warps through shared memory at every chunk.
@@ -97,3 +100,9 @@ def reduce_kernel(
                 v = v * tl.load(scale_ptr + pid * K + j).to(tl.float32)
             acc += v
         tl.store(dst_row + h, acc.to(dst_ptr.dtype.element_ty), mask=h_mask)
+    if HAS_ROW_SUMS:
+        c = tl.arange(0, BLOCK_C)
+        for j in tl.static_range(K):
+            row = tl.load(pos_ptr + pid * K + j).to(tl.int64)
+            part = tl.load(partials_ptr + row * C + c, mask=c < C, other=0.0)
+            tl.store(row_sums_ptr + pid * K + j, tl.sum(part, axis=0))

@@ -10,7 +10,9 @@ size) and holds its ``counts[e]`` copies in token order, then zero rows up to th
   expand(src, pos, rows, expert_offsets, counts, scale=None, other=None, out=None, scale_rows=None)
       out[pos[t, j]] = scale[t, j] * src[t], padding rows zeroed; with ``other`` also returns
       dot[t, j] = <src[t], other[pos[t, j]]> (fp32)
-  reduce(src, pos, scale=None)                        dst[t] = sum_j scale[t, j] * src[pos[t, j]]
+  reduce(src, pos, scale=None, copy=None, partials=None)
+                                                      dst[t] = sum_j scale[t, j] * src[pos[t, j]]; with
+      partials [rows, C] fp32 also returns row_sums[t, j] = sum_c partials[pos[t, j], c]
 
 Everything is sized by host-known bounds (T*K copies, ``rows`` from ``max_padded_rows``) and reads
 counts and offsets on the device: nothing comes back to the host. Rows of ``expand``'s output past
@@ -125,10 +127,11 @@ def expand(
 
 
 def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] = None,
-           copy: Optional[torch.Tensor] = None) -> torch.Tensor:
+           copy: Optional[torch.Tensor] = None, partials: Optional[torch.Tensor] = None):
     """dst [T, H] with dst[t] = sum_j scale[t, j] * src[pos[t, j]] (fp32 sums); src [rows, H].
     With `copy` (like src), also copy[pos[t, j]] = src[pos[t, j]] in the same pass (a source that
-    will be overwritten, kept for a backward)."""
+    will be overwritten, kept for a backward). With `partials` (contiguous fp32 [rows, C]), returns
+    (dst, row_sums) where row_sums [T, K] fp32 = sum_c partials[pos[t, j], c], in the same launch."""
     op = "reduce"
     src = _rows_major(op, "src", src)
     H = src.shape[1]
@@ -140,9 +143,18 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
     dst = torch.empty(T, H, dtype=src.dtype, device=src.device)
     pos = pos.contiguous()
     K = pos.shape[1]
+    row_sums = None
+    if partials is not None:
+        if (partials.dim() != 2 or partials.shape[0] != src.shape[0] or partials.dtype != torch.float32
+                or not partials.is_contiguous() or partials.device != src.device):
+            raise ValueError(f"{op}: partials must be a contiguous fp32 [{src.shape[0]}, C] tensor on {src.device}, "
+                             f"got {partials.dtype} {tuple(partials.shape)} on {partials.device}")
+        row_sums = torch.empty(pos.shape, dtype=torch.float32, device=src.device)
+        if T * K > 0 and (H == 0 or partials.shape[1] == 0):  # the kernel sums nothing then
+            row_sums.copy_(partials.sum(1)[pos.long()])
     if T > 0 and H > 0:
         if K == 0:
-            return dst.zero_()
+            return dst.zero_() if row_sums is None else (dst.zero_(), row_sums)
         _check_device(src.device)
         if copy is not None and (copy.shape != src.shape or copy.dtype != src.dtype or copy.stride(1) != 1):
             raise ValueError(
@@ -152,9 +164,12 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
             src, dst, pos, scale if scale is not None else src, copy if copy is not None else src,
             H, src.stride(0), dst.stride(0), copy.stride(0) if copy is not None else 0,
             K=K, BLOCK_H=_block_h(H, 4), HAS_SCALE=scale is not None, HAS_COPY=copy is not None,
+            partials_ptr=partials, row_sums_ptr=row_sums, C=partials.shape[1] if partials is not None else 1,
+            BLOCK_C=next_power_of_2(max(partials.shape[1], 1)) if partials is not None else 1,
+            HAS_ROW_SUMS=partials is not None and partials.shape[1] > 0,
             num_warps=4,
         )
-    return dst
+    return dst if row_sums is None else (dst, row_sums)
 
 
 _POSITION_BLOCK = 64  # copies per program of the positions kernels ([64, 64] comparisons each)

@@ -131,10 +131,7 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
         # megatron-core's, reading its scale where the aux loss lives: a scale set from a Python
         # float is made on the CPU, and a CUDA aux loss cannot be multiplied by it there
         (aux_loss,) = ctx.saved_tensors
-        scale = AuxLossScaler._scale_on(aux_loss.device)
-        # d(aux_loss) = scale: the scale tensor itself, shaped like the loss (a 0-dim view, no launch
-        # when the dtypes agree, as they do for fp32 losses)
-        return grad_output, scale.to(aux_loss.dtype).reshape(aux_loss.shape), None
+        return grad_output, aux_loss_gradient(aux_loss), None
 
     @staticmethod
     def set_loss_scale(scale) -> None:
@@ -149,6 +146,15 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
             value = 1.0 if current is None else current.detach().to(device)
             MoEAuxLossAutoScaler.main_loss_backward_scale = torch.ones(1, dtype=torch.float32, device=device) * value
         return MoEAuxLossAutoScaler.main_loss_backward_scale
+
+
+def aux_loss_gradient(aux_loss: torch.Tensor) -> torch.Tensor:
+    """The gradient an aux loss gets in backward: megatron-core's scale (see AuxLossScaler), read on
+    the loss's device; the scale tensor itself shaped like the loss (a 0-dim view, no launch when the
+    dtypes agree, as they do for fp32 losses). For autograd functions that take an aux loss as an
+    input of their own instead of going through AuxLossScaler."""
+    scale = AuxLossScaler._scale_on(aux_loss.device)
+    return scale.to(aux_loss.dtype).reshape(aux_loss.shape)
 
 
 def _set_scale(scale) -> None:

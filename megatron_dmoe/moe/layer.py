@@ -26,7 +26,7 @@ from .dispatcher import DroplessDispatcher, TokenDispatcher
 from .expert_bias import update_expert_biases
 from .experts import ExpertMLP
 from .options import MoEOptions
-from .padded_dispatch import PaddedDispatcher, PaddedState, padded_experts_combine
+from .padded_dispatch import PaddedDispatcher, padded_experts_combine
 from .router import Routing, TopKRouter
 from .run_state import MoERunState
 from .shared_experts import SharedExpertMLP
@@ -121,28 +121,45 @@ class MoELayer(MegatronModule):
         valid = self._valid_tokens(padding_mask, s, b)
 
         dispatcher = self._dispatcher_for(x)
-        # the block-padded dispatch counts every copy anyway: without padding tokens, those are the counts
-        counted_by_dispatch = dispatcher is self.padded_dispatcher and valid is None
-        routing = self.router(x, valid, count=not counted_by_dispatch)
-        x_perm, tokens_per_expert, state = dispatcher.dispatch(x, routing.indices, routing.weights)
-        if counted_by_dispatch:
+        if dispatcher is self.padded_dispatcher:
+            y = self._padded_forward(x, valid, b)
+        else:
+            y = self._dispatched_forward(dispatcher, x, valid, b)
+        return y.view(s, b, h), None
+
+    def _padded_forward(self, x: torch.Tensor, valid, num_sequences: int) -> torch.Tensor:
+        """The sparse backend with every expert here: router, the block-padded plan, and one autograd
+        function for the permutation, the experts, the weighted combine and the aux losses' gradient."""
+        # the block-padded plan counts every copy anyway: without padding tokens, those are the counts
+        routing = self.router(x, valid, count=valid is not None)
+        state = self.padded_dispatcher.plan(routing.indices, routing.weights)
+        if valid is None:
             routing.tokens_per_expert = state.counts
             self.router.record_load(state.counts)
-        # the aux losses ride on the experts' input, which nothing modifies in place: returned as
-        # is (a view), where the layer's output would need a copy (callers add into it in place)
-        x_perm = self._attach_aux_losses(x_perm, routing, valid, b)
+        aux_loss = self._aux_loss(routing, valid, num_sequences)
+        shared = self.shared_experts.start(x) if self.shared_experts is not None else None
+        y = padded_experts_combine(self.experts, x, state, aux_loss)
+        return y if shared is None else y + self.shared_experts.finish(shared)
+
+    def _dispatched_forward(self, dispatcher: TokenDispatcher, x: torch.Tensor, valid, num_sequences: int):
+        """Every other path: router, the dispatcher (dropless, expert-parallel or capacity), the
+        experts and the combine, each its own autograd function, the aux losses riding on the
+        experts' input."""
+        routing = self.router(x, valid)
+        x_perm, tokens_per_expert, state = dispatcher.dispatch(x, routing.indices, routing.weights)
+        aux_loss = self._aux_loss(routing, valid, num_sequences)
+        if aux_loss is not None:
+            # the experts' input is not modified in place, so it is returned as is (a view); the
+            # layer's output would need a copy (callers add into it in place)
+            x_perm = AuxLossScaler.apply(x_perm, aux_loss, False)
         # issued while the dispatch exchange is in flight, before anything waits on its result
         shared = self.shared_experts.start(x) if self.shared_experts is not None else None
-        if isinstance(state, PaddedState):  # block-sparse experts and the weighted combine, fused
-            y = padded_experts_combine(self.experts, x_perm, state)
-        elif self.token_dropping:
+        if self.token_dropping:
             y = dispatcher.combine(self.experts.forward_batched(x_perm), state)
         else:
             counts_by_source = dispatcher.counts_by_source(state)
             y = dispatcher.combine(self.experts(x_perm, tokens_per_expert, counts_by_source), state)
-        if shared is not None:
-            y = y + self.shared_experts.finish(shared)
-        return y.view(s, b, h), None
+        return y if shared is None else y + self.shared_experts.finish(shared)
 
     def _dispatcher_for(self, x: torch.Tensor) -> TokenDispatcher:
         """The block-padded dispatcher when the sparse backend runs every expert here, else the
@@ -171,11 +188,12 @@ class MoELayer(MegatronModule):
             )
         return (~padding_mask.bool()).transpose(0, 1).reshape(-1)
 
-    def _attach_aux_losses(self, x_perm: torch.Tensor, routing: Routing, valid, num_sequences: int) -> torch.Tensor:
+    def _aux_loss(self, routing: Routing, valid, num_sequences: int) -> Optional[torch.Tensor]:
+        """The layer's aux losses summed (None without any), their metrics recorded."""
         # training forwards that build a graph only: eval and the no-grad first pass of activation
         # recompute neither add losses nor record metrics
         if not (self.training and torch.is_grad_enabled()):
-            return x_perm
+            return None
         opts = self.options
         metrics = self.run_state.metrics
         lb = z = None
@@ -199,9 +217,9 @@ class MoELayer(MegatronModule):
         )
         losses = [loss for loss in (lb, z) if loss is not None]
         if not losses:
-            return x_perm
+            return None
         # not sum(losses): its start value 0 would cost one more launch
-        return AuxLossScaler.apply(x_perm, losses[0] if len(losses) == 1 else losses[0] + losses[1], False)
+        return losses[0] if len(losses) == 1 else losses[0] + losses[1]
 
     def _load_balancing_loss(self, routing: Routing, valid, num_sequences: int, record=None) -> torch.Tensor:
         opts = self.options

@@ -1,12 +1,13 @@
 """Dispatch for the block-sparse experts: tokens go straight into the expert-grouped, block-padded
 buffer that the `sparse` backend computes on, and come back weighted, by two fused kernels.
 
-dispatch: count the routed copies per expert (scatter_add), build the dMoE topology from the
-counts on the device, find each copy's padded row (a stable sort by expert), then one kernel
-writes every copy to its row and zeroes the padding rows. The layer then runs the experts and the
-weighted combine as one function (`padded_experts_combine`: one kernel sums each token's weighted
-copies; backward gets the router-weight gradient without keeping the expert output). `combine`
-alone un-permutes expert outputs computed elsewhere. Every buffer is sized by the bound
+plan: count the routed copies per expert, build the dMoE topology from the counts on the device
+and find each copy's padded row (a counting sort by expert), all on the device. dispatch: plan,
+then one kernel writes every copy to its row and zeroes the padding rows. The layer plans only and
+hands the tokens to `padded_experts_combine`: the permutation, the experts and the weighted
+combine in one autograd function (one kernel sums each token's weighted copies; backward gets the
+router-weight gradient without keeping the expert output, and sums dx back in the same launch).
+`combine` alone un-permutes expert outputs computed elsewhere. Every buffer is sized by the bound
 T*k + E*(block-1) rows: no count comes back to the host.
 """
 from __future__ import annotations
@@ -46,9 +47,9 @@ class PaddedDispatcher(TokenDispatcher):
         self.ffn_hidden_size = ffn_hidden_size
         self.block_size = block_size_for(ffn_hidden_size, block_size)
 
-    def dispatch(self, x, indices, weights):
+    def plan(self, indices: torch.Tensor, weights: torch.Tensor) -> PaddedState:
+        """Where each routed copy goes (topology, positions, counts), on the device."""
         import dmoe_kernels as dk
-        from dmoe_kernels.permute_functional import permute
         from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
 
         if self.block_size is None:
@@ -62,8 +63,15 @@ class PaddedDispatcher(TokenDispatcher):
         counts = cumulative[:, -1].to(torch.int64)
         topo = dk.Topology.for_experts(counts, num_tokens * top_k, self.ffn_hidden_size, self.block_size)
         positions = positions_from_histogram(indices, cumulative, topo.expert_offsets)
-        x_pad = permute(x, positions, topo.shape[0], topo.expert_offsets, counts)
-        return x_pad, counts, PaddedState(topo, positions, counts, weights)
+        return PaddedState(topo, positions, counts, weights)
+
+    def dispatch(self, x, indices, weights):
+        from dmoe_kernels.permute_functional import permute
+
+        state = self.plan(indices, weights)
+        topo = state.topology
+        x_pad = permute(x, state.positions, topo.shape[0], topo.expert_offsets, state.counts)
+        return x_pad, state.counts, state
 
     def combine(self, y_pad, state: PaddedState):
         from dmoe_kernels.permute_functional import unpermute
@@ -71,12 +79,13 @@ class PaddedDispatcher(TokenDispatcher):
         return unpermute(y_pad, state.positions, state.topology.expert_offsets, state.counts, state.weights)
 
 
-def padded_experts_combine(experts, x_pad: torch.Tensor, state: PaddedState) -> torch.Tensor:
-    """y [T, h]: the expert MLPs of an `ExpertMLP` on the padded buffer (block-sparse kernels) and
-    the weighted combine, fused so that backward needs no saved expert output (the layer's path;
-    `combine` serves expert outputs computed elsewhere)."""
+def padded_experts_combine(experts, x: torch.Tensor, state: PaddedState, aux_loss=None) -> torch.Tensor:
+    """y [T, h] from the tokens x [T, h] and a `plan`: the permutation into the padded buffer, the
+    expert MLPs of an `ExpertMLP` on it (block-sparse kernels) and the weighted combine, in one
+    autograd function that needs no saved expert output (the layer's path; `combine` serves expert
+    outputs computed elsewhere). aux_loss: the layer's aux losses, which get their gradient there."""
     opts = experts.options
     return sparse_experts_combine(
-        x_pad, experts.w1, experts.v1, experts.w2, state.weights, state.topology, state.positions, state.counts,
-        opts.activation, opts.memory_optimized, experts.wgrad_stash,
+        x, experts.w1, experts.v1, experts.w2, state.weights, state.topology, state.positions, state.counts,
+        opts.activation, opts.memory_optimized, experts.wgrad_stash, tokens=True, aux_loss=aux_loss,
     )

@@ -93,6 +93,13 @@ def test_expand_and_reduce_match_references(kind, T, E, K, bs, H, dtype, device)
     assert summed.dtype == dtype and _err(summed, R.reduce(other.double(), pos, scale.double())) < TOL[dtype]
     assert _err(P.reduce(other, pos), R.reduce(other.double(), pos)) < TOL[dtype]
 
+    # each copy's row of partial sums gathered and summed in the same launch
+    partials = torch.randn(rows, 7, device=device)
+    again, row_sums = P.reduce(other, pos, scale, partials=partials)
+    assert torch.equal(again, summed)
+    expected = partials.double().cpu().sum(1)[pos.long().cpu()]
+    assert row_sums.dtype == torch.float32 and row_sums.shape == pos.shape and _err(row_sums, expected) < 1e-6
+
 
 @pytest.mark.parametrize("kind,T,E,K,bs", ROUTINGS[:2] + ROUTINGS[3:4])
 def test_permute_unpermute_gradients(kind, T, E, K, bs, device):

@@ -153,7 +153,8 @@ def test_backend_choice_and_errors():
 
 
 def test_padded_dispatcher_combine_equals_the_fused_path():
-    """dispatch -> experts -> combine (separate functions) against the layer's fused experts+combine."""
+    """dispatch -> experts -> combine (separate functions) against the layer's one function for the
+    permutation, experts and combine."""
     from megatron_dmoe.moe.experts.sparse import sparse_expert_mlp
     from megatron_dmoe.moe.padded_dispatch import PaddedDispatcher, padded_experts_combine
 
@@ -168,11 +169,11 @@ def test_padded_dispatcher_combine_equals_the_fused_path():
         w = routing.weights.detach().clone().requires_grad_()
         for p in layer.experts.parameters():
             p.grad = None
-        x_pad, counts, state = dispatcher.dispatch(xs, routing.indices, w)
-        assert torch.equal(counts, torch.bincount(routing.indices.flatten(), minlength=5))
         if fused:
-            y = padded_experts_combine(layer.experts, x_pad, state)
+            y = padded_experts_combine(layer.experts, xs, dispatcher.plan(routing.indices, w))
         else:
+            x_pad, counts, state = dispatcher.dispatch(xs, routing.indices, w)
+            assert torch.equal(counts, torch.bincount(routing.indices.flatten(), minlength=5))
             e = layer.experts
             y = dispatcher.combine(sparse_expert_mlp(x_pad, e.w1, e.v1, e.w2, state.topology, "swiglu"), state)
         y.square().sum().backward()
