@@ -12,8 +12,10 @@ from train_helpers import SMALL
 
 
 def test_two_process_expert_parallel_matches_one_process(tmp_path, corpus_cache):
+    # a dense first layer (as the zoo's Small MoE models have): its MLP is replicated and reduced
+    # over every rank while the MoE layer's experts are split, and both must train as in one process
     args = SMALL + ["training.train_iters=5", "training.eval_interval=0", "checkpoint.save_interval=0",
-                    f"data.cache_dir={corpus_cache}"]
+                    f"data.cache_dir={corpus_cache}", "moe.first_dense_layers=1"]
     train(1, tmp_path / "single", *args)
     train(2, tmp_path / "ep2", *args, f"{EP_KEY}=2")
     one, two = records(tmp_path / "single"), records(tmp_path / "ep2")
