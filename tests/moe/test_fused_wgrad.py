@@ -26,22 +26,24 @@ def _routing(seed):
     return torch.randn(T, HIDDEN, generator=g), indices, weights
 
 
-def _problem(seed, activation, dtype, device="cpu"):
-    """Padded buffer, routing state and weights (w1, v1 or None, w2) for one call."""
+def _problem(seed, activation, dtype, device="cpu", kind="expert_mlp"):
+    """The input of one call (the padded buffer for expert_mlp, the tokens for combine), routing
+    state and weights (w1, v1 or None, w2)."""
     x, indices, weights = _routing(seed)
-    x_pad, _, state = PaddedDispatcher(E, FFN, block_size=BS).dispatch(
-        x.to(device, dtype), indices.to(device), weights.to(device, dtype))
+    x = x.to(device, dtype)
+    x_pad, _, state = PaddedDispatcher(E, FFN, block_size=BS).dispatch(x, indices.to(device), weights.to(device, dtype))
     g = torch.Generator().manual_seed(seed + 1)
     w1, v1, w2 = (0.3 * torch.randn(E, FFN, HIDDEN, generator=g) for _ in range(3))
     v1 = v1 if activation == "swiglu" else None
-    return x_pad.detach(), state, [None if w is None else w.to(device, dtype) for w in (w1, v1, w2)]
+    return (x if kind == "combine" else x_pad.detach()), state, [None if w is None else w.to(device, dtype)
+                                                                 for w in (w1, v1, w2)]
 
 
-def _call(kind, x_pad, state, params, activation, memory_optimized=False, wgrad_stash=None):
+def _call(kind, x, state, params, activation, memory_optimized=False, wgrad_stash=None):
     w1, v1, w2 = params
     if kind == "expert_mlp":
-        return sparse_expert_mlp(x_pad, w1, v1, w2, state.topology, activation, memory_optimized, wgrad_stash)
-    return sparse_experts_combine(x_pad, w1, v1, w2, state.weights, state.topology, state.positions, state.counts,
+        return sparse_expert_mlp(x, w1, v1, w2, state.topology, activation, memory_optimized, wgrad_stash)
+    return sparse_experts_combine(x, w1, v1, w2, state.weights, state.topology, state.positions, state.counts,
                                   activation, memory_optimized, wgrad_stash)
 
 
@@ -69,8 +71,8 @@ def _leaf_params(weights, main_grad_dtype=None, seed=0, main_grad_only=None, fus
     return params
 
 
-def _backward(kind, x_pad, state, params, activation, out_grad, memory_optimized=False, wgrad_stash=None):
-    x = x_pad.clone().requires_grad_()
+def _backward(kind, x_in, state, params, activation, out_grad, memory_optimized=False, wgrad_stash=None):
+    x = x_in.clone().requires_grad_()
     y = _call(kind, x, state, params, activation, memory_optimized, wgrad_stash)
     y.backward(out_grad.to(y.device, y.dtype))
     return y, x.grad
@@ -95,15 +97,15 @@ CASES = [
 def test_weight_gradients_are_added_into_main_grad(kind, activation, memory_optimized, dtype, mode):
     """flag: megatron's convention (placeholder gradient, grad_added_to_main_grad set);
     main_grad_only: the weights enter detached and no gradient tensor ever exists."""
-    x_pad, state, weights = _problem(11, activation, dtype)
-    rows = T if kind == "combine" else x_pad.shape[0]
+    x, state, weights = _problem(11, activation, dtype, kind=kind)
+    rows = T if kind == "combine" else x.shape[0]
     out_grad = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(3))
 
     plain = _leaf_params(weights)
-    y_plain, dx_plain = _backward(kind, x_pad, state, plain, activation, out_grad, memory_optimized)
+    y_plain, dx_plain = _backward(kind, x, state, plain, activation, out_grad, memory_optimized)
     fused = _leaf_params(weights, torch.float32, seed=5, main_grad_only=mode == "main_grad_only")
     old = [None if p is None else p.main_grad.clone() for p in fused]
-    y_fused, dx_fused = _backward(kind, x_pad, state, fused, activation, out_grad, memory_optimized)
+    y_fused, dx_fused = _backward(kind, x, state, fused, activation, out_grad, memory_optimized)
 
     assert torch.equal(y_fused, y_plain) and torch.equal(dx_fused, dx_plain)
     # fp32 operands: the same fp32 sum; fp16: the unfused gradient was rounded to fp16, the fused one not
@@ -139,13 +141,13 @@ def test_main_grad_only_falls_back_when_the_input_needs_no_gradient():
 
 
 def test_main_grad_in_the_weights_dtype_is_accumulated_too():
-    x_pad, state, weights = _problem(12, "gelu", torch.float16)
+    x, state, weights = _problem(12, "gelu", torch.float16, kind="combine")
     out_grad = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(4))
     plain = _leaf_params(weights)
-    _backward("combine", x_pad, state, plain, "gelu", out_grad)
+    _backward("combine", x, state, plain, "gelu", out_grad)
     fused = _leaf_params(weights, torch.float16, seed=6)
     old = [None if p is None else p.main_grad.clone() for p in fused]
-    _backward("combine", x_pad, state, fused, "gelu", out_grad)
+    _backward("combine", x, state, fused, "gelu", out_grad)
     for p, q, m0 in zip(fused, plain, old):
         if p is not None:
             assert p.main_grad.dtype == torch.float16 and p.grad_added_to_main_grad
@@ -180,11 +182,11 @@ def test_unfused_weights_keep_main_grad_and_get_the_real_gradient(how):
 
 def test_zero_out_wgrad_gets_a_zero_placeholder():
     """megatron's `zero_out_wgrad` parameters have DDP add the returned gradient anyway: it must be zero."""
-    x_pad, state, weights = _problem(14, "gelu", torch.float32)
+    x, state, weights = _problem(14, "gelu", torch.float32, kind="combine")
     out_grad = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(6))
     params = _leaf_params(weights, torch.float32, seed=8, zero_out_wgrad=True)
     old = [None if p is None else p.main_grad.clone() for p in params]
-    _backward("combine", x_pad, state, params, "gelu", out_grad)
+    _backward("combine", x, state, params, "gelu", out_grad)
     for p, m0 in zip(params, old):
         if p is not None:
             assert p.grad_added_to_main_grad and torch.count_nonzero(p.grad) == 0
@@ -269,12 +271,12 @@ def test_no_fusion_while_a_cuda_graph_is_captured():
 
 def test_combine_with_a_frozen_down_projection_gives_the_other_gradients_unchanged():
     """Without w2's gradient the backward takes its other branch for the rows' router weights."""
-    x_pad, state, weights = _problem(40, "gelu", torch.float32)
+    tokens, state, weights = _problem(40, "gelu", torch.float32, kind="combine")
     out_grad = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(41))
     grads = []
     for train_w2 in (True, False):
         w1, w2 = weights[0].clone().requires_grad_(), weights[2].clone().requires_grad_(train_w2)
-        x = x_pad.clone().requires_grad_()
+        x = tokens.clone().requires_grad_()
         router_weights = state.weights.clone().requires_grad_()
         y = sparse_experts_combine(x, w1, None, w2, router_weights, state.topology, state.positions, state.counts,
                                    "gelu")

@@ -20,11 +20,11 @@ def _micro_batch_grads(kind, activation, memory_optimized, dtype, params, per_st
     stash = WgradStash()
     with stash.per_step(enabled=per_step):
         for seed in MICRO_BATCHES:
-            x_pad, state, _ = _problem(seed, activation, dtype, device)
-            rows = T if kind == "combine" else x_pad.shape[0]
+            x_in, state, _ = _problem(seed, activation, dtype, device, kind=kind)
+            rows = T if kind == "combine" else x_in.shape[0]
             out_grad = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(seed + 100))
             before = [None if p is None else p.main_grad.clone() for p in params]
-            input_grads.append(_backward(kind, x_pad, state, params, activation, out_grad, memory_optimized,
+            input_grads.append(_backward(kind, x_in, state, params, activation, out_grad, memory_optimized,
                                          stash)[1])
             if per_step:  # deferred: nothing reaches main_grad before the block ends
                 assert all(p is None or torch.equal(p.main_grad, b) for p, b in zip(params, before))

@@ -32,8 +32,8 @@ every size comes from host-known bounds, counts stay on the device.
 
   sparse_experts_combine  the layer's path: experts on the padded buffer AND the router-weighted
                           combine in one autograd function (no expert output kept for the
-                          router-weight gradient); with tokens=True the permutation into the
-                          padded buffer and the aux losses' gradient too
+                          router-weight gradient), from the tokens: the permutation into the
+                          padded buffer and the aux losses' gradient in it too
   sparse_expert_mlp       the experts alone, padded buffer in and out
   SparseBackend.mlp       the registry's interface: rows grouped by expert without padding, or
                           (mlp_in_arrival_order) as the expert-parallel exchange delivers them,
@@ -234,27 +234,26 @@ class _SparseExpertsCombine(torch.autograd.Function):
     summed in the activation's backward pass. Saved: x, pre-activation(s), activation (unless
     memory_optimized), positions and weights; as a dense MLP keeps x, h and act(h).
 
-    tokens=True: x is the layer's tokens [T, h], copied into the padded buffer here (and dx summed
-    back from it in backward, the router-weight gradient gathered in the same launch), so that the
+    Its input is the layer's tokens [T, h], copied into the padded buffer here (and dx summed back
+    from it in backward, the router-weight gradient gathered in the same launch), so that the
     layer's routed path is one autograd node instead of three. aux_loss: a loss that gets its
     gradient from megatron-core's scale in this backward (what AuxLossScaler would give it)."""
 
     @staticmethod
     def forward(ctx, x, w1, v1, w2, weights, aux_loss, topology, positions, counts, activation, memory_optimized,
-                owners, stash, tokens):
+                owners, stash):
         from dmoe_kernels import activation as act, ops
         from dmoe_kernels.permute_ops import expand, reduce
 
         E, f, h = w1.shape
-        if tokens:
-            x = expand(x, positions, topology.shape[0], topology.expert_offsets, counts)
-        h1 = ops.sdd(x, w1.reshape(E * f, h).t(), topology)
-        h2 = ops.sdd(x, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
+        x_pad = expand(x, positions, topology.shape[0], topology.expert_offsets, counts)
+        h1 = ops.sdd(x_pad, w1.reshape(E * f, h).t(), topology)
+        h2 = ops.sdd(x_pad, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
         a = act.activation_forward(activation, h1, h2, topology.nnz)
         y = reduce(ops.dsd(a, topology, w2.reshape(E * f, h)), positions, weights)
-        ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a, weights, positions, counts,
-                              aux_loss)
-        ctx.topology, ctx.activation, ctx.owners, ctx.stash, ctx.tokens = topology, activation, owners, stash, tokens
+        ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, None if memory_optimized else a, weights, positions,
+                              counts, aux_loss)
+        ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
         return y
 
     @staticmethod
@@ -265,7 +264,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
 
         from ..aux_loss import aux_loss_gradient
 
-        x, w1, v1, w2, h1, h2, a, weights, positions, counts, aux_loss = ctx.saved_tensors
+        x_pad, w1, v1, w2, h1, h2, a, weights, positions, counts, aux_loss = ctx.saved_tensors
         topo, activation = ctx.topology, ctx.activation
         E, f, h = w1.shape
         rows, offsets = topo.shape[0], topo.expert_offsets
@@ -287,10 +286,10 @@ class _SparseExpertsCombine(torch.autograd.Function):
         da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
         d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
         del a
-        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners,
+        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x_pad, w1, v1, need_x, need_w1, need_v1, owners,
                                             ctx.stash)
         d_weights = None
-        if ctx.tokens and dx is not None:  # back to token order; the router-weight gradient in the same launch
+        if dx is not None:  # back to token order; the router-weight gradient in the same launch
             if need_weights:
                 dx, d_weights = reduce(dx, positions, partials=row_dot)
             else:
@@ -300,26 +299,25 @@ class _SparseExpertsCombine(torch.autograd.Function):
         if d_weights is not None:
             d_weights = d_weights.to(weights.dtype)
         d_aux = aux_loss_gradient(aux_loss) if aux_loss is not None and ctx.needs_input_grad[5] else None
-        return dx, dw1, dv1, dw2, d_weights, d_aux, None, None, None, None, None, None, None, None
+        return dx, dw1, dv1, dw2, d_weights, d_aux, None, None, None, None, None, None, None
 
 
 def sparse_experts_combine(x, w1, v1, w2, weights, topology, positions, counts, activation: str,
-                           memory_optimized: bool = False, wgrad_stash=None, tokens: bool = False,
-                           aux_loss=None) -> torch.Tensor:
-    """y [T, h] = sum_j weights[t, j] * MLP(x_pad)[positions[t, j]]: the experts on the padded buffer
-    and the weighted combine in one autograd function (see _SparseExpertsCombine). x is the padded
-    buffer, or with tokens=True the tokens [T, h], permuted into it inside the same function.
-    aux_loss: a 0-dim loss whose gradient is megatron-core's aux-loss scale (see AuxLossScaler)."""
+                           memory_optimized: bool = False, wgrad_stash=None, aux_loss=None) -> torch.Tensor:
+    """y [T, h] = sum_j weights[t, j] * MLP(x_pad)[positions[t, j]] for the tokens x [T, h]: their
+    permutation into the padded buffer x_pad, the experts on it and the weighted combine in one
+    autograd function (see _SparseExpertsCombine). aux_loss: a 0-dim loss whose gradient is
+    megatron-core's aux-loss scale (see AuxLossScaler)."""
     E, f, _ = w1.shape
-    if topology.shape[1] != E * f or not topology.blocks_per_row or (not tokens and x.shape[0] != topology.shape[0]):
+    if topology.shape[1] != E * f or not topology.blocks_per_row:
         raise ValueError(
-            f"the topology is {topology.shape} but the experts need the dMoE topology of [{x.shape[0]} rows, "
-            f"{E} experts x {f} ffn]; build it with Topology.for_experts from this layer's counts"
+            f"the topology is {topology.shape} but the experts need the dMoE topology of [padded rows, {E} "
+            f"experts x {f} ffn]; build it with Topology.for_experts from this layer's counts"
         )
     (w1, v1, w2), owners = _grad_owners(x, w1, v1, w2)
     return _SparseExpertsCombine.apply(
         x, w1, v1, w2, weights, aux_loss, topology, positions, counts, activation, memory_optimized, owners,
-        wgrad_stash, bool(tokens)
+        wgrad_stash
     )
 
 
