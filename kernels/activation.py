@@ -28,6 +28,19 @@ _BLOCK = 1024
 
 
 @triton.jit
+def gelu(x):
+    """Exact (erf) GELU of fp32 x; also the products' fused epilogues' (sdd_tma_kernel)."""
+    return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # 1 / sqrt(2)
+
+
+@triton.jit
+def gelu_grad(x):
+    """d gelu(x) / dx of fp32 x."""
+    cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    return cdf + x * tl.exp(-0.5 * x * x) * 0.3989422804014327  # 1 / sqrt(2 pi)
+
+
+@triton.jit
 def _activation_forward_kernel(h1_ptr, h2_ptr, out_ptr, nnz_ptr, block_elements,
                                SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
     n = tl.load(nnz_ptr).to(tl.int64) * block_elements
@@ -41,7 +54,7 @@ def _activation_forward_kernel(h1_ptr, h2_ptr, out_ptr, nnz_ptr, block_elements,
         b = tl.load(h2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         y = a * tl.sigmoid(a) * b
     else:
-        y = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))  # 1 / sqrt(2)
+        y = gelu(a)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -62,9 +75,7 @@ def _activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr, block
         d1 = g * b * sig * (1.0 + a * (1.0 - sig))
         tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty), mask=mask)
     else:
-        cdf = 0.5 * (1.0 + tl.math.erf(a * 0.7071067811865476))
-        pdf = tl.exp(-0.5 * a * a) * 0.3989422804014327  # 1 / sqrt(2 pi)
-        d1 = g * (cdf + a * pdf)
+        d1 = g * gelu_grad(a)
     tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
@@ -93,9 +104,7 @@ def _weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, act_ptr, row_wei
         d1 = g * v * sig * (1.0 + a * (1.0 - sig))
         tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty))
     else:
-        cdf = 0.5 * (1.0 + tl.math.erf(a * 0.7071067811865476))
-        pdf = tl.exp(-0.5 * a * a) * 0.3989422804014327
-        d1 = g * (cdf + a * pdf)
+        d1 = g * gelu_grad(a)
     tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty))
 
 

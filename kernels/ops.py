@@ -1,6 +1,9 @@
 """Raw block-sparse products (no autograd): argument checks, config choice and kernel launches.
 
   sdd(a, b, topology)                   sparse  = a @ b at the topology's blocks
+  sdd_gelu(a, b, topology)              (h, gelu(h)) for that product, in one kernel
+  sdd_gelu_backward(a, b, topology, h[, row_weights])
+                                        gelu's backward applied to da = a @ b in the same kernel
   dsd(data, topology, b)                dense   = S @ b        (transpose=True: S^T @ b;
                                         accumulate=True: out += the product)
   dds(a, data, topology)                dense   = a @ S        (transpose=True: a @ S^T)
@@ -12,12 +15,13 @@ by construction; the dense widths may be anything (the kernels mask the edges).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton.language as tl
 
 from . import (
+    activation,
     dsd_kernel as _dsd_module,
     dsd_tma_kernel as _dsd_tma_module,
     dsdt_tma_kernel as _dsdt_tma_module,
@@ -86,15 +90,7 @@ def _check_accumulation_target(op: str, out: Optional[torch.Tensor], shape, dtyp
         )
 
 
-def sdd(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    topology: Topology,
-    out: Optional[torch.Tensor] = None,
-    config: Optional[SddConfig] = None,
-) -> torch.Tensor:
-    """Blocks of a @ b at the topology's nonzero blocks: a [rows, K], b [K, cols] -> data."""
-    op = "sdd"
+def _sdd_checks(op: str, a: torch.Tensor, b: torch.Tensor, topology: Topology) -> torch.dtype:
     _check_2d(op, "a", a)
     _check_2d(op, "b", b)
     rows, cols = topology.shape
@@ -104,7 +100,60 @@ def sdd(
         raise ValueError(f"{op}: b has {b.shape[1]} columns but the sparse output has {cols} (topology.shape[1])")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"{op}: inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
-    dtype = _check_operands(topology, op, a=a, b=b)
+    return _check_operands(topology, op, a=a, b=b)
+
+
+def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None, h=None, row_weights=None,
+             row_dot=None, epilogue: int = 0) -> bool:
+    """Launch the persistent TMA kernel (with one of its epilogues, see sdd_tma_kernel) when it
+    applies to these operands; False (nothing launched) when it does not."""
+    K, regular, nb = a.shape[1], topology.blocks_per_row, cfg.blocks_per_program
+    b_kmajor = tma_ready(b, transposed=True)
+    if not (cfg.persistent and regular and K > 0 and tma_ready(a) and (b_kmajor or tma_ready(b)) and nb in (1, 2)):
+        return False
+    if topology.max_blocks == 0:
+        return True
+    bs = topology.block_size
+    b_mat = b.t() if b_kmajor else b
+    b_block = [nb * bs, cfg.block_k] if b_kmajor else [cfg.block_k, nb * bs]
+    grid = min(persistent_programs(a.device, cfg.programs_per_sm), topology.max_blocks // nb)
+    direct(_sdd_tma_module.sdd_tma_kernel)[(grid,)](
+        tma_descriptor(a, [bs, cfg.block_k]), tma_descriptor(b_mat, b_block),
+        tma_descriptor(out.view(-1, bs), [bs, bs]),
+        topology.column_indices, topology.nnz,
+        K, regular, grid,
+        None if act is None else tma_descriptor(act.view(-1, bs), [bs, bs]),
+        None if h is None else tma_descriptor(h.view(-1, bs), [bs, bs]),
+        row_weights, row_dot,
+        BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
+        DOT_PRECISION=dot_precision(dtype, a.device), EPILOGUE=epilogue, ROW_WEIGHTED=row_weights is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return True
+
+
+def _sdd_config(a: torch.Tensor, topology: Topology, config: Optional[SddConfig], dtype, op: str) -> SddConfig:
+    regular = topology.blocks_per_row
+    cfg = config or sdd_config(topology.block_size, regular, a.shape[1], a.device, dtype)
+    nb = cfg.blocks_per_program
+    if nb > 1 and not (regular and regular % nb == 0):
+        raise ValueError(
+            f"{op}: blocks_per_program={nb} needs a regular topology whose rows hold a multiple of {nb} blocks"
+        )
+    return cfg
+
+
+def sdd(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    topology: Topology,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[SddConfig] = None,
+) -> torch.Tensor:
+    """Blocks of a @ b at the topology's nonzero blocks: a [rows, K], b [K, cols] -> data."""
+    op = "sdd"
+    dtype = _sdd_checks(op, a, b, topology)
     if out is None:
         out = topology.empty_data(dtype)
     else:
@@ -113,37 +162,14 @@ def sdd(
             raise ValueError(f"{op}: out must be contiguous with dtype {dtype}")
     kernel = _sdd_module.sdd_kernel
     check_launchable(kernel, a.device)
-    K = a.shape[1]
-    regular = topology.blocks_per_row
-    cfg = config or sdd_config(topology.block_size, regular, K, a.device, dtype)
-    nb = cfg.blocks_per_program
-    if nb > 1 and not (regular and regular % nb == 0):
-        raise ValueError(
-            f"{op}: blocks_per_program={nb} needs a regular topology whose rows hold a multiple of {nb} blocks"
-        )
-    bs = topology.block_size
-    b_kmajor = tma_ready(b, transposed=True)
-    if cfg.persistent and regular and K > 0 and tma_ready(a) and (b_kmajor or tma_ready(b)) and nb in (1, 2):
-        if topology.max_blocks == 0:
-            return out
-        b_mat = b.t() if b_kmajor else b
-        b_block = [nb * bs, cfg.block_k] if b_kmajor else [cfg.block_k, nb * bs]
-        kernel = _sdd_tma_module.sdd_tma_kernel
-        grid = min(persistent_programs(a.device, cfg.programs_per_sm), topology.max_blocks // nb)
-        direct(kernel)[(grid,)](
-            tma_descriptor(a, [bs, cfg.block_k]), tma_descriptor(b_mat, b_block),
-            tma_descriptor(out.view(-1, bs), [bs, bs]),
-            topology.column_indices, topology.nnz,
-            K, regular, grid,
-            BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
-            DOT_PRECISION=dot_precision(dtype, a.device),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+    cfg = _sdd_config(a, topology, config, dtype, op)
+    if _sdd_tma(a, b, topology, out, cfg, dtype):
         return out
+    nb, bs, regular = cfg.blocks_per_program, topology.block_size, topology.blocks_per_row
     num_programs = topology.max_blocks // nb
     if num_programs == 0:
         return out
+    K = a.shape[1]
     direct(kernel)[(num_programs,)](
         a, b, out,
         topology.row_indices, topology.column_indices, topology.nnz,
@@ -155,6 +181,58 @@ def sdd(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
+
+
+def sdd_gelu(a: torch.Tensor, b: torch.Tensor, topology: Topology,
+             config: Optional[SddConfig] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(h, gelu(h)) for h = sdd(a, b, topology), GELU taken of h as stored (in its dtype), as
+    activation_forward computes it. One kernel where the persistent TMA kernel applies (a dMoE
+    topology on Hopper, or the interpreter), else the product and the activation pass."""
+    dtype = _sdd_checks("sdd_gelu", a, b, topology)
+    cfg = _sdd_config(a, topology, config, dtype, "sdd_gelu")
+    h, act = topology.empty_data(dtype), topology.empty_data(dtype)
+    check_launchable(_sdd_tma_module.sdd_tma_kernel, a.device)
+    if _sdd_tma(a, b, topology, h, cfg, dtype, act=act, epilogue=1):
+        return h, act
+    sdd(a, b, topology, out=h, config=config)
+    return h, activation.activation_forward("gelu", h, None, topology.nnz)
+
+
+def sdd_gelu_backward(a: torch.Tensor, b: torch.Tensor, topology: Topology, h: torch.Tensor,
+                      row_weights: Optional[torch.Tensor] = None, config: Optional[SddConfig] = None
+                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Backward of act = gelu(h) through the product that gives its gradient, da = sdd(a, b): returns
+    (d_h, row_dot). Without row_weights, d_h = gelu'(h) * da and row_dot is None. With them ([rows]
+    router weights of the padded rows, which multiply act's rows later), d_h = row_weights[row] *
+    gelu'(h) * da, and row_dot [rows, blocks_per_row] fp32 holds per row and block column the sum
+    of da * gelu(h), whose sum over block columns is the router weight's gradient (as
+    activation.activation_backward_weighted). da is never stored where the persistent TMA kernel
+    applies."""
+    op = "sdd_gelu_backward"
+    dtype = _sdd_checks(op, a, b, topology)
+    topology.check_data(h, "h")
+    if h.dtype != dtype or not h.is_contiguous():
+        raise ValueError(f"{op}: h must be contiguous sparse data of dtype {dtype}")
+    cfg = _sdd_config(a, topology, config, dtype, op)
+    row_dot = None
+    if row_weights is not None:
+        rows, F = topology.shape[0], topology.blocks_per_row
+        if not F:
+            raise ValueError(f"{op}: row weights need a dMoE topology (blocks_per_row set)")
+        if row_weights.shape != (rows,) or row_weights.device != a.device:
+            raise ValueError(f"{op}: row_weights must be [{rows}] on {a.device}, got {tuple(row_weights.shape)}")
+        row_weights = row_weights.contiguous()
+        row_dot = torch.empty(rows, F, dtype=torch.float32, device=a.device)
+    d_h = topology.empty_data(dtype)
+    check_launchable(_sdd_tma_module.sdd_tma_kernel, a.device)
+    if _sdd_tma(a, b, topology, d_h, cfg, dtype, h=h, row_weights=row_weights, row_dot=row_dot, epilogue=2):
+        return d_h, row_dot
+    sdd(a, b, topology, out=d_h, config=config)
+    if row_weights is None:
+        return activation.activation_backward("gelu", d_h, h, None, topology.nnz)[0], None
+    act = activation.activation_forward("gelu", h, None, topology.nnz)
+    d_h, _, row_dot = activation.activation_backward_weighted("gelu", d_h, h, None, act, row_weights, topology)
+    return d_h, row_dot
 
 
 def dsd(

@@ -5,11 +5,41 @@ GROUP_M block rows at a time for L2 reuse. With FLATTEN the compiler fuses the t
 K loop into one software pipeline, so a tile's epilogue overlaps the next tile's first loads: that
 matters when K (the model width) is short. Descriptors zero-fill reads past the edges of A and B,
 so K need not be a multiple of BLOCK_K. The tile count comes from nnz on the device.
+
+EPILOGUE fuses the GELU expert MLP's element-wise passes into the product's store, so that the
+pre-activation is not written by one kernel and read back by the next:
+  1  forward: out = h (rounded to the output dtype), act_desc gets gelu(h) of that rounded h;
+  2  backward: the product is da, the gradient of the activation; h_desc holds h. out gets
+     da * gelu'(h), scaled by each row's router weight when ROW_WEIGHTED, which also writes
+     row_dot[row, block column] = sum over the block's columns of da * gelu(h) (the router
+     weight's gradient, before the sum over block columns).
 """
 import triton
 import triton.language as tl
 
+from .activation import gelu, gelu_grad
 from .tile_mapping import grouped_tile
+
+
+@triton.jit
+def _store_tile(desc, out, blk, BS: tl.constexpr, NB: tl.constexpr):
+    # Each block of the tile is a separate [BS, BS] slab of the data tensor.
+    if NB == 1:
+        desc.store([blk * BS, 0], out)
+    else:
+        o0, o1 = out.reshape(BS, 2, BS).permute(0, 2, 1).split()
+        desc.store([blk * BS, 0], o0)
+        desc.store([(blk + 1) * BS, 0], o1)
+
+
+@triton.jit
+def _gelu_backward_block(da, blk, rows, h_desc, out_desc, row_weight_ptr, row_dot_ptr, blocks_per_row,
+                         BS: tl.constexpr, ROW_WEIGHTED: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    h = h_desc.load([blk * BS, 0]).to(tl.float32)
+    if ROW_WEIGHTED:
+        tl.store(row_dot_ptr + rows * blocks_per_row + blk % blocks_per_row, tl.sum(da * gelu(h), axis=1))
+        da = da * tl.load(row_weight_ptr + rows).to(tl.float32)[:, None]
+    out_desc.store([blk * BS, 0], (da * gelu_grad(h)).to(OUT_DTYPE))
 
 
 @triton.jit(do_not_specialize=["K", "blocks_per_row", "num_programs"])
@@ -17,9 +47,11 @@ def sdd_tma_kernel(
     a_desc, b_desc, out_desc,
     column_indices_ptr, nnz_ptr,
     K, blocks_per_row, num_programs,
+    act_desc, h_desc, row_weight_ptr, row_dot_ptr,
     BS: tl.constexpr, NB: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EPILOGUE: tl.constexpr = 0, ROW_WEIGHTED: tl.constexpr = False,
 ):
     nnz = tl.load(nnz_ptr)
     runs_per_row = blocks_per_row // NB
@@ -38,11 +70,19 @@ def sdd_tma_kernel(
             else:
                 b = b_desc.load([ki * BLOCK_K, col * BS])
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        out = acc.to(OUT_DTYPE)
-        # Each block of the tile is a separate [BS, BS] slab of the data tensor.
-        if NB == 1:
-            out_desc.store([blk * BS, 0], out)
+        if EPILOGUE == 2:
+            rows = row.to(tl.int64) * BS + tl.arange(0, BS)
+            if NB == 1:
+                _gelu_backward_block(acc, blk, rows, h_desc, out_desc, row_weight_ptr, row_dot_ptr,
+                                     blocks_per_row, BS, ROW_WEIGHTED, OUT_DTYPE)
+            else:
+                d0, d1 = acc.reshape(BS, 2, BS).permute(0, 2, 1).split()
+                _gelu_backward_block(d0, blk, rows, h_desc, out_desc, row_weight_ptr, row_dot_ptr,
+                                     blocks_per_row, BS, ROW_WEIGHTED, OUT_DTYPE)
+                _gelu_backward_block(d1, blk + 1, rows, h_desc, out_desc, row_weight_ptr, row_dot_ptr,
+                                     blocks_per_row, BS, ROW_WEIGHTED, OUT_DTYPE)
         else:
-            o0, o1 = out.reshape(BS, 2, BS).permute(0, 2, 1).split()
-            out_desc.store([blk * BS, 0], o0)
-            out_desc.store([(blk + 1) * BS, 0], o1)
+            out = acc.to(OUT_DTYPE)
+            _store_tile(out_desc, out, blk, BS, NB)
+            if EPILOGUE == 1:
+                _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)

@@ -6,6 +6,7 @@ the counts on the device. With expert weights viewed as [E*f, h]:
 
   forward   h1 = SDD(x, w1^T) [, h2 = SDD(x, v1^T)];  a = act(h1 [, h2]);  y = DSD(a, w2)
   backward  dw2 = DSD^T(a, dy);  da = SDD(dy, w2^T);  dh = act'(da);
+  (GELU: a comes from the first SDD's epilogue and dh from the backward SDD's, da never stored)
             dx = DSD(dh1, w1) [+ DSD(dh2, v1)];  dw1 = DSD^T(dh1, x) [, dv1 = DSD^T(dh2, x)]
 
 SwiGLU runs two SDDs on the same topology rather than one over [w1; v1] interleaved per expert:
@@ -170,15 +171,46 @@ def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, 
         dv1 = _weight_grad(d_h2, topo, x, v1, owners[1], stash)
     return dx, dw1, dv1
 
+def _hidden(x, w1, v1, topology, activation):
+    """(h1, h2, a): the pre-activation(s) and the activation of the experts' hidden layer. GELU
+    takes its activation from the product's epilogue (no separate pass over h1)."""
+    from dmoe_kernels import activation as act, ops
+
+    E, f, h = w1.shape
+    if v1 is None and activation == "gelu":
+        h1, a = ops.sdd_gelu(x, w1.reshape(E * f, h).t(), topology)
+        return h1, None, a
+    h1 = ops.sdd(x, w1.reshape(E * f, h).t(), topology)
+    h2 = ops.sdd(x, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
+    return h1, h2, act.activation_forward(activation, h1, h2, topology.nnz)
+
+
+def _hidden_grad(dy, w2, topo, h1, h2, a, activation, row_weights=None):
+    """(d_h1, d_h2, row_dot): the gradient through y = a w2 and the activation, from dy [rows, h].
+    With row_weights (the router weights of the padded rows, which multiply y's rows later, dy
+    being the unweighted copies): d_h scaled by them and row_dot's per-block partial sums of the
+    router weights' gradient. GELU runs it in the epilogue of the product that gives da, which is
+    never stored; SwiGLU needs the activation a for row_dot."""
+    from dmoe_kernels import activation as act, ops
+
+    E, f, h = w2.shape
+    w2t = w2.reshape(E * f, h).t()
+    if h2 is None and activation == "gelu":
+        d_h1, row_dot = ops.sdd_gelu_backward(dy, w2t, topo, h1, row_weights)
+        return d_h1, None, row_dot
+    da = ops.sdd(dy, w2t, topo)
+    if row_weights is None:
+        return (*act.activation_backward(activation, da, h1, h2, topo.nnz), None)  # d_h1 reuses da
+    return act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
+
+
 class _SparseExpertMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized, owners, stash):
-        from dmoe_kernels import activation as act, ops
+        from dmoe_kernels import ops
 
         E, f, h = w1.shape
-        h1 = ops.sdd(x, w1.reshape(E * f, h).t(), topology)
-        h2 = ops.sdd(x, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
-        a = act.activation_forward(activation, h1, h2, topology.nnz)
+        h1, h2, a = _hidden(x, w1, v1, topology, activation)
         y = ops.dsd(a, topology, w2.reshape(E * f, h))
         ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
@@ -186,7 +218,7 @@ class _SparseExpertMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        from dmoe_kernels import activation as act, ops
+        from dmoe_kernels import activation as act
         from dmoe_kernels.launch import bind_device
 
         x, w1, v1, w2, h1, h2, a = ctx.saved_tensors
@@ -202,8 +234,7 @@ class _SparseExpertMLP(torch.autograd.Function):
                 a = act.activation_forward(activation, h1, h2, topo.nnz)
             dw2 = _weight_grad(a, topo, dy, w2, owners[2], ctx.stash)
         del a
-        da = ops.sdd(dy, w2.reshape(E * f, h).t(), topo)
-        d_h1, d_h2 = act.activation_backward(activation, da, h1, h2, topo.nnz)  # d_h1 reuses da
+        d_h1, d_h2, _ = _hidden_grad(dy, w2, topo, h1, h2, None, activation)
         dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners,
                                             ctx.stash)
         return dx, dw1, dv1, dw2, None, None, None, None, None
@@ -242,14 +273,12 @@ class _SparseExpertsCombine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, v1, w2, weights, aux_loss, topology, positions, counts, activation, memory_optimized,
                 owners, stash):
-        from dmoe_kernels import activation as act, ops
+        from dmoe_kernels import ops
         from dmoe_kernels.permute_ops import expand, reduce
 
         E, f, h = w1.shape
         x_pad = expand(x, positions, topology.shape[0], topology.expert_offsets, counts)
-        h1 = ops.sdd(x_pad, w1.reshape(E * f, h).t(), topology)
-        h2 = ops.sdd(x_pad, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
-        a = act.activation_forward(activation, h1, h2, topology.nnz)
+        h1, h2, a = _hidden(x_pad, w1, v1, topology, activation)
         y = reduce(ops.dsd(a, topology, w2.reshape(E * f, h)), positions, weights)
         ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, None if memory_optimized else a, weights, positions,
                               counts, aux_loss)
@@ -258,7 +287,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        from dmoe_kernels import activation as act, ops
+        from dmoe_kernels import activation as act
         from dmoe_kernels.launch import bind_device
         from dmoe_kernels.permute_ops import expand, reduce
 
@@ -283,8 +312,8 @@ class _SparseExpertsCombine(torch.autograd.Function):
             del dy_weighted
         else:
             row_weights.zero_().index_put_((positions.reshape(-1),), weights.reshape(-1))
-        da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
-        d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
+        d_h1, d_h2, row_dot = _hidden_grad(expand(dy, positions, rows, offsets, counts), w2, topo, h1, h2, a,
+                                           activation, row_weights)
         del a
         dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x_pad, w1, v1, need_x, need_w1, need_v1, owners,
                                             ctx.stash)
