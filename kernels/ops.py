@@ -5,7 +5,8 @@
   sdd_gelu_backward(a, b, topology, h[, row_weights])
                                         gelu's backward applied to da = a @ b in the same kernel
   dsd(data, topology, b)                dense   = S @ b        (transpose=True: S^T @ b;
-                                        accumulate=True: out += the product)
+                                        accumulate=True: out += the product;
+                                        s_activation="gelu": S = gelu(data))
   dds(a, data, topology)                dense   = a @ S        (transpose=True: a @ S^T)
 
 Dense operands may be any strided view (a transposed weight, for instance); sparse data must be
@@ -15,6 +16,7 @@ by construction; the dense widths may be anything (the kernels mask the edges).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Tuple
 
 import torch
@@ -123,7 +125,7 @@ def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None, h=N
         topology.column_indices, topology.nnz,
         K, regular, grid,
         None if act is None else tma_descriptor(act.view(-1, bs), [bs, bs]),
-        None if h is None else tma_descriptor(h.view(-1, bs), [bs, bs]),
+        h,
         row_weights, row_dot,
         BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
@@ -214,6 +216,8 @@ def sdd_gelu_backward(a: torch.Tensor, b: torch.Tensor, topology: Topology, h: t
     if h.dtype != dtype or not h.is_contiguous():
         raise ValueError(f"{op}: h must be contiguous sparse data of dtype {dtype}")
     cfg = _sdd_config(a, topology, config, dtype, op)
+    if cfg.blocks_per_program != 1:  # the epilogue takes one block per tile (see sdd_tma_kernel)
+        cfg = replace(cfg, blocks_per_program=1, num_warps=max(cfg.num_warps, 8) if a.is_cuda else cfg.num_warps)
     row_dot = None
     if row_weights is not None:
         rows, F = topology.shape[0], topology.blocks_per_row
@@ -243,8 +247,13 @@ def dsd(
     out: Optional[torch.Tensor] = None,
     config: Optional[DsdConfig] = None,
     accumulate: bool = False,
+    s_activation: Optional[str] = None,
 ) -> torch.Tensor:
     """Dense S @ b (S^T @ b when transpose) for the sparse S = (data, topology).
+
+    s_activation="gelu": S = gelu(data), data being a GELU's input as stored (the activation that
+    ops.sdd_gelu returns beside it). Applied to S's tiles as the weight-gradient kernel loads them
+    (transpose, persistent TMA path), else by a separate activation pass first.
 
     accumulate=True adds the product to out (required) in the kernel's epilogue: out += S @ b, the
     fp32 accumulator added to out's old values before the store. out is then float32 (a weight
@@ -269,6 +278,11 @@ def dsd(
             f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}"
         )
     data = data.contiguous()
+    s_gelu = False
+    if s_activation is not None:
+        if s_activation != "gelu":
+            raise ValueError(f"{op}: s_activation={s_activation!r} is not supported; use 'gelu' or None")
+        s_gelu = True
     kernel = _dsd_module.dsd_kernel
     check_launchable(kernel, b.device)
     bs = topology.block_size
@@ -295,6 +309,8 @@ def dsd(
             epilogue = {}
             c_desc = tma_descriptor(out, [bs, cfg.block_n])
         if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
+            if s_gelu:
+                epilogue["S_GELU"] = True
             direct(_dsdt_tma_module.dsdt_tma_kernel)[(grid,)](
                 tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
                 c_desc,
@@ -305,6 +321,8 @@ def dsd(
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             )
             return out
+        if s_gelu:
+            data = activation.activation_forward("gelu", data, None, topology.nnz)
         direct(_dsd_tma_module.dsd_tma_kernel)[(grid,)](
             tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
             c_desc,
@@ -316,6 +334,8 @@ def dsd(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
         )
         return out
+    if s_gelu:
+        data = activation.activation_forward("gelu", data, None, topology.nnz)
     direct(kernel)[(num_programs,)](
         data, b, out,
         offsets, indices, positions,

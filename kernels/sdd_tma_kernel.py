@@ -9,7 +9,7 @@ so K need not be a multiple of BLOCK_K. The tile count comes from nnz on the dev
 EPILOGUE fuses the GELU expert MLP's element-wise passes into the product's store, so that the
 pre-activation is not written by one kernel and read back by the next:
   1  forward: out = h (rounded to the output dtype), act_desc gets gelu(h) of that rounded h;
-  2  backward: the product is da, the gradient of the activation; h_desc holds h. out gets
+  2  backward: the product is da, the gradient of the activation; h_ptr points to h. out gets
      da * gelu'(h), scaled by each row's router weight when ROW_WEIGHTED, which also writes
      row_dot[row, block column] = sum over the block's columns of da * gelu(h) (the router
      weight's gradient, before the sum over block columns).
@@ -33,9 +33,12 @@ def _store_tile(desc, out, blk, BS: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
-def _gelu_backward_block(da, blk, rows, h_desc, out_desc, row_weight_ptr, row_dot_ptr, blocks_per_row,
+def _gelu_backward_block(da, blk, rows, h_ptr, out_desc, row_weight_ptr, row_dot_ptr, blocks_per_row,
                          BS: tl.constexpr, ROW_WEIGHTED: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    h = h_desc.load([blk * BS, 0]).to(tl.float32)
+    # h through pointers, straight into registers: a TMA load would need shared memory beyond what
+    # the main loop's pipeline leaves
+    offs = tl.arange(0, BS)
+    h = tl.load(h_ptr + blk.to(tl.int64) * (BS * BS) + offs[:, None] * BS + offs[None, :]).to(tl.float32)
     if ROW_WEIGHTED:
         tl.store(row_dot_ptr + rows * blocks_per_row + blk % blocks_per_row, tl.sum(da * gelu(h), axis=1))
         da = da * tl.load(row_weight_ptr + rows).to(tl.float32)[:, None]
@@ -47,7 +50,7 @@ def sdd_tma_kernel(
     a_desc, b_desc, out_desc,
     column_indices_ptr, nnz_ptr,
     K, blocks_per_row, num_programs,
-    act_desc, h_desc, row_weight_ptr, row_dot_ptr,
+    act_desc, h_ptr, row_weight_ptr, row_dot_ptr,
     BS: tl.constexpr, NB: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -71,16 +74,12 @@ def sdd_tma_kernel(
                 b = b_desc.load([ki * BLOCK_K, col * BS])
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if EPILOGUE == 2:
+            # one block per tile: splitting a two-block fp32 accumulator takes more shared memory
+            # than the pipeline leaves
+            tl.static_assert(NB == 1)
             rows = row.to(tl.int64) * BS + tl.arange(0, BS)
-            if NB == 1:
-                _gelu_backward_block(acc, blk, rows, h_desc, out_desc, row_weight_ptr, row_dot_ptr,
-                                     blocks_per_row, BS, ROW_WEIGHTED, OUT_DTYPE)
-            else:
-                d0, d1 = acc.reshape(BS, 2, BS).permute(0, 2, 1).split()
-                _gelu_backward_block(d0, blk, rows, h_desc, out_desc, row_weight_ptr, row_dot_ptr,
-                                     blocks_per_row, BS, ROW_WEIGHTED, OUT_DTYPE)
-                _gelu_backward_block(d1, blk + 1, rows, h_desc, out_desc, row_weight_ptr, row_dot_ptr,
-                                     blocks_per_row, BS, ROW_WEIGHTED, OUT_DTYPE)
+            _gelu_backward_block(acc, blk, rows, h_ptr, out_desc, row_weight_ptr, row_dot_ptr,
+                                 blocks_per_row, BS, ROW_WEIGHTED, OUT_DTYPE)
         else:
             out = acc.to(OUT_DTYPE)
             _store_tile(out_desc, out, blk, BS, NB)

@@ -110,3 +110,24 @@ def test_sdd_gelu_backward_rejects_bad_operands(device):
         ops.sdd_gelu_backward(dy, w2.t(), topo, h.half())
     with pytest.raises(ValueError, match="row_weights must be"):
         ops.sdd_gelu_backward(dy, w2.t(), topo, h, row_weights=torch.rand(3, device=device))
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["new", "accumulate"])
+def test_weight_gradient_applies_gelu_to_its_sparse_operand(accumulate, device, monkeypatch):
+    """dsd(h, topology, b, transpose=True, s_activation="gelu") = gelu(h)^T @ b, GELU applied as the
+    weight-gradient kernel loads h (no separate pass where that kernel runs)."""
+    from dmoe_kernels.tuning import dsd_config
+
+    topo, dy, w2, used = _case(device, torch.float32, counts=(7, 33, 0, 9))
+    h = (2 * torch.randn(topo.data_shape(), device=device))
+    cols = topo.shape[1]
+    if dsd_config(topo.block_size, dy.shape[1], True, device, True, torch.float32).persistent:
+        _no_separate_passes(monkeypatch, topo, dy, torch.float32)
+    out = torch.randn(cols, dy.shape[1], device=device) if accumulate else None
+    before = out.clone() if accumulate else 0.0
+    got = ops.dsd(h, topo, dy, transpose=True, s_activation="gelu", out=out, accumulate=accumulate)
+    act = F.gelu(ref.to_dense(h.double(), topo)) * _dense_mask(topo)
+    expected = act.t() @ dy.double() + (before.double() if accumulate else 0.0)
+    assert _err(got, expected) < 1e-5
+    with pytest.raises(ValueError, match="s_activation='relu' is not supported"):
+        ops.dsd(h, topo, dy, transpose=True, s_activation="relu")

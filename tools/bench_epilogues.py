@@ -1,0 +1,100 @@
+"""Time the GELU expert MLP's element-wise work fused into the products against separate passes.
+
+For each GELU case of the benchmark table (balanced routing), on the dMoE topology:
+
+  forward   separate: sdd (h) + activation_forward (gelu(h))      fused: ops.sdd_gelu
+  backward  separate: sdd (da) + activation_backward_weighted    fused: ops.sdd_gelu_backward
+  dw2       kept activation: dsd^T(a, dy)                         from h: dsd^T(h, dy, s_activation="gelu")
+            memory-optimised today: activation_forward + dsd^T(a, dy)
+
+Times: triton.testing.do_bench, median, bf16. A table on stdout, JSON with --out.
+
+  python tools/bench_epilogues.py [--cases paper-small,mixtral] [--out epilogues.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+import torch
+from triton.testing import do_bench
+
+import dmoe_kernels as dk
+from bench_moe import CASES, case_activation
+from dmoe_kernels import activation as act, ops
+from dmoe_kernels.tuning import sdd_config
+
+
+def _case(name):
+    T, d, f, E, k = CASES[name]
+    dev, bf = torch.device("cuda"), torch.bfloat16
+    counts = torch.full((E,), T * k // E, device=dev)
+    topo = dk.Topology.for_experts(counts, T * k, f, 128)
+    rows = topo.shape[0]
+    x = torch.randn(rows, d, device=dev, dtype=bf)
+    dy = torch.randn(rows, d, device=dev, dtype=bf)
+    w1 = (torch.randn(E * f, d, device=dev) * d ** -0.5).to(bf)
+    w2 = (torch.randn(E * f, d, device=dev) * d ** -0.5).to(bf)
+    row_w = torch.rand(rows, device=dev)
+    return topo, x, dy, w1, w2, row_w
+
+
+def measure(name, rep_ms):
+    topo, x, dy, w1, w2, row_w = _case(name)
+    h, a = ops.sdd_gelu(x, w1.t(), topo)
+    unflat = replace(sdd_config(128, topo.blocks_per_row, x.shape[1], x.device, x.dtype), flatten=False)
+
+    def t(fn):
+        return do_bench(fn, rep=rep_ms, return_mode="median") * 1e3  # us
+
+    def bwd_separate():
+        da = ops.sdd(dy, w2.t(), topo)
+        act.activation_backward_weighted("gelu", da, h, None, a, row_w, topo)
+
+    row = {
+        "case": name,
+        "fwd_sdd_us": t(lambda: ops.sdd(x, w1.t(), topo)),
+        "fwd_act_us": t(lambda: act.activation_forward("gelu", h, None, topo.nnz)),
+        "fwd_fused_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo)),
+        "bwd_separate_us": t(bwd_separate),
+        "bwd_fused_us": t(lambda: ops.sdd_gelu_backward(dy, w2.t(), topo, h, row_w)),
+        # the fused kernels with the tile and K loops left apart (the epilogue outside the pipeline)
+        "fwd_fused_unflattened_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo, config=unflat)),
+        "bwd_fused_unflattened_us": t(lambda: ops.sdd_gelu_backward(dy, w2.t(), topo, h, row_w, config=unflat)),
+        "dw2_kept_us": t(lambda: ops.dsd(a, topo, dy, transpose=True)),
+        "dw2_from_h_us": t(lambda: ops.dsd(h, topo, dy, transpose=True, s_activation="gelu")),
+    }
+    row["fwd_separate_us"] = row["fwd_sdd_us"] + row["fwd_act_us"]
+    row["dw2_recompute_us"] = row["fwd_act_us"] + row["dw2_kept_us"]
+    return row
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="paper-small,paper-medium,mixtral",
+                        help="comma-separated GELU cases of tools/bench_moe.py")
+    parser.add_argument("--rep-ms", type=float, default=100, help="do_bench repetition time per measurement")
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    names = args.cases.split(",")
+    for n in names:
+        if n not in CASES or case_activation(n, False) != "gelu":
+            parser.error(f"--cases: {n!r} is not a GELU case of {sorted(CASES)}")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    rows = [measure(n, args.rep_ms) for n in names]
+    cols = ["fwd_separate_us", "fwd_fused_us", "fwd_fused_unflattened_us", "bwd_separate_us", "bwd_fused_us",
+            "bwd_fused_unflattened_us", "dw2_kept_us",
+            "dw2_recompute_us", "dw2_from_h_us"]
+    print("| case | " + " | ".join(c[:-3] + " us" for c in cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for r in rows:
+        print(f"| {r['case']} | " + " | ".join(f"{r[c]:.0f}" for c in cols) + " |")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"rows": rows, "torch": torch.__version__, "device": torch.cuda.get_device_name()}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
