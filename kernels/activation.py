@@ -29,7 +29,7 @@ _BLOCK = 1024
 
 @triton.jit
 def gelu(x):
-    """Exact (erf) GELU of fp32 x; also the products' fused epilogues' (sdd_tma_kernel)."""
+    """Exact (erf) GELU of fp32 x; also the forward product's epilogue's (sdd_tma_kernel)."""
     return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # 1 / sqrt(2)
 
 

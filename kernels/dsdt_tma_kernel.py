@@ -14,17 +14,12 @@ can then prefetch the next tile's operands while the current tile finishes. A ti
 without tokens takes one step that reads out of bounds (TMA returns zeros) and stores zeros.
 Tiles are dealt to programs round-robin in GROUP_M-swizzled order for L2 reuse.
 
-S_GELU multiplies gelu(S) instead of S: S holds a GELU's input h (stored in its dtype), so that the
-weight gradient of the layer after the activation needs no stored activation. gelu(0) = 0 keeps
-the out-of-bounds zeros zero.
-
 ACCUMULATE adds each tile to C (C += S^T @ B) through plain pointers (c_ptr, stride_cm) rather than
 the TMA store, as in dsd_tma_kernel; c_desc is then unused (None).
 """
 import triton
 import triton.language as tl
 
-from .activation import gelu
 from .dsd_tma_kernel import add_tile_to_output
 from .tile_mapping import grouped_tile
 
@@ -36,7 +31,7 @@ def dsdt_tma_kernel(
     N, out_block_rows, blocks_per_row, num_programs, s_rows, b_rows,
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_CHUNK: tl.constexpr = 64,
-    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False, S_GELU: tl.constexpr = False,
+    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     KSTEPS: tl.constexpr = BS // BLOCK_K
@@ -79,10 +74,7 @@ def dsdt_tma_kernel(
         live = ki < live_steps
         s_row = tl.where(live, (blk0 + (ki // KSTEPS) * blocks_per_row) * BS + (ki % KSTEPS) * BLOCK_K, s_rows)
         b_row = tl.where(live, first * BS + ki * BLOCK_K, b_rows)
-        s = s_desc.load([s_row, 0])
-        if S_GELU:
-            s = gelu(s.to(tl.float32)).to(s.dtype)
-        s = s.T
+        s = s_desc.load([s_row, 0]).T
         b = b_desc.load([b_row, tn * BLOCK_N])
         acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
         if ki == steps - 1:

@@ -2,11 +2,8 @@
 
   sdd(a, b, topology)                   sparse  = a @ b at the topology's blocks
   sdd_gelu(a, b, topology)              (h, gelu(h)) for that product, in one kernel
-  sdd_gelu_backward(a, b, topology, h[, row_weights])
-                                        gelu's backward applied to da = a @ b in the same kernel
   dsd(data, topology, b)                dense   = S @ b        (transpose=True: S^T @ b;
-                                        accumulate=True: out += the product;
-                                        s_activation="gelu": S = gelu(data))
+                                        accumulate=True: out += the product)
   dds(a, data, topology)                dense   = a @ S        (transpose=True: a @ S^T)
 
 Dense operands may be any strided view (a transposed weight, for instance); sparse data must be
@@ -16,7 +13,6 @@ by construction; the dense widths may be anything (the kernels mask the edges).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional, Tuple
 
 import torch
@@ -105,9 +101,8 @@ def _sdd_checks(op: str, a: torch.Tensor, b: torch.Tensor, topology: Topology) -
     return _check_operands(topology, op, a=a, b=b)
 
 
-def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None, h=None, row_weights=None,
-             row_dot=None, epilogue: int = 0) -> bool:
-    """Launch the persistent TMA kernel (with one of its epilogues, see sdd_tma_kernel) when it
+def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None) -> bool:
+    """Launch the persistent TMA kernel (with act: its GELU epilogue, see sdd_tma_kernel) when it
     applies to these operands; False (nothing launched) when it does not."""
     K, regular, nb = a.shape[1], topology.blocks_per_row, cfg.blocks_per_program
     b_kmajor = tma_ready(b, transposed=True)
@@ -125,11 +120,9 @@ def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None, h=N
         topology.column_indices, topology.nnz,
         K, regular, grid,
         None if act is None else tma_descriptor(act.view(-1, bs), [bs, bs]),
-        h,
-        row_weights, row_dot,
         BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
-        DOT_PRECISION=dot_precision(dtype, a.device), EPILOGUE=epilogue, ROW_WEIGHTED=row_weights is not None,
+        DOT_PRECISION=dot_precision(dtype, a.device), GELU_OUT=act is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return True
@@ -194,49 +187,10 @@ def sdd_gelu(a: torch.Tensor, b: torch.Tensor, topology: Topology,
     cfg = _sdd_config(a, topology, config, dtype, "sdd_gelu")
     h, act = topology.empty_data(dtype), topology.empty_data(dtype)
     check_launchable(_sdd_tma_module.sdd_tma_kernel, a.device)
-    if _sdd_tma(a, b, topology, h, cfg, dtype, act=act, epilogue=1):
+    if _sdd_tma(a, b, topology, h, cfg, dtype, act=act):
         return h, act
     sdd(a, b, topology, out=h, config=config)
     return h, activation.activation_forward("gelu", h, None, topology.nnz)
-
-
-def sdd_gelu_backward(a: torch.Tensor, b: torch.Tensor, topology: Topology, h: torch.Tensor,
-                      row_weights: Optional[torch.Tensor] = None, config: Optional[SddConfig] = None
-                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Backward of act = gelu(h) through the product that gives its gradient, da = sdd(a, b): returns
-    (d_h, row_dot). Without row_weights, d_h = gelu'(h) * da and row_dot is None. With them ([rows]
-    router weights of the padded rows, which multiply act's rows later), d_h = row_weights[row] *
-    gelu'(h) * da, and row_dot [rows, blocks_per_row] fp32 holds per row and block column the sum
-    of da * gelu(h), whose sum over block columns is the router weight's gradient (as
-    activation.activation_backward_weighted). da is never stored where the persistent TMA kernel
-    applies."""
-    op = "sdd_gelu_backward"
-    dtype = _sdd_checks(op, a, b, topology)
-    topology.check_data(h, "h")
-    if h.dtype != dtype or not h.is_contiguous():
-        raise ValueError(f"{op}: h must be contiguous sparse data of dtype {dtype}")
-    cfg = _sdd_config(a, topology, config, dtype, op)
-    if cfg.blocks_per_program != 1:  # the epilogue takes one block per tile (see sdd_tma_kernel)
-        cfg = replace(cfg, blocks_per_program=1, num_warps=max(cfg.num_warps, 8) if a.is_cuda else cfg.num_warps)
-    row_dot = None
-    if row_weights is not None:
-        rows, F = topology.shape[0], topology.blocks_per_row
-        if not F:
-            raise ValueError(f"{op}: row weights need a dMoE topology (blocks_per_row set)")
-        if row_weights.shape != (rows,) or row_weights.device != a.device:
-            raise ValueError(f"{op}: row_weights must be [{rows}] on {a.device}, got {tuple(row_weights.shape)}")
-        row_weights = row_weights.contiguous()
-        row_dot = torch.empty(rows, F, dtype=torch.float32, device=a.device)
-    d_h = topology.empty_data(dtype)
-    check_launchable(_sdd_tma_module.sdd_tma_kernel, a.device)
-    if _sdd_tma(a, b, topology, d_h, cfg, dtype, h=h, row_weights=row_weights, row_dot=row_dot, epilogue=2):
-        return d_h, row_dot
-    sdd(a, b, topology, out=d_h, config=config)
-    if row_weights is None:
-        return activation.activation_backward("gelu", d_h, h, None, topology.nnz)[0], None
-    act = activation.activation_forward("gelu", h, None, topology.nnz)
-    d_h, _, row_dot = activation.activation_backward_weighted("gelu", d_h, h, None, act, row_weights, topology)
-    return d_h, row_dot
 
 
 def dsd(
@@ -247,13 +201,8 @@ def dsd(
     out: Optional[torch.Tensor] = None,
     config: Optional[DsdConfig] = None,
     accumulate: bool = False,
-    s_activation: Optional[str] = None,
 ) -> torch.Tensor:
     """Dense S @ b (S^T @ b when transpose) for the sparse S = (data, topology).
-
-    s_activation="gelu": S = gelu(data), data being a GELU's input as stored (the activation that
-    ops.sdd_gelu returns beside it). Applied to S's tiles as the weight-gradient kernel loads them
-    (transpose, persistent TMA path), else by a separate activation pass first.
 
     accumulate=True adds the product to out (required) in the kernel's epilogue: out += S @ b, the
     fp32 accumulator added to out's old values before the store. out is then float32 (a weight
@@ -278,11 +227,6 @@ def dsd(
             f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}"
         )
     data = data.contiguous()
-    s_gelu = False
-    if s_activation is not None:
-        if s_activation != "gelu":
-            raise ValueError(f"{op}: s_activation={s_activation!r} is not supported; use 'gelu' or None")
-        s_gelu = True
     kernel = _dsd_module.dsd_kernel
     check_launchable(kernel, b.device)
     bs = topology.block_size
@@ -309,8 +253,6 @@ def dsd(
             epilogue = {}
             c_desc = tma_descriptor(out, [bs, cfg.block_n])
         if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
-            if s_gelu:
-                epilogue["S_GELU"] = True
             direct(_dsdt_tma_module.dsdt_tma_kernel)[(grid,)](
                 tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
                 c_desc,
@@ -321,8 +263,6 @@ def dsd(
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             )
             return out
-        if s_gelu:
-            data = activation.activation_forward("gelu", data, None, topology.nnz)
         direct(_dsd_tma_module.dsd_tma_kernel)[(grid,)](
             tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
             c_desc,
@@ -334,8 +274,6 @@ def dsd(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
         )
         return out
-    if s_gelu:
-        data = activation.activation_forward("gelu", data, None, topology.nnz)
     direct(kernel)[(num_programs,)](
         data, b, out,
         offsets, indices, positions,

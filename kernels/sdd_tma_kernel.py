@@ -6,18 +6,15 @@ K loop into one software pipeline, so a tile's epilogue overlaps the next tile's
 matters when K (the model width) is short. Descriptors zero-fill reads past the edges of A and B,
 so K need not be a multiple of BLOCK_K. The tile count comes from nnz on the device.
 
-EPILOGUE fuses the GELU expert MLP's element-wise passes into the product's store, so that the
-pre-activation is not written by one kernel and read back by the next:
-  1  forward: out = h (rounded to the output dtype), act_desc gets gelu(h) of that rounded h;
-  2  backward: the product is da, the gradient of the activation; h_ptr points to h. out gets
-     da * gelu'(h), scaled by each row's router weight when ROW_WEIGHTED, which also writes
-     row_dot[row, block column] = sum over the block's columns of da * gelu(h) (the router
-     weight's gradient, before the sum over block columns).
+GELU_OUT (the GELU expert MLP's forward): besides out = h (rounded to the output dtype), act_desc
+gets gelu(h) of that rounded h, so that no separate pass reads h back. (The backward's GELU in the
+epilogue of the product that gives its gradient measured slower than the separate pass:
+tools/moe_notes.md, Run 12.)
 """
 import triton
 import triton.language as tl
 
-from .activation import gelu, gelu_grad
+from .activation import gelu
 from .tile_mapping import grouped_tile
 
 
@@ -32,29 +29,16 @@ def _store_tile(desc, out, blk, BS: tl.constexpr, NB: tl.constexpr):
         desc.store([(blk + 1) * BS, 0], o1)
 
 
-@triton.jit
-def _gelu_backward_block(da, blk, rows, h_ptr, out_desc, row_weight_ptr, row_dot_ptr, blocks_per_row,
-                         BS: tl.constexpr, ROW_WEIGHTED: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    # h through pointers, straight into registers: a TMA load would need shared memory beyond what
-    # the main loop's pipeline leaves
-    offs = tl.arange(0, BS)
-    h = tl.load(h_ptr + blk.to(tl.int64) * (BS * BS) + offs[:, None] * BS + offs[None, :]).to(tl.float32)
-    if ROW_WEIGHTED:
-        tl.store(row_dot_ptr + rows * blocks_per_row + blk % blocks_per_row, tl.sum(da * gelu(h), axis=1))
-        da = da * tl.load(row_weight_ptr + rows).to(tl.float32)[:, None]
-    out_desc.store([blk * BS, 0], (da * gelu_grad(h)).to(OUT_DTYPE))
-
-
 @triton.jit(do_not_specialize=["K", "blocks_per_row", "num_programs"])
 def sdd_tma_kernel(
     a_desc, b_desc, out_desc,
     column_indices_ptr, nnz_ptr,
     K, blocks_per_row, num_programs,
-    act_desc, h_ptr, row_weight_ptr, row_dot_ptr,
+    act_desc,
     BS: tl.constexpr, NB: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EPILOGUE: tl.constexpr = 0, ROW_WEIGHTED: tl.constexpr = False,
+    GELU_OUT: tl.constexpr = False,
 ):
     nnz = tl.load(nnz_ptr)
     runs_per_row = blocks_per_row // NB
@@ -73,15 +57,7 @@ def sdd_tma_kernel(
             else:
                 b = b_desc.load([ki * BLOCK_K, col * BS])
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        if EPILOGUE == 2:
-            # one block per tile: splitting a two-block fp32 accumulator takes more shared memory
-            # than the pipeline leaves
-            tl.static_assert(NB == 1)
-            rows = row.to(tl.int64) * BS + tl.arange(0, BS)
-            _gelu_backward_block(acc, blk, rows, h_ptr, out_desc, row_weight_ptr, row_dot_ptr,
-                                 blocks_per_row, BS, ROW_WEIGHTED, OUT_DTYPE)
-        else:
-            out = acc.to(OUT_DTYPE)
-            _store_tile(out_desc, out, blk, BS, NB)
-            if EPILOGUE == 1:
-                _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)
+        out = acc.to(OUT_DTYPE)
+        _store_tile(out_desc, out, blk, BS, NB)
+        if GELU_OUT:
+            _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)

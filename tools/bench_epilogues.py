@@ -1,11 +1,11 @@
-"""Time the GELU expert MLP's element-wise work fused into the products against separate passes.
+"""Time the GELU expert MLP's forward activation fused into the product against a separate pass.
 
-For each GELU case of the benchmark table (balanced routing), on the dMoE topology:
-
-  forward   separate: sdd (h) + activation_forward (gelu(h))      fused: ops.sdd_gelu
-  backward  separate: sdd (da) + activation_backward_weighted    fused: ops.sdd_gelu_backward
-  dw2       kept activation: dsd^T(a, dy)                         from h: dsd^T(h, dy, s_activation="gelu")
-            memory-optimised today: activation_forward + dsd^T(a, dy)
+For each GELU case of the benchmark table (balanced routing), on the dMoE topology: separate, sdd (h)
++ activation_forward (gelu(h)); fused, ops.sdd_gelu, with the persistent kernel's tile and K loops
+fused (the default) and apart. Beside them the backward's separate passes (sdd for da, then
+activation_backward_weighted) and the weight gradient of w2 with the activation kept, and with it
+recomputed (memory-optimised mode), for scale. (Fusing those two into products measured slower:
+tools/moe_notes.md, Run 12.)
 
 Times: triton.testing.do_bench, median, bf16. A table on stdout, JSON with --out.
 
@@ -58,12 +58,9 @@ def measure(name, rep_ms):
         "fwd_act_us": t(lambda: act.activation_forward("gelu", h, None, topo.nnz)),
         "fwd_fused_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo)),
         "bwd_separate_us": t(bwd_separate),
-        "bwd_fused_us": t(lambda: ops.sdd_gelu_backward(dy, w2.t(), topo, h, row_w)),
-        # the fused kernels with the tile and K loops left apart (the epilogue outside the pipeline)
+        # tile and K loops left apart (the epilogue outside the pipeline)
         "fwd_fused_unflattened_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo, config=unflat)),
-        "bwd_fused_unflattened_us": t(lambda: ops.sdd_gelu_backward(dy, w2.t(), topo, h, row_w, config=unflat)),
         "dw2_kept_us": t(lambda: ops.dsd(a, topo, dy, transpose=True)),
-        "dw2_from_h_us": t(lambda: ops.dsd(h, topo, dy, transpose=True, s_activation="gelu")),
     }
     row["fwd_separate_us"] = row["fwd_sdd_us"] + row["fwd_act_us"]
     row["dw2_recompute_us"] = row["fwd_act_us"] + row["dw2_kept_us"]
@@ -84,9 +81,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     rows = [measure(n, args.rep_ms) for n in names]
-    cols = ["fwd_separate_us", "fwd_fused_us", "fwd_fused_unflattened_us", "bwd_separate_us", "bwd_fused_us",
-            "bwd_fused_unflattened_us", "dw2_kept_us",
-            "dw2_recompute_us", "dw2_from_h_us"]
+    cols = ["fwd_separate_us", "fwd_fused_us", "fwd_fused_unflattened_us", "bwd_separate_us", "dw2_kept_us",
+            "dw2_recompute_us"]
     print("| case | " + " | ".join(c[:-3] + " us" for c in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for r in rows:

@@ -57,7 +57,7 @@ class MoEConfig:
     token_drop_policy: str = "probs"  # probs | position, with expert_capacity_factor
     backend: str = "auto"  # auto | sparse | grouped | reference
     block_size: int = 128  # block size of the sparse backend: 16 | 32 | 64 | 128 (moe/options.py)
-    memory_optimized: bool = False  # SwiGLU experts: recompute the activation in backward (GELU never keeps it)
+    memory_optimized: bool = False  # recompute the activation in backward
     # Expert weight gradients once per step over all micro-batches, not once per micro-batch (sparse
     # backend): main_grad read and written once; keeps every micro-batch's expert operands until then.
     expert_wgrad_per_step: bool = False

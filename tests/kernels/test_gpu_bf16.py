@@ -136,30 +136,19 @@ def test_expert_mlp_autograd_bf16():
 
 
 @pytest.mark.parametrize("routing, E, num_routed, ffn, d, bs", CASES)
-def test_gelu_epilogues_bf16(routing, E, num_routed, ffn, d, bs):
-    """sdd_gelu and the row-weighted sdd_gelu_backward (the layer's GELU path) against float64."""
+def test_gelu_epilogue_bf16(routing, E, num_routed, ffn, d, bs):
+    """sdd_gelu (the layer's GELU forward) against float64."""
     import torch.nn.functional as F
 
     dev = torch.device("cuda")
     topo = dk.Topology.for_experts(_counts(routing, E, num_routed, dev), num_routed, ffn, bs)
     rows, bf, n = topo.shape[0], torch.bfloat16, int(topo.nnz)
-    used = int(topo.expert_offsets[-1])
     x = torch.randn(rows, d, device=dev, dtype=bf)
-    dy = torch.randn(rows, d, device=dev, dtype=bf)
     w1 = (torch.randn(E * ffn, d, device=dev) * d ** -0.5).to(bf)
-    w2 = (torch.randn(E * ffn, d, device=dev) * d ** -0.5).to(bf)
-    row_w = torch.rand(rows, device=dev)
     torch.cuda.set_sync_debug_mode("error")
     try:
         h, act = dk.ops.sdd_gelu(x, w1.t(), topo)
-        d_h, row_dot = dk.ops.sdd_gelu_backward(dy, w2.t(), topo, h, row_w)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    mask = ref.block_mask_dense(topo, torch.float64)
     assert _rel_err(h[:n], ref.sdd(x.double(), w1.double().t(), topo)[:n]) < BF16_TOL
     assert _rel_err(act[:n], F.gelu(h[:n].double())) < BF16_TOL
-    h64 = ref.to_dense(h.double(), topo)
-    da = (dy.double() @ w2.double().t()) * mask
-    g = torch.ops.aten.gelu_backward(da * row_w.double()[:, None], h64)
-    assert _rel_err(ref.to_dense(d_h, topo)[:used], g[:used]) < BF16_TOL
-    assert _rel_err(row_dot[:used].sum(1), (da * F.gelu(h64)).sum(1)[:used]) < BF16_TOL

@@ -22,12 +22,11 @@ NO_LAUNCH = {
 # The budget (GELU experts, top-2, micro-batch load-balancing loss, no padding tokens). Forward: the
 # router GEMM and fused router, the counting sort and topology (6), the permutation, the loss with
 # the metrics' running sums (1), the two products (GELU in the first one's epilogue), the combine.
-# Backward: the permutation's, experts' and combine's (7: GELU's backward and the router weights'
-# partial sums in the epilogue of the product that gives the activation's gradient, their sum in
-# the launch that sums dx back), the loss's (1), the fused router's, the router GEMM's two and the sum of the
+# Backward: the permutation's, experts' and combine's (8: the router weights' gradient summed in the
+# launch that sums dx back), the loss's (1), the fused router's, the router GEMM's two and the sum of the
 # input's two gradients.
 FORWARD_LAUNCHES = 13
-BACKWARD_LAUNCHES = 12
+BACKWARD_LAUNCHES = 13
 
 
 class _Counter(TorchDispatchMode):

@@ -51,18 +51,13 @@ class WgradStash:
         finally:
             self._pending = None
 
-    def deferring(self, topology, b: torch.Tensor) -> bool:
-        """Would `stash` keep a gradient of this topology and dense operand for the step's end?"""
-        if self._pending is None or not topology.blocks_per_row or topology.expert_offsets is None:
-            return False
-        # a graph replays its kernels every step; nothing may be left for later
-        return not (b.is_cuda and torch.cuda.is_current_stream_capturing())
-
     def stash(self, weight: torch.Tensor, data: torch.Tensor, topology, b: torch.Tensor) -> bool:
         """Keep the operands of weight's gradient (S^T @ b, S = (data, topology)) for the end of the
         step. False when not deferring: the caller computes the gradient now."""
-        if not self.deferring(topology, b):
+        if self._pending is None or not topology.blocks_per_row or topology.expert_offsets is None:
             return False
+        if b.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False  # a graph replays its kernels every step; nothing may be left for later
         entry = self._pending.setdefault(id(weight), (weight, [], [], []))
         entry[1].append(data)
         entry[2].append(topology)

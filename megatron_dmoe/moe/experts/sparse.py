@@ -5,8 +5,8 @@ Rows come grouped by expert and padded per expert to whole blocks (the padded bu
 the counts on the device. With expert weights viewed as [E*f, h]:
 
   forward   h1 = SDD(x, w1^T) [, h2 = SDD(x, v1^T)];  a = act(h1 [, h2]);  y = DSD(a, w2)
+            (GELU: a from the first SDD's epilogue, no separate pass)
   backward  dw2 = DSD^T(a, dy);  da = SDD(dy, w2^T);  dh = act'(da);
-  (GELU: a comes from the first SDD's epilogue and dh from the backward SDD's, da never stored)
             dx = DSD(dh1, w1) [+ DSD(dh2, v1)];  dw1 = DSD^T(dh1, x) [, dv1 = DSD^T(dh2, x)]
 
 SwiGLU runs two SDDs on the same topology rather than one over [w1; v1] interleaved per expert:
@@ -27,10 +27,8 @@ A caller turns fusion off for one parameter with
 Inside the run's `WgradStash.per_step()` (moe/run_state.py), the first way's products are deferred to
 the end of the training step and run once over all micro-batches (see per_step_wgrad.py).
 
-Saved for backward: x and the pre-activation(s); SwiGLU also the activation, unless memory-optimised
-mode drops it and recomputes it (one element-wise pass) in backward. GELU never keeps it: the
-weight gradient of w2 applies GELU to h1's tiles as it loads them, and the activation's backward
-runs in a product's epilogue, so there is nothing to recompute. Nothing is copied to the host:
+Saved for backward: x, the pre-activation(s) and the activation; memory-optimised mode drops the
+activation and recomputes it (one element-wise pass) in backward. Nothing is copied to the host:
 every size comes from host-known bounds, counts stay on the device.
 
   sparse_experts_combine  the layer's path: experts on the padded buffer AND the router-weighted
@@ -125,12 +123,10 @@ def _grad_owners(x: torch.Tensor, *weights):
     return inputs, owners
 
 
-def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tensor] = None, stash=None,
-                 s_activation: Optional[str] = None):
-    """Gradient of an expert weight, S^T @ b for S = (data, topo) (S = gelu(data) with
-    s_activation="gelu", applied by the product as it loads data): added into owner.main_grad
+def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tensor] = None, stash=None):
+    """Gradient of an expert weight, S^T @ b for S = (data, topo): added into owner.main_grad
     (returns None: the weight entered detached), or left in `stash` (a WgradStash deferring to the
-    step's end; it gets S itself), or else:
+    step's end), or else:
 
     With a fusable main_grad (see _fusable_main_grad) the product is added into it in the kernel's
     epilogue (fp32 accumulator + old main_grad, one pass), the weight is flagged
@@ -140,24 +136,19 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
     Unfused, a weight with a main_grad gets the flag cleared, so that the hook adds the real
     gradient even after an earlier fused backward (a graph capture, or a toggled opt-out).
     """
-    from dmoe_kernels import activation as act, ops
+    from dmoe_kernels import ops
 
     E, f, h = weight.shape
     if owner is not None:
-        if stash is not None and stash.deferring(topo, b):
-            if s_activation is not None:
-                data = act.activation_forward(s_activation, data, None, topo.nnz)
-            stash.stash(owner, data, topo, b)
-        else:
-            ops.dsd(data, topo, b, transpose=True, out=param_roles.main_grad(owner).view(E * f, h), accumulate=True,
-                    s_activation=s_activation)
+        if stash is None or not stash.stash(owner, data, topo, b):
+            ops.dsd(data, topo, b, transpose=True, out=param_roles.main_grad(owner).view(E * f, h), accumulate=True)
         return None
     main_grad = _fusable_main_grad(weight)
     if main_grad is None:
         if param_roles.main_grad(weight) is not None:
             param_roles.set_grad_added_to_main_grad(weight, False)
-        return ops.dsd(data, topo, b, transpose=True, s_activation=s_activation).view(E, f, h)
-    ops.dsd(data, topo, b, transpose=True, out=main_grad.view(E * f, h), accumulate=True, s_activation=s_activation)
+        return ops.dsd(data, topo, b, transpose=True).view(E, f, h)
+    ops.dsd(data, topo, b, transpose=True, out=main_grad.view(E * f, h), accumulate=True)
     param_roles.set_grad_added_to_main_grad(weight, True)
     if param_roles.zero_out_wgrad(weight):
         return torch.zeros_like(weight)
@@ -180,55 +171,18 @@ def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, 
         dv1 = _weight_grad(d_h2, topo, x, v1, owners[1], stash)
     return dx, dw1, dv1
 
-def _gelu_in_epilogues(activation: str, v1) -> bool:
-    """GELU experts: the activation comes from the products' epilogues and is never kept for
-    backward (the weight gradient of w2 applies GELU to h1 as it loads it)."""
-    return activation == "gelu" and v1 is None
-
-
-def _w2_grad(a, h1, topo, dy, w2, owner, stash, activation, h2):
-    """dw2 = a^T dy: from the kept activation a, or from h1 (GELU, applied as loaded), or from an
-    activation recomputed from h1 (and h2) in memory-optimised mode."""
-    from dmoe_kernels import activation as act
-
-    if a is not None:
-        return _weight_grad(a, topo, dy, w2, owner, stash)
-    if _gelu_in_epilogues(activation, h2):
-        return _weight_grad(h1, topo, dy, w2, owner, stash, s_activation="gelu")
-    return _weight_grad(act.activation_forward(activation, h1, h2, topo.nnz), topo, dy, w2, owner, stash)
-
-
 def _hidden(x, w1, v1, topology, activation):
     """(h1, h2, a): the pre-activation(s) and the activation of the experts' hidden layer. GELU
-    takes its activation from the product's epilogue (no separate pass over h1)."""
+    takes its activation from the product's epilogue (no separate pass reads h1 back)."""
     from dmoe_kernels import activation as act, ops
 
     E, f, h = w1.shape
-    if _gelu_in_epilogues(activation, v1):
+    if activation == "gelu" and v1 is None:
         h1, a = ops.sdd_gelu(x, w1.reshape(E * f, h).t(), topology)
         return h1, None, a
     h1 = ops.sdd(x, w1.reshape(E * f, h).t(), topology)
     h2 = ops.sdd(x, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
     return h1, h2, act.activation_forward(activation, h1, h2, topology.nnz)
-
-
-def _hidden_grad(dy, w2, topo, h1, h2, a, activation, row_weights=None):
-    """(d_h1, d_h2, row_dot): the gradient through y = a w2 and the activation, from dy [rows, h].
-    With row_weights (the router weights of the padded rows, which multiply y's rows later, dy
-    being the unweighted copies): d_h scaled by them and row_dot's per-block partial sums of the
-    router weights' gradient. GELU runs it in the epilogue of the product that gives da, which is
-    never stored; SwiGLU needs the activation a for row_dot."""
-    from dmoe_kernels import activation as act, ops
-
-    E, f, h = w2.shape
-    w2t = w2.reshape(E * f, h).t()
-    if _gelu_in_epilogues(activation, h2):
-        d_h1, row_dot = ops.sdd_gelu_backward(dy, w2t, topo, h1, row_weights)
-        return d_h1, None, row_dot
-    da = ops.sdd(dy, w2t, topo)
-    if row_weights is None:
-        return (*act.activation_backward(activation, da, h1, h2, topo.nnz), None)  # d_h1 reuses da
-    return act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
 
 
 class _SparseExpertMLP(torch.autograd.Function):
@@ -239,13 +193,13 @@ class _SparseExpertMLP(torch.autograd.Function):
         E, f, h = w1.shape
         h1, h2, a = _hidden(x, w1, v1, topology, activation)
         y = ops.dsd(a, topology, w2.reshape(E * f, h))
-        keep = not (memory_optimized or _gelu_in_epilogues(activation, v1))
-        ctx.save_for_backward(x, w1, v1, w2, h1, h2, a if keep else None)
+        ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
         return y
 
     @staticmethod
     def backward(ctx, dy):
+        from dmoe_kernels import activation as act, ops
         from dmoe_kernels.launch import bind_device
 
         x, w1, v1, w2, h1, h2, a = ctx.saved_tensors
@@ -257,9 +211,12 @@ class _SparseExpertMLP(torch.autograd.Function):
         owners = ctx.owners
         dw2 = None
         if need_w2 or owners[2] is not None:
-            dw2 = _w2_grad(a, h1, topo, dy, w2, owners[2], ctx.stash, activation, h2)
+            if a is None:  # memory-optimised: recompute the activation instead of having kept it
+                a = act.activation_forward(activation, h1, h2, topo.nnz)
+            dw2 = _weight_grad(a, topo, dy, w2, owners[2], ctx.stash)
         del a
-        d_h1, d_h2, _ = _hidden_grad(dy, w2, topo, h1, h2, None, activation)
+        da = ops.sdd(dy, w2.reshape(E * f, h).t(), topo)
+        d_h1, d_h2 = act.activation_backward(activation, da, h1, h2, topo.nnz)  # d_h1 reuses da
         dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners,
                                             ctx.stash)
         return dx, dw1, dv1, dw2, None, None, None, None, None
@@ -287,8 +244,8 @@ class _SparseExpertsCombine(torch.autograd.Function):
     """The expert MLP and the weighted combine y[t] = sum_j weights[t, j] * y_pad[pos[t, j]] in one
     function, so that the router-weight gradient needs no saved expert output: with dy_u the
     unweighted copies of dy and da_u = SDD(dy_u, w2^T), <dy[t], y_pad[p]> = <da_u[p], a[p]>,
-    summed in the activation's backward pass. Saved: x, pre-activation(s), the activation (SwiGLU
-    only, unless memory_optimized), positions and weights; a dense MLP keeps x, h and act(h).
+    summed in the activation's backward pass. Saved: x, pre-activation(s), activation (unless
+    memory_optimized), positions and weights; as a dense MLP keeps x, h and act(h).
 
     Its input is the layer's tokens [T, h], copied into the padded buffer here (and dx summed back
     from it in backward, the router-weight gradient gathered in the same launch), so that the
@@ -305,14 +262,14 @@ class _SparseExpertsCombine(torch.autograd.Function):
         x_pad = expand(x, positions, topology.shape[0], topology.expert_offsets, counts)
         h1, h2, a = _hidden(x_pad, w1, v1, topology, activation)
         y = reduce(ops.dsd(a, topology, w2.reshape(E * f, h)), positions, weights)
-        keep = not (memory_optimized or _gelu_in_epilogues(activation, v1))
-        ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, a if keep else None, weights, positions, counts, aux_loss)
+        ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, None if memory_optimized else a, weights, positions,
+                              counts, aux_loss)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        from dmoe_kernels import activation as act
+        from dmoe_kernels import activation as act, ops
         from dmoe_kernels.launch import bind_device
         from dmoe_kernels.permute_ops import expand, reduce
 
@@ -324,7 +281,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
         rows, offsets = topo.shape[0], topo.expert_offsets
         bind_device(dy)
         need_x, need_w1, need_v1, need_w2, need_weights = ctx.needs_input_grad[:5]
-        if a is None and not _gelu_in_epilogues(activation, h2):  # memory-optimised: recompute it
+        if a is None:  # memory-optimised: recompute the activation instead of having kept it
             a = act.activation_forward(activation, h1, h2, topo.nnz)
         owners = ctx.owners
         dw2 = None
@@ -333,12 +290,12 @@ class _SparseExpertsCombine(torch.autograd.Function):
         if need_w2 or owners[2] is not None:
             # the weighted copies of dy write the row weights in the same launch
             dy_weighted = expand(dy, positions, rows, offsets, counts, scale=weights, scale_rows=row_weights)
-            dw2 = _w2_grad(a, h1, topo, dy_weighted, w2, owners[2], ctx.stash, activation, h2)
+            dw2 = _weight_grad(a, topo, dy_weighted, w2, owners[2], ctx.stash)
             del dy_weighted
         else:
             row_weights.zero_().index_put_((positions.reshape(-1),), weights.reshape(-1))
-        d_h1, d_h2, row_dot = _hidden_grad(expand(dy, positions, rows, offsets, counts), w2, topo, h1, h2, a,
-                                           activation, row_weights)
+        da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
+        d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
         del a
         dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x_pad, w1, v1, need_x, need_w1, need_v1, owners,
                                             ctx.stash)
