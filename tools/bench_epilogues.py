@@ -10,6 +10,7 @@ tools/moe_notes.md, Run 12.)
 Times: triton.testing.do_bench, median, bf16. A table on stdout, JSON with --out.
 
   python tools/bench_epilogues.py [--cases paper-small,mixtral] [--out epilogues.json]
+  python tools/bench_epilogues.py --toy   # tiny cases on CPU (Triton's interpreter): a test of this program
 """
 from __future__ import annotations
 
@@ -18,19 +19,19 @@ import json
 from dataclasses import replace
 
 import torch
-from triton.testing import do_bench
 
 import dmoe_kernels as dk
-from bench_moe import CASES, case_activation
+from bench_moe import CASES, TOY_CASES, case_activation, time_ms
 from dmoe_kernels import activation as act, ops
 from dmoe_kernels.tuning import sdd_config
 
 
-def _case(name):
-    T, d, f, E, k = CASES[name]
-    dev, bf = torch.device("cuda"), torch.bfloat16
+def _case(name, toy):
+    T, d, f, E, k = (TOY_CASES if toy else CASES)[name]
+    dev = torch.device("cpu" if toy else "cuda")
+    bf = torch.float32 if toy else torch.bfloat16  # the interpreter's bf16 products are wrong
     counts = torch.full((E,), T * k // E, device=dev)
-    topo = dk.Topology.for_experts(counts, T * k, f, 128)
+    topo = dk.Topology.for_experts(counts, T * k, f, 16 if toy else 128)
     rows = topo.shape[0]
     x = torch.randn(rows, d, device=dev, dtype=bf)
     dy = torch.randn(rows, d, device=dev, dtype=bf)
@@ -40,13 +41,13 @@ def _case(name):
     return topo, x, dy, w1, w2, row_w
 
 
-def measure(name, rep_ms):
-    topo, x, dy, w1, w2, row_w = _case(name)
+def measure(name, rep_ms, toy=False):
+    topo, x, dy, w1, w2, row_w = _case(name, toy)
     h, a = ops.sdd_gelu(x, w1.t(), topo)
-    unflat = replace(sdd_config(128, topo.blocks_per_row, x.shape[1], x.device, x.dtype), flatten=False)
+    unflat = replace(sdd_config(topo.block_size, topo.blocks_per_row, x.shape[1], x.device, x.dtype), flatten=False)
 
     def t(fn):
-        return do_bench(fn, rep=rep_ms, return_mode="median") * 1e3  # us
+        return time_ms(fn, [], x.device, rep_ms) * 1e3  # us
 
     def bwd_separate():
         da = ops.sdd(dy, w2.t(), topo)
@@ -72,15 +73,18 @@ def main(argv=None):
     parser.add_argument("--cases", default="paper-small,paper-medium,mixtral",
                         help="comma-separated GELU cases of tools/bench_moe.py")
     parser.add_argument("--rep-ms", type=float, default=100, help="do_bench repetition time per measurement")
+    parser.add_argument("--toy", action="store_true",
+                        help="the tiny GELU cases on CPU through Triton's interpreter (fp32; a test of this program)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
-    names = args.cases.split(",")
+    table = TOY_CASES if args.toy else CASES
+    names = [n for n in table if case_activation(n, False) == "gelu"] if args.toy else args.cases.split(",")
     for n in names:
-        if n not in CASES or case_activation(n, False) != "gelu":
-            parser.error(f"--cases: {n!r} is not a GELU case of {sorted(CASES)}")
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
-    rows = [measure(n, args.rep_ms) for n in names]
+        if n not in table or case_activation(n, False) != "gelu":
+            parser.error(f"--cases: {n!r} is not a GELU case of {sorted(table)}")
+    if not args.toy and not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (or --toy on CPU under TRITON_INTERPRET=1)")
+    rows = [measure(n, args.rep_ms, args.toy) for n in names]
     cols = ["fwd_separate_us", "fwd_fused_us", "fwd_fused_unflattened_us", "bwd_separate_us", "dw2_kept_us",
             "dw2_recompute_us"]
     print("| case | " + " | ".join(c[:-3] + " us" for c in cols) + " |")
@@ -89,7 +93,8 @@ def main(argv=None):
         print(f"| {r['case']} | " + " | ".join(f"{r[c]:.0f}" for c in cols) + " |")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"rows": rows, "torch": torch.__version__, "device": torch.cuda.get_device_name()}, fh, indent=1)
+            device = "cpu (interpreter)" if args.toy else torch.cuda.get_device_name()
+            json.dump({"rows": rows, "torch": torch.__version__, "device": device}, fh, indent=1)
 
 
 if __name__ == "__main__":
