@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The speed measurements of the README's Performance section on one CUDA machine, each tool's table
-# and JSON in OUT_DIR: with one GPU the host cost of a launch, the MoE layer (both router paths,
-# balanced and skewed routing, eager and as CUDA graphs) and whole-model training throughput
-# (dense, dMoE, capacity factor, eager and graphs; micro-batch 16 and 32); with two or more, the
-# gpu-marked expert-parallel tests, the exchange and layer at EP 1 and 2 (with a shared expert) and
-# training at EP 2 against data-parallel dense.
+# and JSON in OUT_DIR: with one GPU the host cost of a launch, GELU fused into the products, the MoE
+# layer (both router paths, balanced and skewed routing, eager and as CUDA graphs) and whole-model
+# training throughput (dense, dMoE, capacity factor, eager and graphs; micro-batch 16 and 32); with
+# two or more, the gpu-marked expert-parallel tests, the exchange and layer at EP 1 and 2 (with a
+# shared expert) and training at EP 2 against data-parallel dense.
 # Usage: scripts/gpu_bench.sh OUT_DIR [GPUS]    (GPUS: 1 (default) or 2)
 set -u
 out=${1:?usage: scripts/gpu_bench.sh OUT_DIR [GPUS]}
@@ -29,6 +29,7 @@ if [ "$gpus" -ge 2 ]; then
         --models dense,dmoe,capacity --cuda-graphs both --out "$out/bench_train_ep2.json"
 else
     step bench_launch python3 tools/bench_launch.py --out "$out/bench_launch.json"
+    step bench_epilogues python3 tools/bench_epilogues.py --out "$out/bench_epilogues.json"
     for router in torch fused; do
         step "bench_moe_$router" python3 tools/bench_moe.py --graph --skew 2 --router "$router" \
             --out "$out/bench_moe_$router.json"
