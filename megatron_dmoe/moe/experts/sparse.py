@@ -171,6 +171,7 @@ def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, 
         dv1 = _weight_grad(d_h2, topo, x, v1, owners[1], stash)
     return dx, dw1, dv1
 
+
 def _hidden(x, w1, v1, topology, activation):
     """(h1, h2, a): the pre-activation(s) and the activation of the experts' hidden layer. GELU
     takes its activation from the product's epilogue (no separate pass reads h1 back)."""
