@@ -134,20 +134,22 @@ def _specialization(value):
     return (kind, value)
 
 
-def _make_binder(names, constexpr, defaults):
-    """A function (*args, **kwargs) -> (values in signature order, specialisation key) for one
-    kernel's parameters, written out once so that a launch binds its arguments in one Python call
-    (a loop over the parameters cost several microseconds per launch). Launch options (num_warps,
-    ...) go into the key in the order given. Raises TypeError for a missing or unknown argument."""
-    params, key = [], []
+def _make_binder(kernel_params):
+    """A function (*args, **kwargs) -> (values in signature order, specialisation key) for a
+    kernel's parameters (its `params`: name, is_constexpr, default), written out once so that a
+    launch binds its arguments in one Python call (a loop over the parameters cost several
+    microseconds per launch). Launch options (num_warps, ...) go into the key in the order given.
+    Raises TypeError for a missing or unknown argument."""
+    names, params, key = [], [], []
     scope = {"__spec": _specialization}
-    for i, (name, is_constexpr, default) in enumerate(zip(names, constexpr, defaults)):
-        if default is _NO_DEFAULT:
-            params.append(name)
+    for i, p in enumerate(kernel_params):
+        names.append(p.name)
+        if p.default is _NO_DEFAULT:
+            params.append(p.name)
         else:
-            scope[f"__default{i}"] = default
-            params.append(f"{name}=__default{i}")
-        key.append(name if is_constexpr else f"__spec({name})")
+            scope[f"__default{i}"] = p.default
+            params.append(f"{p.name}=__default{i}")
+        key.append(p.name if p.is_constexpr else f"__spec({p.name})")
     source = (f"def bind({', '.join(params + ['**__options'])}):\n"
               f"    return [{', '.join(names)}], ({''.join(k + ', ' for k in key)}*__options.items())\n")
     exec(source, scope)  # noqa: S102 - built only from the kernel's own parameter names
@@ -200,10 +202,7 @@ class DirectLauncher:
 
         self._direct = direct_launch_supported()
         self._hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
-        self._names = tuple(p.name for p in kernel.params)
-        self._constexpr = tuple(p.is_constexpr for p in kernel.params)
-        self._defaults = tuple(p.default for p in kernel.params)
-        self._binder = _make_binder(self._names, self._constexpr, self._defaults)
+        self._binder = _make_binder(kernel.params)
 
     def __getitem__(self, grid):
         if not self._direct or callable(grid) or not (_idle(self._hooks[0]) and _idle(self._hooks[1])):
