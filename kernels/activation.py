@@ -6,9 +6,9 @@ process the whole bound; SwiGLU's forward and backward are one pass each instead
 
   activation_forward(name, h1, h2, nnz)          gelu(h1)  |  silu(h1) * h2
   activation_backward(name, grad, h1, h2, nnz)   (d_h1, d_h2); d_h1 overwrites grad in place
-  activation_backward_weighted(name, grad, h1, h2, act, row_weights, topology)
+  activation_backward_weighted(name, grad, h1, h2, row_weights, topology)
       the same for rows that a router weight multiplies later, plus per-row <grad, act> partial
-      sums (the router weights' gradient) in the same pass
+      sums (the router weights' gradient) in the same pass, act recomputed from h in registers
 
 GELU is the exact erf form (torch's default). Math runs in fp32; results take the input dtype.
 Elements of blocks past nnz are left undefined, like the products' outputs.
@@ -80,11 +80,13 @@ def _activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr, block
 
 
 @triton.jit
-def _weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, act_ptr, row_weight_ptr, row_dot_ptr, nnz_ptr,
+def _weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, row_weight_ptr, row_dot_ptr, nnz_ptr,
                               blocks_per_row,
                               SWIGLU: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr):
     # ROWS rows of one [BS, BS] block per program. Block b sits in block row b // F, as the
-    # (b % F)-th block of that row (the dMoE topology's regular layout).
+    # (b % F)-th block of that row (the dMoE topology's regular layout). The activation for the
+    # row dots is recomputed from h (rounded to the data's dtype, as the kept one is) rather than
+    # read: one pass over the hidden layer fewer.
     chunks: tl.constexpr = BS // ROWS
     b = tl.program_id(0) // chunks
     if b >= tl.load(nnz_ptr):
@@ -94,13 +96,17 @@ def _weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, act_ptr, row_wei
     offs = b.to(tl.int64) * (BS * BS) + r[:, None] * BS + c[None, :]
     row = (b // blocks_per_row).to(tl.int64) * BS + r
     g = tl.load(grad_ptr + offs).to(tl.float32)
-    act = tl.load(act_ptr + offs).to(tl.float32)
-    tl.store(row_dot_ptr + row * blocks_per_row + b % blocks_per_row, tl.sum(g * act, axis=1))
-    g = g * tl.load(row_weight_ptr + row)[:, None].to(tl.float32)
     a = tl.load(h1_ptr + offs).to(tl.float32)
     if SWIGLU:
         v = tl.load(h2_ptr + offs).to(tl.float32)
         sig = tl.sigmoid(a)
+        act = a * sig * v
+    else:
+        act = gelu(a)
+    act = act.to(grad_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(row_dot_ptr + row * blocks_per_row + b % blocks_per_row, tl.sum(g * act, axis=1))
+    g = g * tl.load(row_weight_ptr + row)[:, None].to(tl.float32)
+    if SWIGLU:
         d1 = g * v * sig * (1.0 + a * (1.0 - sig))
         tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty))
     else:
@@ -161,20 +167,19 @@ def activation_backward_weighted(
     grad: torch.Tensor,
     h1: torch.Tensor,
     h2: Optional[torch.Tensor],
-    act: torch.Tensor,
     row_weights: torch.Tensor,
     topology,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """Backward of row_weights[row] * act(h) for an output whose rows are later weighted.
 
-    grad is the gradient of the UNWEIGHTED activation (dy @ w2^T with unit router weights), act the
-    activation itself. Returns (d_h1, d_h2, row_dot): d_h = act'(h) * row_weights[row] * grad
-    (d_h1 written into grad), and row_dot [rows, F] fp32 = per row and block column, the sum of
-    grad * act, whose sum over F is the gradient of that row's router weight.
+    grad is the gradient of the UNWEIGHTED activation (dy @ w2^T with unit router weights).
+    Returns (d_h1, d_h2, row_dot): d_h = act'(h) * row_weights[row] * grad (d_h1 written into
+    grad), and row_dot [rows, F] fp32 = per row and block column, the sum of
+    grad * act(h), whose sum over F is the gradient of that row's router weight (act(h) recomputed
+    and rounded to h's dtype, as activation_forward gives it).
     Needs the dMoE topology's regular layout (``topology.blocks_per_row``).
     """
     _check(name, topology.nnz, grad, h1, h2)
-    _check(name, topology.nnz, act, h1, h2)
     F = topology.blocks_per_row
     if not F:
         raise ValueError("activation_backward_weighted needs a dMoE topology (blocks_per_row set)")
@@ -189,7 +194,7 @@ def activation_backward_weighted(
         check_launchable(_weighted_backward_kernel, grad.device)
         rows_per_program = max(1, min(bs, 2048 // bs))
         direct(_weighted_backward_kernel)[(topology.max_blocks * (bs // rows_per_program),)](
-            grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, act, row_weights.contiguous(), row_dot,
+            grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, row_weights.contiguous(), row_dot,
             topology.nnz, F, SWIGLU=swiglu, BS=bs, ROWS=rows_per_program, num_warps=4,
         )
     return grad, d2, row_dot

@@ -26,11 +26,15 @@ every case also runs with a router biased towards low expert ids, Zipf-like: log
 the table then puts the skewed TFLOP/s of every MoE backend beside the balanced ones, with sparse's
 skewed / balanced ratio and the busiest expert's load (max / mean tokens per expert) of both routings.
 dense-equiv does not route, so it runs once. JSON rows carry their skew and load.
+--even-routing instead routes every expert exactly T*k/E tokens (x's first E features one-hot-like,
+the router reading only them): no expert needs a partly filled block, so the sparse backend computes
+no padding rows. Beside the random routing it measures what the block padding costs (every row
+reports `padded_rows_x`, the sparse buffer's rows at --block-size over the routed rows).
 Every MoE backend of a case gets the same weights (same seed); the benchmark checks that sparse,
 grouped and the capacity-2.0 layer give the same output before timing anything.
 
   python tools/bench_moe.py --out moe.json --png moe.png [--cases olmoe,deepseek-v2-lite] [--swiglu]
-                            [--skew 2] [--backends sparse,dense-equiv] [--block-size 128]
+                            [--skew 2 | --even-routing] [--backends sparse,dense-equiv] [--block-size 128]
                             [--graph]    # also replay each step as a CUDA graph (no launch overhead)
                             [--profile]  # torch.profiler table of one step per backend
                             [--router torch|fused|auto]  # the MoE backends' router (auto: fused on CUDA)
@@ -73,6 +77,9 @@ def parse_args(argv=None):
     p.add_argument("--skew", type=float, default=0.0,
                    help="also run every case with a Zipf-like routing bias S, reported beside the balanced "
                         "run (0: the balanced run only)")
+    p.add_argument("--even-routing", action="store_true",
+                   help="route exactly T*k/E tokens to every expert (no partly filled blocks) instead of a "
+                        "fresh router's roughly balanced routing: what the block padding costs")
     p.add_argument("--memory-optimized", action="store_true",
                    help="the MoE backends keep only the expert input and pre-activation and recompute the "
                         "activation in backward (moe.memory_optimized)")
@@ -110,6 +117,8 @@ def parse_args(argv=None):
             p.error(f"--backends: unknown backend {b!r}; choose from {BACKENDS}")
     if args.skew < 0:
         p.error(f"--skew: {args.skew} is negative; the bias favours low expert ids, use 0 (none) or more")
+    if args.even_routing and args.skew:
+        p.error("--even-routing and --skew both set the routing; use one of them")
     if args.device == "cpu" and not args.toy:
         p.error("--device cpu runs the kernels under Triton's interpreter: add --toy")
     return args
@@ -133,7 +142,7 @@ def moe_config(case, swiglu, dtype, device, capacity=None):
 
 
 def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, memory_optimized=False,
-             router="auto"):
+             router="auto", even=False):
     import torch
 
     from megatron_dmoe.moe import MoELayer
@@ -155,6 +164,8 @@ def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, mem
             x[..., 0] = 1.0  # a feature every token has, so that a router weight on it acts as a bias
             zipf = -skew * torch.log1p(torch.arange(E, device=device, dtype=torch.float32))
             layer.router.weight[:, 0] = zipf.to(dtype)
+    if even:
+        even_routing(layer, x, k)
     x.requires_grad_()
     dy = torch.randn(T, 1, d, generator=g, device=device, dtype=dtype)
     params = [p for p in layer.parameters() if p.requires_grad]
@@ -164,6 +175,24 @@ def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, mem
         out.backward(dy)
 
     return step, params, [x], layer, x
+
+
+def even_routing(layer, x, k):
+    """Make the router send token t to experts (t + j) % E, j < k, with decreasing scores: exactly
+    T*k/E tokens per expert when E divides T. x's first E features become those scores' one-hot-like
+    codes and the router reads nothing else."""
+    import torch
+
+    T, E = x.shape[0], layer.router.weight.shape[0]
+    if T % E or x.shape[-1] < E:
+        raise SystemExit(f"--even-routing needs E={E} to divide T={T} and at most d={x.shape[-1]} experts")
+    t = torch.arange(T, device=x.device)
+    with torch.no_grad():
+        x[..., :E] = 0
+        for j in range(k):
+            x[t, 0, (t + j) % E] = 1.0 - 0.1 * j
+        layer.router.weight.zero_()
+        layer.router.weight[:, :E] = 10.0 * torch.eye(E, device=x.device, dtype=x.dtype)
 
 
 def dense_step(case, swiglu, dtype, device, seed=0):
@@ -342,14 +371,17 @@ def activation_memory(step, params, inputs, device):
     return int(peak - before - weight_grads)
 
 
-def routing_stats(layer, x):
-    """Loads per expert of this routing (host copies: measured outside the timed steps)."""
+def routing_stats(layer, x, block_size):
+    """Loads per expert of this routing, and the sparse buffer's rows (each expert padded to whole
+    blocks) over the routed rows (host copies: measured outside the timed steps)."""
     import torch
 
     with torch.no_grad():
         routing = layer.router(x.detach().reshape(-1, x.shape[-1]))
-    load = routing.tokens_per_expert.double()
-    return {"load_max_over_mean": float(load.max() / load.mean()), "experts_without_tokens": int((load == 0).sum())}
+    load = routing.tokens_per_expert.long()
+    padded = int(((load + block_size - 1) // block_size * block_size).sum())
+    return {"load_max_over_mean": float(load.double().max() / load.double().mean()),
+            "experts_without_tokens": int((load == 0).sum()), "padded_rows_x": padded / max(int(load.sum()), 1)}
 
 
 def router_path(layer, x):
@@ -405,8 +437,8 @@ def run_routing(name, case, args, backends, skew, device, dtype, report):
         else:
             step, params, inputs, layer, x = moe_step(case, backend, swiglu, skew, dtype, device,
                                                      args.block_size, memory_optimized=args.memory_optimized,
-                                                     router=args.router)
-            extra = routing_stats(layer, x)
+                                                     router=args.router, even=args.even_routing)
+            extra = routing_stats(layer, x, args.block_size)
             extra["router"] = router_path(layer, x)
             with torch.no_grad():
                 outputs[backend] = layer(x)[0].float()
@@ -426,7 +458,8 @@ def run_routing(name, case, args, backends, skew, device, dtype, report):
         report(f"  {backend:<13} {ms:9.3f} ms {_fmt(row['tflops']):>7} TFLOP/s"
                + (f"  act mem {mem / 2**30:7.3f} GiB" if mem is not None else "")
                + f"  host {row['host_ms']:.2f} ms"
-               + (f"  load max/mean {extra['load_max_over_mean']:.2f}" if "load_max_over_mean" in extra else ""))
+               + (f"  load max/mean {extra['load_max_over_mean']:.2f}  padded rows x{extra['padded_rows_x']:.3f}"
+                  if "load_max_over_mean" in extra else ""))
         if args.profile and device.type == "cuda":
             report(profile_table(step, params + inputs))
         if args.host_trace and device.type == "cuda":
@@ -487,7 +520,7 @@ def summary_table(rows, backends):
     skew_backends = [b for b in backends if any((c, b) in skewed for c in cases)]
     head = ["case"] + [f"{b} TFLOP/s" for b in backends]
     if "sparse" in backends and "dense-equiv" in backends:
-        head += ["sparse / dense", "sparse mem / dense mem"]
+        head += ["sparse / dense", "sparse mem / dense mem", "sparse padded rows / routed"]
     if "sparse" in backends and "grouped" in backends:
         head += ["sparse / grouped"]
     if skewed:
@@ -502,6 +535,7 @@ def summary_table(rows, backends):
         if "sparse" in backends and "dense-equiv" in backends:
             cells.append(f"{s['tflops'] / dn['tflops']:.2f}" if s and dn else "-")
             cells.append(f"{s['mem_x_dense']:.2f}" if s and s.get("mem_x_dense") else "-")
+            cells.append(f"{s['padded_rows_x']:.3f}" if s and "padded_rows_x" in s else "-")
         if "sparse" in backends and "grouped" in backends:
             cells.append(f"{s['tflops'] / gr['tflops']:.2f}" if s and gr else "-")
         if skewed:
@@ -584,7 +618,7 @@ def main(argv=None) -> dict:
     meta = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         torch=torch.__version__, dtype=str(dtype).replace("torch.", ""), activation=act, skew=args.skew,
-        memory_optimized=args.memory_optimized, router=args.router,
+        memory_optimized=args.memory_optimized, router=args.router, even_routing=args.even_routing,
         block_size=args.block_size, aux_loss_coeff=AUX_LOSS_COEFF, date=time.strftime("%Y-%m-%d %H:%M"),
         timing="triton.testing.do_bench median" if device.type == "cuda" else "median of 3 wall-clock runs",
     )

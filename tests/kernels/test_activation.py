@@ -77,7 +77,7 @@ def test_weighted_backward_gives_row_dots_and_weighted_gradients(activation, dev
     (a_dense * row_w.double()[:, None] * g_dense).sum().backward()
     expected_dots = (g_dense * ref.to_dense(act.double(), topo)).sum(1)
 
-    d1, d2, row_dot = dk.activation.activation_backward_weighted(activation, grad, h1, h2, act, row_w, topo)
+    d1, d2, row_dot = dk.activation.activation_backward_weighted(activation, grad, h1, h2, row_w, topo)
     used = int(topo.expert_offsets[-1])
     assert row_dot.shape == (rows, 3)
     assert _err(row_dot[:used].sum(1), expected_dots[:used]) < 1e-6

@@ -105,7 +105,8 @@ def test_bench_moe_table_skewed_columns():
     head, _, line = bench.summary_table(balanced + skewed, ["sparse", "dense-equiv"]).splitlines()
     assert dict(zip(cells(head), cells(line))) == {
         "case": "c", "sparse TFLOP/s": "300", "dense-equiv TFLOP/s": "600", "sparse / dense": "0.50",
-        "sparse mem / dense mem": "-", "sparse skew 2 TFLOP/s": "150", "sparse skewed / balanced": "0.50",
+        "sparse mem / dense mem": "-", "sparse padded rows / routed": "-",
+        "sparse skew 2 TFLOP/s": "150", "sparse skewed / balanced": "0.50",
         "load max/mean balanced": "1.30", "load max/mean skew 2": "7.50"}
     # --skew 0: the balanced table alone, as before
     assert "skew" not in bench.summary_table(balanced, ["sparse", "dense-equiv"])
@@ -139,3 +140,23 @@ def test_bench_moe_router_choice_reaches_the_layers(tmp_path):
         assert [r["router"] for r in data["results"]] == [path, path]
     with pytest.raises(SystemExit):
         bench.parse_args(["--router", "magic"])
+
+
+def test_bench_moe_even_routing_fills_every_block(tmp_path):
+    """--even-routing gives every expert T*k/E tokens: no padding rows at a block size dividing
+    that, where the fresh router's routing pads."""
+    bench = _load()
+    T, d, f, E, k = bench.TOY_CASES["toy-fine"]  # 64 tokens, 8 experts, top-4: 32 rows per expert
+    rows = {}
+    for even in (False, True):
+        out = tmp_path / f"moe_{even}.json"
+        bench.main(["--device", "cpu", "--toy", "--cases", "toy-fine", "--backends", "sparse,grouped,dense-equiv",
+                    "--block-size", "16", "--out", str(out)] + (["--even-routing"] if even else []))
+        rows[even] = {r["backend"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows[True]["sparse"]["load_max_over_mean"] == 1.0 and rows[True]["sparse"]["padded_rows_x"] == 1.0
+    assert rows[False]["sparse"]["padded_rows_x"] > 1.0
+    for argv in (["--even-routing", "--skew", "1"],):
+        import pytest
+
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv + ["--device", "cpu", "--toy"])

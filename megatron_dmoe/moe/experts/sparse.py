@@ -282,22 +282,22 @@ class _SparseExpertsCombine(torch.autograd.Function):
         rows, offsets = topo.shape[0], topo.expert_offsets
         bind_device(dy)
         need_x, need_w1, need_v1, need_w2, need_weights = ctx.needs_input_grad[:5]
-        if a is None:  # memory-optimised: recompute the activation instead of having kept it
-            a = act.activation_forward(activation, h1, h2, topo.nnz)
         owners = ctx.owners
         dw2 = None
         # each padded row's router weight (0 on padding rows), for the activation's backward
         row_weights = torch.empty(rows, dtype=weights.dtype, device=weights.device)
         if need_w2 or owners[2] is not None:
+            if a is None:  # memory-optimised: recompute the activation instead of having kept it
+                a = act.activation_forward(activation, h1, h2, topo.nnz)
             # the weighted copies of dy write the row weights in the same launch
             dy_weighted = expand(dy, positions, rows, offsets, counts, scale=weights, scale_rows=row_weights)
             dw2 = _weight_grad(a, topo, dy_weighted, w2, owners[2], ctx.stash)
             del dy_weighted
         else:
             row_weights.zero_().index_put_((positions.reshape(-1),), weights.reshape(-1))
+        del a  # the activation's backward recomputes it for the router-weight gradient
         da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
-        d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, a, row_weights, topo)
-        del a
+        d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, row_weights, topo)
         dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x_pad, w1, v1, need_x, need_w1, need_v1, owners,
                                             ctx.stash)
         d_weights = None
