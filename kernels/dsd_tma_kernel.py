@@ -14,7 +14,9 @@ hand, with the tile bookkeeping inside one loop, measured slower on an H200: too
 ACCUMULATE (C += the product, for weight gradients added straight into an fp32 main_grad) reads and
 writes C through plain pointers (c_ptr, stride_cm) instead of the TMA store: staging an fp32
 [128, 256] tile in shared memory would not fit beside the pipeline's buffers. c_desc is then unused
-(None), and the rows past the used ones are left as they are (they gain nothing).
+(None), and the rows past the used ones are left as they are (they gain nothing). With OVERWRITE
+the same epilogue stores C = the product without reading C (a main_grad just zeroed): the stores
+need no wait, so the tile's epilogue no longer stalls on C's old values.
 """
 import triton
 import triton.language as tl
@@ -23,36 +25,38 @@ from .tile_mapping import grouped_tile
 
 
 @triton.jit
-def _add_part(c_ptr, stride_cm, N, row0, col0, part, BS: tl.constexpr, WIDTH: tl.constexpr):
+def _add_part(c_ptr, stride_cm, N, row0, col0, part, BS: tl.constexpr, WIDTH: tl.constexpr, ADD: tl.constexpr):
     rows = row0.to(tl.int64) + tl.arange(0, BS)
     cols = col0 + tl.arange(0, WIDTH)
     ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :]
     mask = cols[None, :] < N
-    old = tl.load(ptrs, mask=mask, other=0.0)
-    tl.store(ptrs, (old.to(tl.float32) + part).to(c_ptr.dtype.element_ty), mask=mask)
+    if ADD:
+        part += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, part.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _add_halves(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, WIDTH: tl.constexpr):
+def _add_halves(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, WIDTH: tl.constexpr, ADD: tl.constexpr):
     left, right = tl.split(tl.permute(tl.reshape(acc, (BS, 2, WIDTH // 2)), (0, 2, 1)))
-    _add_part(c_ptr, stride_cm, N, row0, col0, left, BS, WIDTH // 2)
-    _add_part(c_ptr, stride_cm, N, row0, col0 + WIDTH // 2, right, BS, WIDTH // 2)
+    _add_part(c_ptr, stride_cm, N, row0, col0, left, BS, WIDTH // 2, ADD)
+    _add_part(c_ptr, stride_cm, N, row0, col0 + WIDTH // 2, right, BS, WIDTH // 2, ADD)
 
 
 @triton.jit
-def add_tile_to_output(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """C[row0 : row0 + BS, col0 : col0 + BLOCK_N] += acc through pointers, in fp32, stored in C's
-    dtype. Rows are whole blocks (never past the end); columns past N are masked. In column strips
-    of at most 64: the layout conversion between the accumulator and the loaded C goes through
-    shared memory, and a whole fp32 [128, 256] tile (128 KB) would not fit beside the pipeline."""
+def add_tile_to_output(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, BLOCK_N: tl.constexpr,
+                       ADD: tl.constexpr = True):
+    """C[row0 : row0 + BS, col0 : col0 + BLOCK_N] += acc (ADD) or = acc through pointers, in fp32,
+    stored in C's dtype. Rows are whole blocks (never past the end); columns past N are masked. In
+    column strips of at most 64: the layout conversion between the accumulator and C's pointers goes
+    through shared memory, and a whole fp32 [128, 256] tile (128 KB) would not fit beside the pipeline."""
     if BLOCK_N > 128:
         left, right = tl.split(tl.permute(tl.reshape(acc, (BS, 2, BLOCK_N // 2)), (0, 2, 1)))
-        _add_halves(c_ptr, stride_cm, N, row0, col0, left, BS, BLOCK_N // 2)
-        _add_halves(c_ptr, stride_cm, N, row0, col0 + BLOCK_N // 2, right, BS, BLOCK_N // 2)
+        _add_halves(c_ptr, stride_cm, N, row0, col0, left, BS, BLOCK_N // 2, ADD)
+        _add_halves(c_ptr, stride_cm, N, row0, col0 + BLOCK_N // 2, right, BS, BLOCK_N // 2, ADD)
     elif BLOCK_N > 64:
-        _add_halves(c_ptr, stride_cm, N, row0, col0, acc, BS, BLOCK_N)
+        _add_halves(c_ptr, stride_cm, N, row0, col0, acc, BS, BLOCK_N, ADD)
     else:
-        _add_part(c_ptr, stride_cm, N, row0, col0, acc, BS, BLOCK_N)
+        _add_part(c_ptr, stride_cm, N, row0, col0, acc, BS, BLOCK_N, ADD)
 
 
 @triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs"])
@@ -63,7 +67,7 @@ def dsd_tma_kernel(
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     TRANS_S: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False,
+    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False, OVERWRITE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -99,10 +103,14 @@ def dsd_tma_kernel(
             b = b_desc.load([first * BS + i * BLOCK_K, tn * BLOCK_N])
             acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
         if ACCUMULATE:
-            add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N)
+            add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, not OVERWRITE)
         else:
             c_desc.store([tm * BS, tn * BLOCK_N], acc.to(OUT_DTYPE))
     if not TRANS_S and not ACCUMULATE:
         zeros = tl.zeros((BS, BLOCK_N), dtype=OUT_DTYPE)
         for t in range(pid, (out_block_rows - busy_rows) * num_n, num_programs):
             c_desc.store([(busy_rows + t // num_n) * BS, (t % num_n) * BLOCK_N], zeros)
+    if not TRANS_S and OVERWRITE:
+        for t in range(pid, (out_block_rows - busy_rows) * num_n, num_programs):
+            add_tile_to_output(c_ptr, stride_cm, N, (busy_rows + t // num_n) * BS, (t % num_n) * BLOCK_N,
+                               tl.zeros((BS, BLOCK_N), dtype=tl.float32), BS, BLOCK_N, False)

@@ -15,13 +15,44 @@ without tokens takes one step that reads out of bounds (TMA returns zeros) and s
 Tiles are dealt to programs round-robin in GROUP_M-swizzled order for L2 reuse.
 
 ACCUMULATE adds each tile to C (C += S^T @ B) through plain pointers (c_ptr, stride_cm) rather than
-the TMA store, as in dsd_tma_kernel; c_desc is then unused (None).
+the TMA store, as in dsd_tma_kernel; c_desc is then unused (None). With OVERWRITE that epilogue
+stores C = S^T @ B without reading C (an fp32 main_grad just zeroed). STRIPS > 0 (an fp32 C under
+16-bit operands, TMA-ready, not accumulated): C = S^T @ B through TMA stores instead, c_desc's
+block [BS, BLOCK_N // STRIPS], one column strip of the fp32 tile at a time staged in shared memory
+beside the pipeline's buffers (a whole fp32 [128, 256] tile would not fit) and written
+asynchronously: 0.25 against 0.47 ms for the pointer epilogue's add on paper-small's dw1
+(tools/moe_notes.md, Run 13). Adding through TMA strips (reading C's strip first) measured no
+faster than the pointer epilogue.
 """
 import triton
 import triton.language as tl
 
 from .dsd_tma_kernel import add_tile_to_output
 from .tile_mapping import grouped_tile
+
+
+@triton.jit
+def _halves(t, BS: tl.constexpr, WIDTH: tl.constexpr):
+    return tl.split(tl.permute(tl.reshape(t, (BS, 2, WIDTH // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _store_in_strips(c_desc, acc, row0, col0, BS: tl.constexpr, BLOCK_N: tl.constexpr, STRIPS: tl.constexpr):
+    # up to four strips: the tile halved once or twice
+    if STRIPS == 4:
+        left, right = _halves(acc, BS, BLOCK_N)
+        q0, q1 = _halves(left, BS, BLOCK_N // 2)
+        q2, q3 = _halves(right, BS, BLOCK_N // 2)
+        c_desc.store([row0, col0], q0)
+        c_desc.store([row0, col0 + BLOCK_N // 4], q1)
+        c_desc.store([row0, col0 + BLOCK_N // 2], q2)
+        c_desc.store([row0, col0 + 3 * BLOCK_N // 4], q3)
+    elif STRIPS == 2:
+        left, right = _halves(acc, BS, BLOCK_N)
+        c_desc.store([row0, col0], left)
+        c_desc.store([row0, col0 + BLOCK_N // 2], right)
+    else:
+        c_desc.store([row0, col0], acc)
 
 
 @triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs", "s_rows", "b_rows"])
@@ -31,7 +62,8 @@ def dsdt_tma_kernel(
     N, out_block_rows, blocks_per_row, num_programs, s_rows, b_rows,
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_CHUNK: tl.constexpr = 64,
-    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False,
+    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False, OVERWRITE: tl.constexpr = False,
+    STRIPS: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     KSTEPS: tl.constexpr = BS // BLOCK_K
@@ -79,7 +111,9 @@ def dsdt_tma_kernel(
         acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
         if ki == steps - 1:
             if ACCUMULATE:
-                add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N)
+                add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, not OVERWRITE)
+            elif STRIPS > 0:
+                _store_in_strips(c_desc, acc, tm * BS, tn * BLOCK_N, BS, BLOCK_N, STRIPS)
             else:
                 c_desc.store([tm * BS, tn * BLOCK_N], acc.to(OUT_DTYPE))
             acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)

@@ -207,7 +207,8 @@ def dsd(
     accumulate=True adds the product to out (required) in the kernel's epilogue: out += S @ b, the
     fp32 accumulator added to out's old values before the store. out is then float32 (a weight
     gradient's fp32 main_grad under 16-bit operands) or the operands' dtype, row-major with unit
-    inner stride.
+    inner stride. Without accumulate, out may also be such a float32 tensor under 16-bit operands:
+    the product is stored into it unrounded, and out's old values are never read.
     """
     op = "dsd"
     _check_2d(op, "b", b)
@@ -218,13 +219,16 @@ def dsd(
         raise ValueError(f"{op}: b has {b.shape[0]} rows but {which} has {s_cols} columns")
     dtype = _check_operands(topology, op, data=data, b=b)
     N = b.shape[1]
-    if accumulate:
+    # out in fp32 under 16-bit operands: written through the pointer epilogue, as accumulation is
+    wide_out = out is not None and out.dtype == torch.float32 and dtype != torch.float32
+    if accumulate or wide_out:
         _check_accumulation_target(op, out, (s_rows, N), dtype, b.device)
     elif out is None:
         out = torch.empty((s_rows, N), dtype=dtype, device=b.device)
     elif tuple(out.shape) != (s_rows, N) or out.dtype != dtype:
         raise ValueError(
-            f"{op}: out must have shape {(s_rows, N)} and dtype {dtype}, got {tuple(out.shape)} {out.dtype}"
+            f"{op}: out must have shape {(s_rows, N)} and dtype {dtype} (or float32), got {tuple(out.shape)} "
+            f"{out.dtype}"
         )
     data = data.contiguous()
     kernel = _dsd_module.dsd_kernel
@@ -242,12 +246,19 @@ def dsd(
     else:
         offsets, indices, positions = topology.offsets, topology.column_indices, topology.column_indices
     regular = topology.blocks_per_row
-    # Accumulation reads and writes out through pointers, so out needs no TMA layout then.
-    if cfg.persistent and regular and tma_ready(b) and (accumulate or tma_ready(out)) and topology.max_blocks > 0:
+    # Accumulation (and a wide out) goes through pointers, so out needs no TMA layout then.
+    pointers = accumulate or wide_out
+    if cfg.persistent and regular and tma_ready(b) and (pointers or tma_ready(out)) and topology.max_blocks > 0:
         s_block = [cfg.block_k, bs] if transpose else [bs, cfg.block_k]
         grid = min(persistent_programs(b.device, cfg.programs_per_sm), num_programs)
-        if accumulate:
-            epilogue = dict(c_ptr=out, stride_cm=out.stride(0), ACCUMULATE=True)
+        # the weight-gradient kernel stores a wide out through TMA, in column strips (adding through TMA
+        # measured no faster than the pointer epilogue)
+        strip = min(64, cfg.block_n)
+        if wide_out and not accumulate and transpose and cfg.flatten and tma_ready(out):
+            epilogue = dict(STRIPS=cfg.block_n // strip)
+            c_desc = tma_descriptor(out, [bs, strip])
+        elif pointers:
+            epilogue = dict(c_ptr=out, stride_cm=out.stride(0), ACCUMULATE=True, OVERWRITE=not accumulate)
             c_desc = None
         else:
             epilogue = {}

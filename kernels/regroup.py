@@ -105,15 +105,17 @@ def gather_block_rows(tensors: Sequence[torch.Tensor], source_tensor: torch.Tens
 
 
 def summed_transposed_products(datas: Sequence[torch.Tensor], topologies: Sequence[Topology],
-                               dense: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+                               dense: Sequence[torch.Tensor], out: torch.Tensor,
+                               accumulate: bool = True) -> torch.Tensor:
     """out += sum_m S_m^T @ B_m for S_m = (datas[m], topologies[m]) and B_m = dense[m], in ONE
-    product over the micro-batches' rows regrouped by expert (see the module docstring)."""
+    product over the micro-batches' rows regrouped by expert (see the module docstring); out = the
+    sum without accumulate (ops.dsd's rules for out)."""
     from .ops import dsd
 
     if not (len(datas) == len(topologies) == len(dense)):
         raise ValueError("give one data tensor and one B per topology")
     if len(topologies) == 1:
-        return dsd(datas[0], topologies[0], dense[0], transpose=True, out=out, accumulate=True)
+        return dsd(datas[0], topologies[0], dense[0], transpose=True, out=out, accumulate=accumulate)
     for data, topology, b in zip(datas, topologies, dense):
         topology.check_data(data)
         if b.shape[0] != topology.shape[0]:
@@ -122,4 +124,4 @@ def summed_transposed_products(datas: Sequence[torch.Tensor], topologies: Sequen
     rows = [t.block_rows for t in topologies]
     data = gather_block_rows(datas, source_tensor, source_row, rows)
     b = gather_block_rows(dense, source_tensor, source_row, rows)
-    return dsd(data, topology, b, transpose=True, out=out, accumulate=True)
+    return dsd(data, topology, b, transpose=True, out=out, accumulate=accumulate)

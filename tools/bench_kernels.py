@@ -226,33 +226,45 @@ def run_case(name: str, bs: int, sweep: bool, log, dtype: torch.dtype = torch.bf
     return result
 
 
-def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfloat16, micro_batches: int = 8) -> dict:
+def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfloat16, micro_batches: int = 8,
+                         tokens: int = 0, skew: float = 0.0) -> dict:
     """A weight gradient (dw1 = dh^T @ x) as training needs it: added into an fp32 gradient buffer
     (megatron's main_grad) once per micro-batch. Fused (the kernel's epilogue reads, adds, writes)
     against the bf16 product plus a separate add, and against the dense-equivalent matmul plus its
     add (a dense MLP of the same FLOPs has an E times smaller weight, so an E times smaller buffer).
     The floor: main_grad's read and write at the copy bandwidth of this GPU (an fp32 copy of the same
-    size, 8 bytes per element), which no kernel doing the add can beat.
+    size, 8 bytes per element), which no kernel doing the add can beat. Overwrite: the product
+    stored into the fp32 buffer without reading it (a step's first micro-batch after zeroing).
+    tokens: tokens per micro-batch instead of the case's T. skew: expert e gets tokens in proportion
+    to (1 + e)^-skew instead of T*k/E each (the busiest expert's load over the mean is reported).
 
     Per step: the same gradient over `micro_batches` micro-batches as ONE product over their rows
     regrouped by expert (dmoe_kernels.regroup; main_grad read and written once), reported per
     micro-batch next to the fused per-micro-batch time, with the regrouping (row sources and gathers) alone."""
     T, d, f, E, k = CASES[name]
-    Tk = T * k
+    Tk = (tokens or T) * k
     n, dev = Tk // E, torch.device("cuda")
     counts = torch.full((E,), n, device=dev, dtype=torch.int32)
+    if skew:
+        share = (1.0 + torch.arange(E, dtype=torch.float64)) ** -skew
+        share = (share / share.sum() * Tk).floor().long()
+        share[0] += Tk - int(share.sum())
+        counts = share.to(dev, torch.int32)
     topo = dk.Topology.for_experts(counts, Tk, f, bs)
     x = torch.randn(topo.shape[0], d, device=dev).to(dtype)
     dh = torch.randn(*topo.data_shape(), device=dev).to(dtype)
     main_grad = torch.zeros(E * f, d, device=dev)
     dense_grad = torch.zeros(f, d, device=dev)
-    gdh = grouped(dh, E, n, bs, f // bs).reshape(Tk, f)
+    gdh = grouped(dh, E, n, bs, f // bs).reshape(Tk, f) if not skew else torch.randn(Tk, f, device=dev).to(dtype)
 
     def fused():
         dk.ops.dsd(dh, topo, x, transpose=True, out=main_grad, accumulate=True)
 
     def unfused():
         main_grad.add_(dk.ops.dsd(dh, topo, x, transpose=True))
+
+    def overwrite():
+        dk.ops.dsd(dh, topo, x, transpose=True, out=main_grad)
 
     def dense():
         dense_grad.add_(gdh.t() @ x[:Tk])
@@ -262,8 +274,12 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
     main_grad.zero_()
     unfused()
     err = rel_err(once, main_grad)
+    main_grad.fill_(float("nan"))
+    overwrite()
+    err = max(err, rel_err(once, main_grad))
     if err > 1e-2:
-        raise SystemExit(f"{name}: fused accumulation differs from the unfused sum (rel err {err:.3g})")
+        raise SystemExit(f"{name}: fused accumulation differs from the unfused sum or the overwrite "
+                         f"(rel err {err:.3g})")
     stash = ([dh] * micro_batches, [topo] * micro_batches, [x] * micro_batches)
 
     def per_step():
@@ -282,16 +298,18 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
         raise SystemExit(f"{name}: the per-step sum differs from the per-micro-batch sum (rel err {err:.3g})")
     copy_src = torch.empty_like(main_grad)
     ms = {label: do_bench(fn, warmup=10, rep=100, return_mode="median")
-          for label, fn in (("fused", fused), ("unfused", unfused), ("dense", dense),
+          for label, fn in (("fused", fused), ("unfused", unfused), ("overwrite", overwrite), ("dense", dense),
                             ("floor", lambda: main_grad.copy_(copy_src)))}
     ms["per_step_per_micro_batch"] = do_bench(per_step, warmup=3, rep=50, return_mode="median") / micro_batches
     ms["regroup_per_micro_batch"] = do_bench(regroup_only, warmup=3, rep=50, return_mode="median") / micro_batches
     gbytes = main_grad.numel() * 8 / 1e9  # fp32 read + write
-    result = {"case": name, "micro_batches": micro_batches, **{f"{k}_ms": v for k, v in ms.items()},
+    result = {"case": name, "tokens": Tk // k, "load_max_over_mean": float(counts.max()) / (Tk / E),
+              "micro_batches": micro_batches, **{f"{k}_ms": v for k, v in ms.items()},
               "main_grad_gb_moved": gbytes,
               "fused_gb_per_s": gbytes / (ms["fused"] * 1e-3), "copy_gb_per_s": gbytes / (ms["floor"] * 1e-3),
               "rel_err": err}
     log(f"  {name} dw1 into fp32 main_grad: fused {ms['fused']:.3f} ms, bf16 + add {ms['unfused']:.3f} ms, "
+        f"overwrite {ms['overwrite']:.3f} ms, "
         f"dense-equiv + add {ms['dense']:.3f} ms ({result['fused_gb_per_s']:.0f} GB/s of main_grad traffic fused; "
         f"floor {ms['floor']:.3f} ms at the copy bandwidth, {result['copy_gb_per_s']:.0f} GB/s); "
         f"per step over {micro_batches} micro-batches {ms['per_step_per_micro_batch']:.3f} ms per micro-batch "
@@ -335,6 +353,11 @@ def main(argv=None):
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--repeats", type=int, default=3, help="alternating timing rounds per product")
     parser.add_argument("--profile-host", action="store_true", help="cProfile the host side of two products")
+    parser.add_argument("--tokens", type=int, default=0,
+                        help="--wgrad-accumulate: tokens per micro-batch instead of each case's")
+    parser.add_argument("--skew", default="0",
+                        help="--wgrad-accumulate: comma-separated routing skews S (expert e gets tokens in "
+                             "proportion to (1 + e)^-S; 0: every expert T*k/E)")
     parser.add_argument("--wgrad-accumulate", action="store_true",
                         help="instead of the six products: the weight gradient added into an fp32 gradient "
                              "buffer (fused epilogue vs bf16 product + add vs dense-equivalent + add, and "
@@ -348,6 +371,12 @@ def main(argv=None):
         raise SystemExit(f"--cases: unknown {unknown}; choose from {list(CASES)}")
     for name in names:
         check_case(name, args.block_size)
+    try:
+        args.skew_list = [float(v) for v in args.skew.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--skew: {args.skew!r} is not a comma-separated list of numbers") from None
+    if any(v < 0 for v in args.skew_list):
+        raise SystemExit(f"--skew: {args.skew!r} has a negative skew; use 0 (balanced) or more")
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA GPU")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
@@ -357,11 +386,15 @@ def main(argv=None):
     results = []
     if args.wgrad_accumulate:
         dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-        results = [run_wgrad_accumulate(name, args.block_size, log, dtype, args.micro_batches) for name in names]
-        print(f"\n{'case':<13} {'fused ms':>9} {'bf16+add':>9} {'dense+add':>10} {'floor ms':>9} {'fused GB/s':>11} "
-              f"{'copy GB/s':>10} {'per-step':>9} {'regroup':>8}")
+        results = [run_wgrad_accumulate(name, args.block_size, log, dtype, args.micro_batches, args.tokens, skew)
+                   for name in names for skew in args.skew_list]
+        print(f"\n{'case':<13} {'tokens':>7} {'max/mean':>8} {'fused ms':>9} {'bf16+add':>9} {'overwrite':>9} "
+              f"{'dense+add':>10} "
+              f"{'floor ms':>9} {'fused GB/s':>11} {'copy GB/s':>10} {'per-step':>9} {'regroup':>8}")
         for r in results:
-            print(f"{r['case']:<13} {r['fused_ms']:9.3f} {r['unfused_ms']:9.3f} {r['dense_ms']:10.3f} "
+            print(f"{r['case']:<13} {r['tokens']:7d} {r['load_max_over_mean']:8.2f} {r['fused_ms']:9.3f} "
+                  f"{r['unfused_ms']:9.3f} "
+                  f"{r['overwrite_ms']:9.3f} {r['dense_ms']:10.3f} "
                   f"{r['floor_ms']:9.3f} {r['fused_gb_per_s']:11.0f} {r['copy_gb_per_s']:10.0f} "
                   f"{r['per_step_per_micro_batch_ms']:9.3f} {r['regroup_per_micro_batch_ms']:8.3f}")
         print("(ms per micro-batch; per-step = the gradient of all micro-batches as one product over their rows "

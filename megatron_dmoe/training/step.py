@@ -35,6 +35,7 @@ def train_step(model, optimizer, data: Iterator[dict], num_micro_batches: int, d
     Returns (mean loss on this rank as a device tensor, grad norm or None, whether the update was applied).
     """
     model.zero_grad_buffer()
+    run_state.wgrad.main_grads_zeroed()  # the sparse experts' first gradients may overwrite them
     optimizer.zero_grad()
     reset_global_load_balance(model)  # moe.aux_loss_type global: expert fractions count this step only
     loss_scale = optimizer.get_loss_scale().to(device)

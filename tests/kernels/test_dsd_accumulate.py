@@ -1,4 +1,5 @@
-"""ops.dsd(..., out=out, accumulate=True): out += S @ b (or S^T @ b) in the kernels' epilogue.
+"""ops.dsd(..., out=out, accumulate=True): out += S @ b (or S^T @ b) in the kernels' epilogue; and
+without accumulate into an fp32 out under 16-bit operands: out = the product, out never read.
 
 Every kernel path that can accumulate is forced by its config and checked to have been the one
 that ran: the generic kernel (irregular topologies, or a non-persistent config), dsd_tma_kernel
@@ -56,7 +57,9 @@ DTYPE_PAIRS = {
 
 
 class _LaunchLog:
-    """Wraps a kernel so that launches are recorded with their ACCUMULATE flag."""
+    """Wraps a kernel so that launches are recorded with their epilogue: (name, how, where), how
+    "add" or "store" (OVERWRITE, or the TMA strips, which only store), where "pointers" (ACCUMULATE),
+    "strips" (STRIPS) or "tma" (the plain TMA store)."""
 
     def __init__(self, kernel, name, log):
         self.kernel, self.name, self.log = kernel, name, log
@@ -65,7 +68,8 @@ class _LaunchLog:
         launch = self.kernel[grid]
 
         def run(*args, **kwargs):
-            self.log.append((self.name, kwargs.get("ACCUMULATE", False)))
+            where = "strips" if kwargs.get("STRIPS") else "pointers" if kwargs.get("ACCUMULATE") else "tma"
+            self.log.append((self.name, "store" if kwargs.get("OVERWRITE") or kwargs.get("STRIPS") else "add", where))
             return launch(*args, **kwargs)
 
         return run
@@ -111,7 +115,7 @@ def test_accumulate_on_regular_topologies(path, topology_name, pair, device, tma
     if expected_kernel is None or topology.max_blocks == 0:  # nothing stored: the generic kernel adds zeros
         assert tma_launches == []
     else:
-        assert tma_launches == [(expected_kernel, True)]
+        assert tma_launches == [(expected_kernel, "add", "pointers")]
 
 
 @pytest.mark.parametrize("pair", list(DTYPE_PAIRS))
@@ -131,7 +135,7 @@ def test_tma_paths_accumulate_into_rows_that_tma_could_not_store(path, device, t
     transpose, cfg, expected_kernel = PATHS[path]
     topology = REGULAR["experts-bs16"](device)
     _check_accumulates(topology, transpose, cfg, torch.float16, torch.float32, device, out_row_stride=43)
-    assert tma_launches == [(expected_kernel, True)]
+    assert tma_launches == [(expected_kernel, "add", "pointers")]
 
 
 def test_accumulating_twice_adds_both_products(device):
@@ -169,9 +173,12 @@ def test_accumulate_argument_errors(device):
         dsd_t(torch.zeros(N_DENSE, cols, device=device).t())
     with pytest.raises(ValueError, match="row-major with unit inner stride"):
         dsd_t(torch.zeros(1, N_DENSE, device=device).expand(cols, N_DENSE))  # rows alias each other
-    # Without accumulate, out keeps the operands' dtype, as before.
-    with pytest.raises(ValueError, match="out must have shape .* and dtype torch.float16"):
-        dk.ops.dsd(data, topology, b, transpose=True, out=torch.zeros(cols, N_DENSE, device=device))
+    # Without accumulate, out takes the operands' dtype or float32.
+    with pytest.raises(ValueError, match=r"out must have shape .* and dtype torch.float16 \(or float32\)"):
+        dk.ops.dsd(data, topology, b, transpose=True, out=torch.zeros(cols, N_DENSE, dtype=torch.float64,
+                                                                      device=device))
+    with pytest.raises(ValueError, match="row-major with unit inner stride"):
+        dk.ops.dsd(data, topology, b, transpose=True, out=torch.zeros(N_DENSE, cols, device=device).t())
 
 
 @pytest.mark.gpu
@@ -186,7 +193,7 @@ def test_bf16_operands_accumulate_into_fp32_on_tma_paths(path, tma_launches):
     counts = torch.tensor([300, 0, 517, 64], device=device)
     topology = dk.Topology.for_experts(counts, int(counts.sum()), 256, 128)
     _check_accumulates(topology, transpose, None, torch.bfloat16, torch.float32, device)
-    assert tma_launches[0] == (expected_kernel, True)
+    assert tma_launches[0] == (expected_kernel, "add", "pointers")
 
 
 @pytest.mark.parametrize("block_n", [128, 256])
@@ -202,4 +209,72 @@ def test_wide_tiles_add_in_column_strips(block_n, flatten, device):
     out = torch.randn(topology.shape[1], 200, generator=g).to(device)
     expected = out.double() + ref.dsd(data.double(), topology, b.double(), True)
     dk.ops.dsd(data, topology, b, transpose=True, out=out, config=cfg, accumulate=True)
+    assert float((out.double() - expected).norm() / expected.norm()) < 1e-5
+
+
+def _check_overwrites(topology, transpose, cfg, device, out_row_stride=None):
+    """fp16 operands into an fp32 out full of NaN: every element must be the float64 product (rows of
+    S @ b past the used ones zero), so no old value was read or left."""
+    data, b, out = _inputs(topology, transpose, torch.float16, torch.float32, device, out_row_stride)
+    out.fill_(float("nan"))
+    expected = ref.dsd(data.double(), topology, b.double(), transpose)
+    result = dk.ops.dsd(data, topology, b, transpose=transpose, out=out, config=cfg)
+    assert result is out and not out.isnan().any()
+    assert float((out.double() - expected).norm() / expected.norm().clamp_min(1e-30)) < 1e-5 or expected.norm() == 0
+    assert out.double().abs().max() <= expected.abs().max() * (1 + 1e-5) + 1e-30
+
+
+@pytest.mark.parametrize("topology_name", list(REGULAR))
+@pytest.mark.parametrize("path", list(PATHS))
+def test_wide_out_is_overwritten_on_regular_topologies(path, topology_name, device, tma_launches):
+    transpose, cfg, expected_kernel = PATHS[path]
+    topology = REGULAR[topology_name](device)
+    _check_overwrites(topology, transpose, cfg, device)
+    if expected_kernel is None or topology.max_blocks == 0:
+        assert tma_launches == []
+    else:
+        # the weight-gradient kernel stores a TMA-ready fp32 out through TMA strips
+        assert tma_launches == [(expected_kernel, "store", "strips" if expected_kernel == "dsdt_tma_kernel"
+                                 else "pointers")]
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["S@B", "St@B"])
+def test_wide_out_is_overwritten_on_irregular_topology_and_strided_rows(transpose, device):
+    _check_overwrites(_irregular(device), transpose, None, device)
+    _check_overwrites(REGULAR["experts-bs16"](device), transpose, _config(True, True), device, out_row_stride=43)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transpose", [False, True], ids=["S@B", "St@B"])
+def test_bf16_operands_overwrite_fp32_with_tuned_configs(transpose, tma_launches):
+    """bf16 operands into a NaN-filled fp32 out with the device's tuned configs (persistent kernels)."""
+    device = torch.device("cuda")
+    counts = torch.tensor([300, 0, 517, 64], device=device)
+    topology = dk.Topology.for_experts(counts, int(counts.sum()) + 100, 256, 128)
+    rows, cols = topology.shape
+    s_rows, s_cols = (cols, rows) if transpose else (rows, cols)
+    data = torch.randn(topology.data_shape(), device=device).bfloat16()
+    b = torch.randn(s_cols, 384, device=device).bfloat16()
+    out = torch.full((s_rows, 384), float("nan"), device=device)
+    expected = ref.dsd(data.double(), topology, b.double(), transpose)
+    dk.ops.dsd(data, topology, b, transpose=transpose, out=out)
+    assert not out.isnan().any()
+    assert float((out.double() - expected).norm() / expected.norm()) < 1e-5
+    assert [(how, where) for _, how, where in tma_launches] == [("store", "strips" if transpose else "pointers")]
+
+
+@pytest.mark.parametrize("block_n", [128, 256])
+def test_wide_out_of_weight_gradients_leaves_in_tma_strips(block_n, device, tma_launches):
+    """The flattened weight-gradient kernel writes an fp32 out under fp16 operands through TMA stores
+    of 64-column strips (no pointer epilogue); N = 200 leaves the last strip partly past the edge."""
+    topology = REGULAR["experts-bs16"](device)
+    cfg = dk.DsdConfig(block_n=block_n, block_k=16, group_m=2, persistent=True, flatten=True)
+    g = torch.Generator().manual_seed(block_n)
+    data = torch.randn(topology.data_shape(), generator=g).to(device).half()
+    b = torch.randn(topology.shape[0], 200, generator=g).to(device).half()
+    out = torch.full((topology.shape[1], 200), float("nan"), device=device)
+    expected = ref.dsd(data.double(), topology, b.double(), True)
+    dk.ops.dsd(data, topology, b, transpose=True, out=out, config=cfg)
+    assert tma_launches == [("dsdt_tma_kernel", "store", "strips")]
+    assert not out.isnan().any()
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-5

@@ -285,3 +285,54 @@ def test_combine_with_a_frozen_down_projection_gives_the_other_gradients_unchang
         grads.append((x.grad, router_weights.grad, w1.grad))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["flag", "main_grad_only"])
+@pytest.mark.parametrize("kind, activation, dtype", [("combine", "gelu", torch.float16),
+                                                     ("expert_mlp", "swiglu", torch.float32)],
+                         ids=["combine-gelu-fp16", "expert_mlp-swiglu-fp32"])
+def test_first_gradient_after_zeroing_is_stored_then_added(kind, activation, dtype, mode):
+    """After WgradStash.main_grads_zeroed() a weight's first gradient overwrites main_grad (here
+    filled with NaN, so a read would show) and the next one is added; without that call both add."""
+    from megatron_dmoe.moe.experts.per_step_wgrad import WgradStash
+
+    x, state, weights = _problem(15, activation, dtype, kind=kind)
+    rows = T if kind == "combine" else x.shape[0]
+    grads = [torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    plain = [_leaf_params(weights) for _ in grads]
+    for p, g in zip(plain, grads):
+        _backward(kind, x, state, p, activation, g)
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+
+    stash = WgradStash()
+    params = _leaf_params(weights, torch.float32, seed=9, main_grad_only=mode == "main_grad_only")
+    for p in params:
+        if p is not None:
+            p.main_grad.fill_(float("nan"))
+    stash.main_grads_zeroed()
+    _backward(kind, x, state, params, activation, grads[0], wgrad_stash=stash)
+    for p, q in zip(params, plain[0]):
+        if p is not None:
+            assert _rel(p.main_grad, q.grad) < tol
+    _backward(kind, x, state, params, activation, grads[1], wgrad_stash=stash)
+    for p, q0, q1 in zip(params, plain[0], plain[1]):
+        if p is not None:
+            assert _rel(p.main_grad, q0.grad.double() + q1.grad.double()) < tol
+
+    fresh = _leaf_params(weights, torch.float32, seed=9, main_grad_only=mode == "main_grad_only")
+    old = [None if p is None else p.main_grad.clone() for p in fresh]
+    _backward(kind, x, state, fresh, activation, grads[0], wgrad_stash=WgradStash())  # never told: adds
+    for p, q, m0 in zip(fresh, plain[0], old):
+        if p is not None:
+            assert _rel(p.main_grad - m0, q.grad) < tol
+
+
+def test_first_write_counts_each_weight_once_per_zeroing():
+    from megatron_dmoe.moe.experts.per_step_wgrad import WgradStash
+
+    stash, a, b = WgradStash(), torch.zeros(2), torch.zeros(2)
+    assert not stash.first_write(a)  # no zeroing announced
+    stash.main_grads_zeroed()
+    assert [stash.first_write(w) for w in (a, b, a, b)] == [True, True, False, False]
+    stash.main_grads_zeroed()
+    assert stash.first_write(b) and not stash.first_write(b)

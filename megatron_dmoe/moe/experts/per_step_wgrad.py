@@ -24,12 +24,33 @@ from megatron_dmoe.parallel import param_roles
 
 
 class WgradStash:
-    """The deferred operands of one run's sparse experts, owned by the run (moe/run_state.py) and
-    shared by every MoE layer of its model: id(weight) -> (weight, [data], [topology], [B]), or
-    None outside `per_step()`."""
+    """How one run's sparse experts hand their weight gradients to main_grad, owned by the run
+    (moe/run_state.py) and shared by every MoE layer of its model:
+
+    - the deferred operands, id(weight) -> (weight, [data], [topology], [B]), or None outside
+      `per_step()`;
+    - which weights' main_grad still holds the zeros the loop put there (`main_grads_zeroed()`):
+      a weight's first gradient of the step is then stored rather than added (`first_write`), so the
+      kernel's epilogue never reads the old values. None (the default, and outside a training loop
+      that says so): always added.
+    """
 
     def __init__(self):
         self._pending: Optional[Dict[int, Tuple[torch.Tensor, List, List, List]]] = None
+        self._written: Optional[set] = None
+
+    def main_grads_zeroed(self) -> None:
+        """The training loop has just zeroed every main_grad (DDP's zero_grad_buffer)."""
+        self._written = set()
+
+    def first_write(self, weight: torch.Tensor) -> bool:
+        """True for the first gradient of `weight` since main_grads_zeroed(): it may overwrite
+        main_grad. Every call counts, whatever the caller then does with the gradient; never while a
+        CUDA graph is captured (its replays would overwrite at every micro-batch)."""
+        if self._written is None or id(weight) in self._written:
+            return False
+        self._written.add(id(weight))
+        return not (weight.is_cuda and torch.cuda.is_current_stream_capturing())
 
     @contextlib.contextmanager
     def per_step(self, enabled: bool = True) -> Iterator[None]:
@@ -47,7 +68,7 @@ class WgradStash:
         self._pending = {}
         try:
             yield
-            _flush(self._pending)
+            _flush(self._pending, self)
         finally:
             self._pending = None
 
@@ -65,10 +86,11 @@ class WgradStash:
         return True
 
 
-def _flush(pending: Dict[int, Tuple[torch.Tensor, List, List, List]]) -> None:
+def _flush(pending: Dict[int, Tuple[torch.Tensor, List, List, List]], stash: WgradStash) -> None:
     from dmoe_kernels.regroup import summed_transposed_products
 
     while pending:  # one weight at a time, releasing its operands before the next
         _, (weight, datas, topologies, dense) = pending.popitem()
         E, f, h = weight.shape
-        summed_transposed_products(datas, topologies, dense, param_roles.main_grad(weight).view(E * f, h))
+        summed_transposed_products(datas, topologies, dense, param_roles.main_grad(weight).view(E * f, h),
+                                   accumulate=not stash.first_write(weight))

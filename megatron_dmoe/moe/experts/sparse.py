@@ -126,7 +126,8 @@ def _grad_owners(x: torch.Tensor, *weights):
 def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tensor] = None, stash=None):
     """Gradient of an expert weight, S^T @ b for S = (data, topo): added into owner.main_grad
     (returns None: the weight entered detached), or left in `stash` (a WgradStash deferring to the
-    step's end), or else:
+    step's end), or else as below. Added means stored when `stash` says main_grad still holds the
+    zeros the training loop put there (WgradStash.first_write).
 
     With a fusable main_grad (see _fusable_main_grad) the product is added into it in the kernel's
     epilogue (fp32 accumulator + old main_grad, one pass), the weight is flagged
@@ -141,14 +142,17 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
     E, f, h = weight.shape
     if owner is not None:
         if stash is None or not stash.stash(owner, data, topo, b):
-            ops.dsd(data, topo, b, transpose=True, out=param_roles.main_grad(owner).view(E * f, h), accumulate=True)
+            ops.dsd(data, topo, b, transpose=True, out=param_roles.main_grad(owner).view(E * f, h),
+                    accumulate=not (stash is not None and stash.first_write(owner)))
         return None
+    # the first gradient since the loop zeroed main_grad is stored, not added (read nothing)
+    first = stash is not None and stash.first_write(weight)
     main_grad = _fusable_main_grad(weight)
     if main_grad is None:
         if param_roles.main_grad(weight) is not None:
             param_roles.set_grad_added_to_main_grad(weight, False)
         return ops.dsd(data, topo, b, transpose=True).view(E, f, h)
-    ops.dsd(data, topo, b, transpose=True, out=main_grad.view(E * f, h), accumulate=True)
+    ops.dsd(data, topo, b, transpose=True, out=main_grad.view(E * f, h), accumulate=not first)
     param_roles.set_grad_added_to_main_grad(weight, True)
     if param_roles.zero_out_wgrad(weight):
         return torch.zeros_like(weight)
