@@ -142,21 +142,20 @@ def test_bench_moe_router_choice_reaches_the_layers(tmp_path):
         bench.parse_args(["--router", "magic"])
 
 
-def test_bench_moe_even_routing_fills_every_block(tmp_path):
+def test_bench_moe_even_routing_fills_every_block():
     """--even-routing gives every expert T*k/E tokens: no padding rows at a block size dividing
-    that, where the fresh router's routing pads."""
-    bench = _load()
-    T, d, f, E, k = bench.TOY_CASES["toy-fine"]  # 64 tokens, 8 experts, top-4: 32 rows per expert
-    rows = {}
-    for even in (False, True):
-        out = tmp_path / f"moe_{even}.json"
-        bench.main(["--device", "cpu", "--toy", "--cases", "toy-fine", "--backends", "sparse,grouped,dense-equiv",
-                    "--block-size", "16", "--out", str(out)] + (["--even-routing"] if even else []))
-        rows[even] = {r["backend"]: r for r in json.loads(out.read_text())["results"]}
-    assert rows[True]["sparse"]["load_max_over_mean"] == 1.0 and rows[True]["sparse"]["padded_rows_x"] == 1.0
-    assert rows[False]["sparse"]["padded_rows_x"] > 1.0
-    for argv in (["--even-routing", "--skew", "1"],):
-        import pytest
+    that, where the fresh router's routing pads; and it refuses --skew beside it."""
+    import pytest
+    import torch
 
-        with pytest.raises(SystemExit):
-            bench.parse_args(argv + ["--device", "cpu", "--toy"])
+    bench = _load()
+    case = bench.TOY_CASES["toy-fine"]  # 64 tokens, 8 experts, top-4: 32 rows per expert
+    stats = {}
+    for even in (False, True):
+        _, _, _, layer, x = bench.moe_step(case, "sparse", True, 0.0, torch.float32, torch.device("cpu"), 16,
+                                           even=even)
+        stats[even] = bench.routing_stats(layer, x, 16)
+    assert stats[True]["load_max_over_mean"] == 1.0 and stats[True]["padded_rows_x"] == 1.0
+    assert stats[False]["padded_rows_x"] > 1.0
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--even-routing", "--skew", "1", "--device", "cpu", "--toy"])
