@@ -1,7 +1,8 @@
 """Optimizer and learning-rate schedule.
 
 CUDA: megatron-core's optimizer (fp32 master weights for bf16/fp16, loss scaling for fp16, the
-distributed optimizer as an option). CPU: the same MegatronOptimizer interface over torch's AdamW,
+distributed optimizer as an option), on torch's fused Adam with the gradient clipping folded into
+it (clip_in_adam.py). CPU: the same MegatronOptimizer interface over torch's AdamW,
 because megatron-core's optimizer allocates on CUDA; clipping uses the same global gradient norm
 (expert gradients, sharded over expert-parallel ranks, counted once: `global_grad_norm`).
 Both are driven by megatron-core's OptimizerParamScheduler.
@@ -22,6 +23,7 @@ from megatron.core.transformer.module import param_is_not_shared
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.transformer_config import params_dtype
 from megatron_dmoe.parallel.param_roles import is_expert_parallel
+from megatron_dmoe.training.clip_in_adam import fold_clip_into_adam
 from megatron_dmoe.training.multi_tensor import use_foreach_multi_tensor_ops
 
 
@@ -150,6 +152,7 @@ def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda
         use_foreach_multi_tensor_ops()
         optimizer = get_megatron_optimizer(config, model_chunks)
         _fuse_torch_adam(optimizer)
+        fold_clip_into_adam(optimizer)
         return optimizer
     adam = torch.optim.AdamW(
         _param_groups(model_chunks),
