@@ -219,7 +219,8 @@ def dsd(
         raise ValueError(f"{op}: b has {b.shape[0]} rows but {which} has {s_cols} columns")
     dtype = _check_operands(topology, op, data=data, b=b)
     N = b.shape[1]
-    # out in fp32 under 16-bit operands: written through the pointer epilogue, as accumulation is
+    # out in fp32 under 16-bit operands ("wide"): checked as an accumulation target is, and written
+    # by the pointer epilogue (or, from the weight-gradient kernel, by TMA strips)
     wide_out = out is not None and out.dtype == torch.float32 and dtype != torch.float32
     if accumulate or wide_out:
         _check_accumulation_target(op, out, (s_rows, N), dtype, b.device)
