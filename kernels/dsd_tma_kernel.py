@@ -36,8 +36,14 @@ def _add_part(c_ptr, stride_cm, N, row0, col0, part, BS: tl.constexpr, WIDTH: tl
 
 
 @triton.jit
+def halves(t, BS: tl.constexpr, WIDTH: tl.constexpr):
+    """The left and right column halves of a [BS, WIDTH] tile."""
+    return tl.split(tl.permute(tl.reshape(t, (BS, 2, WIDTH // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def _add_halves(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, WIDTH: tl.constexpr, ADD: tl.constexpr):
-    left, right = tl.split(tl.permute(tl.reshape(acc, (BS, 2, WIDTH // 2)), (0, 2, 1)))
+    left, right = halves(acc, BS, WIDTH)
     _add_part(c_ptr, stride_cm, N, row0, col0, left, BS, WIDTH // 2, ADD)
     _add_part(c_ptr, stride_cm, N, row0, col0 + WIDTH // 2, right, BS, WIDTH // 2, ADD)
 
@@ -50,7 +56,7 @@ def add_tile_to_output(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, B
     column strips of at most 64: the layout conversion between the accumulator and C's pointers goes
     through shared memory, and a whole fp32 [128, 256] tile (128 KB) would not fit beside the pipeline."""
     if BLOCK_N > 128:
-        left, right = tl.split(tl.permute(tl.reshape(acc, (BS, 2, BLOCK_N // 2)), (0, 2, 1)))
+        left, right = halves(acc, BS, BLOCK_N)
         _add_halves(c_ptr, stride_cm, N, row0, col0, left, BS, BLOCK_N // 2, ADD)
         _add_halves(c_ptr, stride_cm, N, row0, col0 + BLOCK_N // 2, right, BS, BLOCK_N // 2, ADD)
     elif BLOCK_N > 64:

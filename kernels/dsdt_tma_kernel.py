@@ -27,28 +27,23 @@ faster than the pointer epilogue.
 import triton
 import triton.language as tl
 
-from .dsd_tma_kernel import add_tile_to_output
+from .dsd_tma_kernel import add_tile_to_output, halves
 from .tile_mapping import grouped_tile
-
-
-@triton.jit
-def _halves(t, BS: tl.constexpr, WIDTH: tl.constexpr):
-    return tl.split(tl.permute(tl.reshape(t, (BS, 2, WIDTH // 2)), (0, 2, 1)))
 
 
 @triton.jit
 def _store_in_strips(c_desc, acc, row0, col0, BS: tl.constexpr, BLOCK_N: tl.constexpr, STRIPS: tl.constexpr):
     # up to four strips: the tile halved once or twice
     if STRIPS == 4:
-        left, right = _halves(acc, BS, BLOCK_N)
-        q0, q1 = _halves(left, BS, BLOCK_N // 2)
-        q2, q3 = _halves(right, BS, BLOCK_N // 2)
+        left, right = halves(acc, BS, BLOCK_N)
+        q0, q1 = halves(left, BS, BLOCK_N // 2)
+        q2, q3 = halves(right, BS, BLOCK_N // 2)
         c_desc.store([row0, col0], q0)
         c_desc.store([row0, col0 + BLOCK_N // 4], q1)
         c_desc.store([row0, col0 + BLOCK_N // 2], q2)
         c_desc.store([row0, col0 + 3 * BLOCK_N // 4], q3)
     elif STRIPS == 2:
-        left, right = _halves(acc, BS, BLOCK_N)
+        left, right = halves(acc, BS, BLOCK_N)
         c_desc.store([row0, col0], left)
         c_desc.store([row0, col0 + BLOCK_N // 2], right)
     else:

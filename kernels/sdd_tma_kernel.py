@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .activation import gelu
+from .dsd_tma_kernel import halves
 from .tile_mapping import grouped_tile
 
 
@@ -24,7 +25,7 @@ def _store_tile(desc, out, blk, BS: tl.constexpr, NB: tl.constexpr):
     if NB == 1:
         desc.store([blk * BS, 0], out)
     else:
-        o0, o1 = out.reshape(BS, 2, BS).permute(0, 2, 1).split()
+        o0, o1 = halves(out, BS, 2 * BS)
         desc.store([blk * BS, 0], o0)
         desc.store([(blk + 1) * BS, 0], o1)
 
