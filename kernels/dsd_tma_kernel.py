@@ -9,7 +9,8 @@ For S @ B the tiles of used rows all have the same trip count (F blocks), a boun
 as loop-invariant, so FLATTEN can fuse the tile and K loops; the rows past the used ones are then
 filled with zeros. For S^T @ B (weight gradients) the trip count of a tile is the number of blocks
 of the expert that owns its column: uneven, so the compiler cannot fuse the loops (fusing them by
-hand, with the tile bookkeeping inside one loop, measured slower on an H200: tools/kernel_notes.md).
+hand, with the tile bookkeeping inside one loop, measured slower on an H200:
+docs/kernels.md, "Weight-gradient loop fusion").
 
 ACCUMULATE (C += the product, for weight gradients added straight into an fp32 main_grad) reads and
 writes C through plain pointers (c_ptr, stride_cm) instead of the TMA store: staging an fp32

@@ -9,7 +9,7 @@ so K need not be a multiple of BLOCK_K. The tile count comes from nnz on the dev
 GELU_OUT (the GELU expert MLP's forward): besides out = h (rounded to the output dtype), act_desc
 gets gelu(h) of that rounded h, so that no separate pass reads h back. (The backward's GELU in the
 epilogue of the product that gives its gradient measured slower than the separate pass:
-tools/moe_notes.md, Run 12.)
+docs/kernels.md, "Fused epilogues".)
 """
 import triton
 import triton.language as tl

@@ -2,7 +2,7 @@
 
 A config is a small frozen dataclass; ``sdd_config`` and ``dsd_config`` pick one from the block
 size, the dense width and the device. The Hopper choices come from measurements on an H200
-(tools/bench_kernels.py, recorded in tools/kernel_notes.md). Callers may pass their own config to
+(tools/bench_kernels.py; docs/kernels.md, "Tile configurations"). Callers may pass their own config to
 the raw ops (the benchmark does, to sweep).
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def sdd_config(block_size: int, blocks_per_row, K: int, device: torch.device,
     if blocks_per_row and _is_hopper_or_newer(device):
         # Two neighbouring blocks per tile (128 x 256 at bs 128: wgmma's efficient shape),
         # persistent, tile and K loops fused. A short K (the model width) wants a deeper pipeline:
-        # measured on an H200 (tools/kernel_notes.md).
+        # measured on an H200 (docs/kernels.md, "Tile configurations").
         nb = 2 if blocks_per_row % 2 == 0 else 1
         warps = 8 if block_size * nb * block_size >= 128 * 256 else 4
         return SddConfig(blocks_per_program=nb, block_k=block_k, group_m=8, num_warps=warps,

@@ -1,7 +1,7 @@
 """The sparse layer's launches per forward and backward, counted on CPU: every aten op that would
 launch a kernel on a GPU, and every Triton kernel launch (through Triton's interpreter here).
 
-On small experts the layer is bound by the host, which pays per launch (tools/moe_notes.md, "Host
+On small experts the layer is bound by the host, which pays per launch (docs/performance.md, "Host
 time and launches"), so the count is a budget: a change that adds launches fails here and must
 update the numbers on purpose. The GPU path is mirrored where it differs on CPU: the topology is
 built by its Triton kernels and the router is the fused one (both CUDA's choice)."""
