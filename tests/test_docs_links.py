@@ -22,7 +22,8 @@ def tracked_files():
     out = subprocess.run(listing, cwd=REPO, capture_output=True, text=True, check=True).stdout
     for name in out.splitlines():
         path = REPO / name
-        if path.suffix in SUFFIXES and not name.startswith("docs/archive/") and path.is_file():
+        own = path == Path(__file__).resolve()  # its examples are not citations
+        if path.suffix in SUFFIXES and not name.startswith("docs/archive/") and not own and path.is_file():
             yield name, path
 
 
