@@ -36,6 +36,7 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 EXCHANGE_COLUMNS = [
     ("ep", "EP", "{:d}"),
     ("exchange", "exchange", "{}"),
+    ("push_programs", "push programs", "{}"),
     ("exchange_mib_per_rank", "MiB/rank", "{:g}"),
     ("dispatch_combine_ms", "disp+comb ms", "{:.3f}"),
     ("dispatch_busbw_gbs", "busbw GB/s", "{:.1f}"),
@@ -48,6 +49,7 @@ EXCHANGE_COLUMNS = [
 LAYER_COLUMNS = [
     ("ep", "EP", "{:d}"),
     ("exchange", "exchange", "{}"),
+    ("push_programs", "push programs", "{}"),
     ("local_experts", "local experts", "{:d}"),
     ("layer_fwd_bwd_ms", "layer fwd+bwd ms", "{:.3f}"),
     ("layer_graph_ms", "as a CUDA graph ms", "{:.3f}"),
@@ -61,6 +63,10 @@ SHARED_COLUMNS = [
     ("layer_without_shared_ms", "without shared ms", "{:.3f}"),
     ("shared_alone_ms", "shared MLP alone ms", "{:.3f}"),
     ("shared_hidden", "shared time hidden", "{:.0%}"),
+    ("graph_layer_ms", "graph: layer ms", "{:.3f}"),
+    ("graph_without_shared_ms", "without shared ms", "{:.3f}"),
+    ("graph_shared_alone_ms", "shared alone ms", "{:.3f}"),
+    ("graph_shared_hidden", "hidden", "{:.0%}"),
 ]
 
 
@@ -97,6 +103,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="give the layer a shared expert of width N (default 0: none) and also time the "
                              "layer without it and the shared MLP alone: the share of the shared MLP's time "
                              "the layer hides, (without + alone - with) / alone, e.g. behind the exchange")
+    parser.add_argument("--push-programs", default="auto", metavar="N[,N...]",
+                        help="programs of the symmetric exchange's push kernels, comma-separated: auto (two "
+                             "per multiprocessor) and/or numbers; each symmetric row is measured per value "
+                             "(fewer programs leave multiprocessors to a shared expert on its side stream)")
     parser.add_argument("--iters", type=int, default=20, help="timed calls (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed calls first (default 5)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
@@ -120,6 +130,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     except ValueError:
         parser.error(f"--exchange-mib {args.exchange_mib!r}: give comma-separated numbers such as 64,256")
     args.exchange = [x.strip() for x in args.exchange.split(",") if x.strip()]
+    try:
+        args.push_programs = [None if x.strip() == "auto" else int(x) for x in args.push_programs.split(",")
+                              if x.strip()]
+    except ValueError:
+        parser.error(f"--push-programs {args.push_programs!r}: give auto and/or numbers, e.g. auto,32")
+    if not args.push_programs or any(n is not None and n < 1 for n in args.push_programs):
+        parser.error("--push-programs needs auto or numbers >= 1")
     if not set(args.exchange) <= {"auto", "nccl", "symmetric"} or ("auto" in args.exchange and len(args.exchange) > 1):
         parser.error(f"--exchange {','.join(args.exchange)}: give auto, or nccl and/or symmetric")
     if not args.exchange_mib or min(args.exchange_mib) <= 0:
@@ -222,7 +239,7 @@ def _random_routing(args, tokens, device, dtype, generator):
     return indices, weights.to(dtype)
 
 
-def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> dict:
+def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float, programs=None) -> dict:
     """Dispatch + combine with identity experts, and two raw all-to-alls of the same bytes."""
     import torch
     import torch.distributed as dist
@@ -235,6 +252,11 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> d
     layout = ExpertLayout(args.experts, args.ffn, ep, ps.get_expert_model_parallel_rank())
     dispatcher = ExpertParallelDispatcher(layout, group, exchange)
     dispatcher.rows_consumed_at_once = True  # as with the sparse experts: the combine reads them next
+    if exchange == "symmetric":
+        from megatron_dmoe.parallel.symmetric_exchange import SymmetricExchanges
+
+        dispatcher.exchanges = SymmetricExchanges()
+        dispatcher.exchanges.set_push_programs(programs)
     element = torch.empty((), dtype=dtype).element_size()
     copies = args.top_k * layout.shards_per_expert  # rows each token sends
     tokens = max(1, round(mib * 2**20 / (args.hidden * element * copies)))
@@ -272,6 +294,7 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> d
     return {
         "ep": ep,
         "exchange": exchange,
+        "push_programs": _programs_text(exchange, programs),
         "exchange_mib_per_rank": exchanged / 2 / 2**20,
         "tokens_per_rank": tokens,
         "dispatch_combine_ms": 1e3 * seconds,
@@ -287,7 +310,11 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float) -> d
     }
 
 
-def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
+def _programs_text(exchange: str, programs) -> str:
+    return "-" if exchange != "symmetric" else ("auto" if programs is None else str(programs))
+
+
+def bench_layer(args, ep: int, exchange: str, device, dtype, programs=None) -> dict:
     """Forward + backward of one MoE layer on --tokens tokens per process."""
     import torch
     import torch.distributed as dist
@@ -308,6 +335,7 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
                         shared_expert_ffn_hidden_size=shared_ffn).to(device).train()
 
     layer = make_layer(args.shared_ffn)
+    layer.run_state.exchanges.set_push_programs(programs)
     generator = torch.Generator(device=device).manual_seed(2000 + dist.get_rank())
     x = torch.randn(args.tokens, 1, args.hidden, device=device, dtype=dtype, generator=generator).requires_grad_()
     out_grad = torch.randn(args.tokens, 1, args.hidden, device=device, dtype=dtype, generator=generator)
@@ -321,10 +349,12 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
 
     step = layer_step(layer)
     seconds = _timed(step, args, device)
+    graphable = device.type == "cuda" and (ep == 1 or exchange == "symmetric")  # nothing read on the host
     shared = {}
     if args.shared_ffn:
         # the same run state: the second layer reuses the first one's exchange buffers
-        without = _timed(layer_step(make_layer(0, layer.run_state)), args, device)
+        without_step = layer_step(make_layer(0, layer.run_state))
+        without = _timed(without_step, args, device)
 
         def shared_step():
             layer.shared_experts(x.view(-1, args.hidden)).backward(out_grad.view(-1, args.hidden))
@@ -332,13 +362,19 @@ def bench_layer(args, ep: int, exchange: str, device, dtype) -> dict:
         alone = _timed(shared_step, args, device)
         shared = {"layer_without_shared_ms": 1e3 * without, "shared_alone_ms": 1e3 * alone,
                   "shared_hidden": (without + alone - seconds) / alone}
+        if graphable:  # eagerly the host's launches dominate; as graphs the GPU's overlap shows
+            with_g, without_g, alone_g = (_graph_timed(fn, args, device) for fn in (step, without_step, shared_step))
+            shared.update(graph_layer_ms=1e3 * with_g, graph_without_shared_ms=1e3 * without_g,
+                          graph_shared_alone_ms=1e3 * alone_g,
+                          graph_shared_hidden=(without_g + alone_g - with_g) / alone_g)
     profile = _profile(step, args, device, f"layer_ep{ep}_{exchange if ep > 1 else 'local'}") if args.profile else None
     graph_ms = None
-    if device.type == "cuda" and (ep == 1 or exchange == "symmetric"):  # nothing read on the host
-        graph_ms = 1e3 * _graph_timed(step, args, device)
+    if graphable:
+        graph_ms = shared["graph_layer_ms"] if "graph_layer_ms" in shared else 1e3 * _graph_timed(step, args, device)
     return {
         "ep": ep,
         "exchange": exchange if ep > 1 else "-",
+        "push_programs": _programs_text(exchange if ep > 1 else "-", programs),
         "layer_fwd_bwd_ms": 1e3 * seconds,
         "layer_graph_ms": graph_ms,
         "profile": profile,
@@ -382,10 +418,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             init_distributed(args.device, expert_model_parallel_size=ep)  # rebuilds megatron's groups
             seed_everything(1234, env)
             for exchange in exchanges if ep > 1 else exchanges[:1]:
-                if ep > 1:
-                    results["exchange"] += [bench_exchange(args, ep, exchange, device, dtype, mib)
-                                            for mib in args.exchange_mib]
-                results["layer"].append(bench_layer(args, ep, exchange, device, dtype))
+                for programs in args.push_programs if ep > 1 and exchange == "symmetric" else [None]:
+                    if ep > 1:
+                        results["exchange"] += [bench_exchange(args, ep, exchange, device, dtype, mib, programs)
+                                                for mib in args.exchange_mib]
+                    results["layer"].append(bench_layer(args, ep, exchange, device, dtype, programs))
         if env.is_main:
             where = f"one {results['gpu']} each" if env.on_cuda else "CPU, gloo"
             print(f"{world} processes ({where}), {results['dtype']}, {args.experts} experts, top-{args.top_k}, "

@@ -175,6 +175,9 @@ class SymmetricExchange:
         self.handle = symm_mem.rendezvous(self.inbox, group)
         self.inbox_ptrs = torch.tensor(self.handle.buffer_ptrs, dtype=torch.int64, device=device)
         self.buffers: Dict[Tuple[str, int, torch.dtype], _RowsBuffer] = {}
+        # programs of each push kernel (None: two per multiprocessor). Fewer leave multiprocessors
+        # to work on other streams (a shared expert) while rows cross NVLink.
+        self.push_programs: Optional[int] = None
 
     def barrier(self, channel: int) -> None:
         self.handle.barrier(channel=channel)
@@ -224,15 +227,18 @@ class SymmetricExchange:
         self.reserve("to_sources", hidden, dtype, plan.send_rows)
         buf = self.reserve("to_experts", hidden, dtype, self.ranks * plan.send_rows)
         plan.recv_rows = buf.capacity  # a bound for every rank's T, not only this one's
-        push_copies(x, experts, positions, plan, buf.ptrs, buf.capacity, self.local_experts)
+        push_copies(x, experts, positions, plan, buf.ptrs, buf.capacity, self.local_experts, self.push_programs)
         self.barrier(channel=1)
         return buf.tensor[: plan.recv_rows]
+
+    def _per_destination(self) -> Optional[int]:
+        return None if self.push_programs is None else max(1, self.push_programs // self.ranks)
 
     def to_experts(self, src: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
         """Rows in this rank's sorted order -> arrival order on the expert ranks; returns the view
         [plan.recv_rows, H] of this rank's buffer (sized by the dispatch)."""
         buf = self.buffer("to_experts", src.shape[1], src.dtype)
-        push_rows(src, plan.send_starts, plan.dest_base, buf.ptrs, buf.capacity, self.me)
+        push_rows(src, plan.send_starts, plan.dest_base, buf.ptrs, buf.capacity, self.me, self._per_destination())
         self.barrier(channel=1)
         return buf.tensor[: plan.recv_rows]
 
@@ -240,7 +246,7 @@ class SymmetricExchange:
         """Rows in arrival order -> back to their senders, at the row each had in the sender's sorted
         order; returns the view [plan.send_rows, H] of this rank's buffer."""
         buf = self.buffer("to_sources", src.shape[1], src.dtype)
-        push_rows(src, plan.recv_starts, plan.return_base, buf.ptrs, buf.capacity, self.me)
+        push_rows(src, plan.recv_starts, plan.return_base, buf.ptrs, buf.capacity, self.me, self._per_destination())
         self.barrier(channel=1)
         return buf.tensor[: plan.send_rows]
 
@@ -252,6 +258,13 @@ class SymmetricExchanges:
 
     def __init__(self):
         self._by_key: Dict[Tuple[str, int, str], SymmetricExchange] = {}
+        self._push_programs: Optional[int] = None
+
+    def set_push_programs(self, programs: Optional[int]) -> None:
+        """Programs of every push kernel of these exchanges, present and future (None: the default)."""
+        self._push_programs = programs
+        for exchange in self._by_key.values():
+            exchange.push_programs = programs
 
     def get(self, group, num_virtual_experts: int, device: torch.device) -> Tuple[Optional[SymmetricExchange], str]:
         """(the exchange, "") or (None, why not). Collective over the group the first time: every
@@ -269,6 +282,7 @@ class SymmetricExchanges:
         exchange = None
         try:
             exchange = SymmetricExchange(group, num_virtual_experts, device)
+            exchange.push_programs = self._push_programs
         except Exception as exc:  # no peer mappings on this machine (driver, P2P, container limits)
             reason = f"symmetric memory failed on rank {dist.get_rank()}: {exc}"
         ok = torch.tensor([0 if exchange is None else 1], device=device)
