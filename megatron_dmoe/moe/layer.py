@@ -62,6 +62,8 @@ class MoELayer(MegatronModule):
         self.options = opts = MoEOptions.from_transformer_config(config, **kwargs)
         self.layer_number = layer_number
         self.token_dropping = opts.capacity_factor is not None
+        # the layers megatron-core's aux-loss tracker indexes (multi-token prediction's included)
+        self._tracked_layers = config.num_layers + (getattr(config, "mtp_num_layers", None) or 0)
         ep_size = getattr(config, "expert_model_parallel_size", 1) or 1
         if ep_size > 1 and self.token_dropping:
             raise ValueError(
@@ -151,12 +153,11 @@ class MoELayer(MegatronModule):
         if opts.z_loss_coeff > 0:
             z = z_loss(routing.logits, opts.z_loss_coeff, valid)
         # megatron-core's tracker too (Megatron-LM logs it), indexed by global layer like its own MoE
-        num_layers = self.config.num_layers + (getattr(self.config, "mtp_num_layers", None) or 0)
         recorded = record is not None
         metrics.record(
             self.layer_number, lb_loss=None if recorded else lb, z_loss=z,
             tokens_per_expert=None if recorded else routing.tokens_per_expert,
-            num_layers=num_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
+            num_layers=self._tracked_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
         )
         losses = [loss for loss in (lb, z) if loss is not None]
         if not losses:
