@@ -133,7 +133,7 @@ class MoELayer(MegatronModule):
             )
         return (~padding_mask.bool()).transpose(0, 1).reshape(-1)
 
-    def _aux_loss(self, routing: Routing, valid, num_sequences: int) -> Optional[torch.Tensor]:
+    def aux_losses(self, routing: Routing, valid, num_sequences: int) -> Optional[torch.Tensor]:
         """The layer's aux losses summed (None without any), their metrics recorded."""
         # training forwards that build a graph only: eval and the no-grad first pass of activation
         # recompute neither add losses nor record metrics

@@ -16,7 +16,7 @@ class CapacityPath(MoEPath):
     def forward(self, layer, x, valid, num_sequences):
         routing = layer.router(x, valid)
         x_buf, _, state = self.dispatcher.dispatch(x, routing.indices, routing.weights)
-        aux_loss = layer._aux_loss(routing, valid, num_sequences)
+        aux_loss = layer.aux_losses(routing, valid, num_sequences)
         if aux_loss is not None:
             x_buf = AuxLossScaler.apply(x_buf, aux_loss, False)
         shared = layer.shared_experts.start(x) if layer.shared_experts is not None else None

@@ -21,7 +21,7 @@ class ExpertParallelPath(MoEPath):
     def forward(self, layer, x, valid, num_sequences):
         routing = layer.router(x, valid)
         x_recv, _, state = self.dispatcher.dispatch(x, routing.indices, routing.weights)
-        aux_loss = layer._aux_loss(routing, valid, num_sequences)
+        aux_loss = layer.aux_losses(routing, valid, num_sequences)
         if aux_loss is not None:
             x_recv = AuxLossScaler.apply(x_recv, aux_loss, False)
         # issued while the dispatch exchange is in flight, before anything waits on its result

@@ -18,7 +18,7 @@ class LocalDroplessPath(MoEPath):
     def forward(self, layer, x, valid, num_sequences):
         routing = layer.router(x, valid)
         x_perm, tokens_per_expert, state = self.dispatcher.dispatch(x, routing.indices, routing.weights)
-        aux_loss = layer._aux_loss(routing, valid, num_sequences)
+        aux_loss = layer.aux_losses(routing, valid, num_sequences)
         if aux_loss is not None:
             # the experts' input is not modified in place, so it is returned as is (a view)
             x_perm = AuxLossScaler.apply(x_perm, aux_loss, False)

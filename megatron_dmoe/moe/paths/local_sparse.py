@@ -20,7 +20,7 @@ class LocalSparsePath(MoEPath):
         if valid is None:
             routing.tokens_per_expert = state.counts
             layer.router.record_load(state.counts)
-        aux_loss = layer._aux_loss(routing, valid, num_sequences)
+        aux_loss = layer.aux_losses(routing, valid, num_sequences)
         shared = layer.shared_experts.start(x) if layer.shared_experts is not None else None
         y = padded_experts_combine(layer.experts, x, state, aux_loss)
         return y if shared is None else y + layer.shared_experts.finish(shared)
