@@ -20,17 +20,23 @@ them. Every model gets the same N processes and the same global batch: the dense
 capacity-factor MoE run data parallel over all of them, the dMoE models with
 parallel.expert_model_parallel_size = --ep (expert parallelism nested in data parallelism). Step
 time and peak memory are the largest over the ranks. A model and mode that the configuration check
-refuses (training.cuda_graphs with expert parallelism, say) becomes a row with the reason; a launch
-that fails becomes a row with the end of its output, and the program exits with status 1 after
-printing the table.
+refuses (training.cuda_graphs with the NCCL expert exchange, say) becomes a row with the reason; a
+launch that fails becomes a row with the end of its output, and the program exits with status 1
+after printing the table.
 
-Started by torchrun directly, every rank runs every model in-process, megatron's process groups
-rebuilt for each model's expert-parallel size. On one GPU without --nproc-per-node each model runs
-in a fresh child process, as the multi-GPU launches do.
+Started by torchrun directly (or with --in-process), every rank runs every model in-process,
+megatron's process groups rebuilt for each model's expert-parallel size. Otherwise each model and
+mode runs in a fresh child process, on one GPU or CPU as in the multi-GPU launches: a run that fails
+(CUDA out of memory, say: its row names the allocation torch reported) stays that run's row and the
+next run starts afresh.
+
+--zoo runs the zoo's Small configs exactly as shipped (ZOO_MODELS: their batch, precision and
+defaults, training.cuda_graphs: auto resolved as dmoe-train does) instead of the models above.
 
   python tools/bench_train.py                       # dense, dMoE (twice) and capacity-1.0 Small, bf16
   python tools/bench_train.py --models dmoe --set moe.backend=grouped
   python tools/bench_train.py --nproc-per-node 2 --ep 2 --models dense,dmoe,capacity --cuda-graphs both
+  python tools/bench_train.py --zoo --cuda-graphs both --out zoo.json   # the zoo's Small models as shipped
 """
 from __future__ import annotations
 
