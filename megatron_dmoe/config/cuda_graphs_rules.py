@@ -29,9 +29,9 @@ def capture_refusals(values: Mapping[str, Any], cuda: bool) -> List[Refusal]:
     get = values.get
     device = get("training.device")
     if device == "cpu":
-        return [("capture needs CUDA, but training.device is cpu", "set it to false")]
+        return [("graph capture needs CUDA, but training.device is cpu", "set it to false")]
     if not cuda:
-        return [("capture needs CUDA, which is not available here", "set it to false")]
+        return [("graph capture needs CUDA, which is not available here", "set it to false")]
     found = []
     ep = get(EP_KEY) or 1
     if ep > 1 and get("moe.ep_exchange") == "nccl":
@@ -40,7 +40,7 @@ def capture_refusals(values: Mapping[str, Any], cuda: bool) -> List[Refusal]:
                       f"use moe.ep_exchange: symmetric or auto (GPUs of one host) {STRICT_FIX}"))
     pp = get(PP_KEY) or 1
     if pp > 1:
-        found.append((f"the pipeline schedule ({PP_KEY} = {pp}) is not captured", f"use 1 {STRICT_FIX}"))
+        found.append((f"pipeline parallelism ({PP_KEY} = {pp}) has no captured schedule yet", f"use 1 {STRICT_FIX}"))
     recompute = get("training.recompute_granularity")
     if recompute is not None:
         # megatron-core's per-layer graphs take full recompute only inside a whole-iteration graph,

@@ -16,7 +16,7 @@ CASES = {
     "symmetric_ep": ({"parallel.expert_model_parallel_size": 2, "training.bf16": True}, None),
     "cpu_device": ({"training.device": "cpu"}, "training.device is cpu"),
     "nccl": ({"parallel.expert_model_parallel_size": 2, "moe.ep_exchange": "nccl"}, "NCCL expert-parallel exchange"),
-    "pipeline": ({"parallel.pipeline_model_parallel_size": 2}, "pipeline schedule"),
+    "pipeline": ({"parallel.pipeline_model_parallel_size": 2}, "has no captured schedule"),
     "recompute": ({"training.recompute_granularity": "selective"}, "activation recompute"),
     "reference": ({"moe.backend": "reference"}, "moe.backend: reference"),
     "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, "expert_wgrad_per_step"),

@@ -10,7 +10,7 @@ def test_first_lines_and_a_first_step_line(cli_run, tmp_path, corpus_cache):
     assert result.returncode == 0, result.stderr[-3000:]
     # training.cuda_graphs: auto resolves once, to false here, with one note; config.yaml records it
     notes = [line for line in result.stdout.splitlines() if "cuda_graphs" in line]
-    assert notes == ["note: training.cuda_graphs: auto runs the layers eagerly here: capture needs CUDA, "
+    assert notes == ["note: training.cuda_graphs: auto runs the layers eagerly here: graph capture needs CUDA, "
                      "which is not available here (training.cuda_graphs=false)"]
     assert "  cuda_graphs: false\n" in (run / "config.yaml").read_text()
     lines = [line for line in result.stdout.splitlines() if line not in notes]
