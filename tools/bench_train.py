@@ -436,12 +436,12 @@ def print_table(results: list, peak: float | None) -> None:
         dense = [d for d in measured if d["model"].split("+")[0] in DENSE_MODELS]
         return ([d for d in dense if d["cuda_graphs"] == r["cuda_graphs"]] or dense or [None])[0]
 
-    header = (f"{'model':18s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'tokens/s/GPU':>13s} {'TFLOP/s':>8s} "
+    header = (f"{'model':23s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'tokens/s/GPU':>13s} {'TFLOP/s':>8s} "
               f"{'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}")
     print(header)
     print("-" * len(header))
     for r in results:
-        head = f"{r['model']:18s} {r['expert_model_parallel_size']:3d}"
+        head = f"{r['model']:23s} {r['expert_model_parallel_size']:3d}"
         if "tokens_per_s" not in r:
             why = (f"refused: {r['refused']}" if "refused" in r else f"failed: {r['reason']}" if r.get("reason")
                    else "failed (output above; JSON has its end)")

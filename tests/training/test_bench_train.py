@@ -87,7 +87,7 @@ def test_bench_train_on_two_processes_with_expert_parallel_dmoe(tmp_path, capsys
     for name in ("dense+graphs", "dmoe+graphs", "capacity+graphs"):
         assert "training.cuda_graphs" in rows[name]["refused"] and "tokens_per_s" not in rows[name]
     table = capsys.readouterr().out
-    assert "dmoe+graphs        2 refused: " in table and "tokens/s/GPU" in table
+    assert f"{'dmoe+graphs':23s}   2 refused: " in table and "tokens/s/GPU" in table
 
 
 def test_bench_train_failed_child_becomes_a_row_and_the_next_runs():
