@@ -53,6 +53,9 @@ CASES = {  # also the cases of tools/bench_kernels.py
     # name: (T tokens, d model width, f expert width, E experts, k top-k)
     "paper-small": (16384, 768, 3072, 64, 1),
     "paper-medium": (16384, 1024, 4096, 64, 1),
+    # the per-GPU part of the paper's models under expert parallelism 8: 8 local experts x 2048 rows
+    "paper-small-ep8": (16384, 768, 3072, 8, 1),
+    "paper-medium-ep8": (16384, 1024, 4096, 8, 1),
     "olmoe": (16384, 2048, 1024, 64, 8),
     "mixtral": (16384, 4096, 14336, 8, 2),
     "dsv3-local": (8192, 7168, 2048, 32, 8),

@@ -20,17 +20,23 @@ them. Every model gets the same N processes and the same global batch: the dense
 capacity-factor MoE run data parallel over all of them, the dMoE models with
 parallel.expert_model_parallel_size = --ep (expert parallelism nested in data parallelism). Step
 time and peak memory are the largest over the ranks. A model and mode that the configuration check
-refuses (training.cuda_graphs with expert parallelism, say) becomes a row with the reason; a launch
-that fails becomes a row with the end of its output, and the program exits with status 1 after
-printing the table.
+refuses (training.cuda_graphs with the NCCL expert exchange, say) becomes a row with the reason; a
+launch that fails becomes a row with the end of its output, and the program exits with status 1
+after printing the table.
 
-Started by torchrun directly, every rank runs every model in-process, megatron's process groups
-rebuilt for each model's expert-parallel size. On one GPU without --nproc-per-node each model runs
-in a fresh child process, as the multi-GPU launches do.
+Started by torchrun directly (or with --in-process), every rank runs every model in-process,
+megatron's process groups rebuilt for each model's expert-parallel size. Otherwise each model and
+mode runs in a fresh child process, on one GPU or CPU as in the multi-GPU launches: a run that fails
+(CUDA out of memory, say: its row names the allocation torch reported) stays that run's row and the
+next run starts afresh.
+
+--zoo runs the zoo's Small configs exactly as shipped (ZOO_MODELS: their batch, precision and
+defaults, training.cuda_graphs: auto resolved as dmoe-train does) instead of the models above.
 
   python tools/bench_train.py                       # dense, dMoE (twice) and capacity-1.0 Small, bf16
   python tools/bench_train.py --models dmoe --set moe.backend=grouped
   python tools/bench_train.py --nproc-per-node 2 --ep 2 --models dense,dmoe,capacity --cuda-graphs both
+  python tools/bench_train.py --zoo --cuda-graphs both --out zoo.json   # the zoo's Small models as shipped
 """
 from __future__ import annotations
 
@@ -59,13 +65,29 @@ MODEL_OVERRIDES = {
 }
 # Models that run eagerly only: captured layers accumulate weight gradients per micro-batch.
 WITHOUT_GRAPHS = {"dmoe-per-step"}
+# --zoo: the zoo's Small configs exactly as shipped (their batch, precision and defaults; --set's
+# overrides still apply), and the dMoE with 8 experts: the expert parameters and tokens per expert
+# one GPU holds when the 64-expert model runs at expert parallelism 8.
+ZOO_MODELS = {
+    "zoo-dense": ("zoo/dense_small", []),
+    "zoo-dmoe": ("zoo/dmoe_small", []),
+    "zoo-dmoe-all-moe": ("zoo/dmoe_small", [ALL_MOE]),
+    "zoo-dmoe-8x": ("zoo/dmoe_small", ["moe.num_experts=8"]),
+}
+DENSE_MODELS = {"dense", "zoo-dense"}  # the rows others are compared with
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="dense,dmoe,dmoe-per-step,capacity",
+    p.add_argument("--models", default=None,
                    help=f"comma-separated names from {sorted(MODELS)} or config names (default: all four; "
-                        "dmoe-per-step is the dMoE with moe.expert_wgrad_per_step: true)")
+                        f"dmoe-per-step is the dMoE with moe.expert_wgrad_per_step: true); with --zoo, names "
+                        f"from {sorted(ZOO_MODELS)} (default: all)")
+    p.add_argument("--zoo", action="store_true",
+                   help="run the zoo's Small configs exactly as shipped: dense_small, dmoe_small, dmoe_small with "
+                        "every layer MoE and with 8 experts (EP = 8's per-GPU part), each with its own batch, "
+                        "precision and defaults (training.cuda_graphs: auto unless --cuda-graphs says otherwise); "
+                        "--micro-batch-size, --global-batch-size, --seq-length, --precision and --ep do not apply")
     p.add_argument("--steps", type=int, default=4, help="timed optimizer steps per model (default 4)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation, allocator)")
     p.add_argument("--micro-batch-size", type=int, default=16, help="sequences per micro-batch (default 16)")
@@ -79,9 +101,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides applied to every model, e.g. moe.backend=grouped")
-    p.add_argument("--cuda-graphs", choices=("off", "on", "both"), default="off",
+    p.add_argument("--cuda-graphs", choices=("off", "on", "both", "auto"), default=None,
                    help="capture the transformer layers as CUDA graphs (training.cuda_graphs): off, on, "
-                        "or both (each model twice; rows of graphed runs are marked '+graphs')")
+                        "both (each model twice; rows of graphed runs are marked '+graphs') or auto (as "
+                        "dmoe-train resolves its default: on where capture is correct). Default: off; "
+                        "with --zoo, auto")
     p.add_argument("--no-matmul", action="store_true", help="skip the bf16 matmul reference (MFU left out)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="after timing, profile one more step of each model (torch.profiler, CUDA only): "
@@ -103,6 +127,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "cannot crowd the next)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     args = p.parse_args(argv)
+    if args.zoo:
+        unknown = [m for m in (args.models or "").split(",") if m.strip() and m.strip() not in ZOO_MODELS]
+        if unknown:
+            p.error(f"--models {','.join(unknown)} with --zoo: use names from {sorted(ZOO_MODELS)}")
+        if args.ep != 1:
+            p.error("--ep with --zoo: the zoo's configs run as shipped; drop --ep (zoo-dmoe-8x is the "
+                    "per-GPU part of expert parallelism 8)")
+    args.models = args.models or ",".join(ZOO_MODELS if args.zoo else MODELS)
+    args.cuda_graphs = args.cuda_graphs or ("auto" if args.zoo else "off")
     if args.ep < 1:
         p.error(f"--ep: {args.ep} is not a process count; use 1 (no expert parallelism) or more")
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
@@ -143,17 +176,22 @@ def synthetic_batches(cfg, vocab_size: int, device: torch.device, rank: int = 0,
 
 
 def model_runs(args) -> list:
-    """(name, cuda_graphs) in the order they run: every model eagerly, then graphed."""
-    modes = {"off": [False], "on": [True], "both": [False, True]}[args.cuda_graphs]
+    """(name, cuda_graphs) in the order they run: every model eagerly, then graphed; cuda_graphs is
+    None for auto (resolved from the config, see plan_runs)."""
+    modes = {"off": [False], "on": [True], "both": [False, True], "auto": [None]}[args.cuda_graphs]
     return [(name.strip(), graphs) for graphs in modes for name in args.models.split(",")
             if name.strip() and not (graphs and name.strip() in WITHOUT_GRAPHS)]
 
 
-def model_config(name: str, args, device_type: str, cuda_graphs: bool):
+def model_config(name: str, args, device_type: str, cuda_graphs):
     """The resolved config of one model and mode (not validated). --ep goes to dropless MoE models
-    only, before --set's (which win)."""
+    only, before --set's (which win). cuda_graphs None keeps the config's training.cuda_graphs."""
     from megatron_dmoe.config import load_config, resolve
 
+    graphs = [] if cuda_graphs is None else [f"training.cuda_graphs={'true' if cuda_graphs else 'false'}"]
+    if args.zoo:  # as shipped, on this machine's device
+        config_name, extra = ZOO_MODELS[name]
+        return resolve(load_config(config_name, [f"training.device={device_type}", *extra, *graphs, *args.set]))
     gbs = args.global_batch_size or args.micro_batch_size
     overrides = [
         f"model.seq_length={args.seq_length}",
@@ -162,7 +200,7 @@ def model_config(name: str, args, device_type: str, cuda_graphs: bool):
         f"training.bf16={'true' if args.precision == 'bf16' else 'false'}",
         f"training.device={device_type}",
         "training.lr_warmup_iters=0",
-        f"training.cuda_graphs={'true' if cuda_graphs else 'false'}",
+        *graphs,
         *MODEL_OVERRIDES.get(name, []),
     ]
     config_name = MODELS.get(name, name)
@@ -178,6 +216,7 @@ def plan_runs(args, device_type: str, world_size: int) -> list:
     refusal being the configuration check's message for a combination it refuses, else None. A
     config that cannot be read at all (no such file, a malformed override) stops here."""
     from megatron_dmoe.config import ConfigError, validate
+    from megatron_dmoe.config.cuda_graphs_rules import resolve_cuda_graphs
 
     plan = []
     for name, graphs in model_runs(args):
@@ -190,6 +229,11 @@ def plan_runs(args, device_type: str, world_size: int) -> list:
             refusal = None
         except ConfigError as err:
             refusal = " ".join(str(err).split())
+        if refusal is None:  # training.cuda_graphs: auto becomes true or false, as in dmoe-train
+            cfg, notes = resolve_cuda_graphs(cfg, device_type == "cuda", world_size, world_size)
+            if notes and not args.in_process:
+                print(f"bench_train: {name}: {notes[0]}", flush=True)
+        graphs = cfg.training.cuda_graphs is True
         plan.append((name, graphs, cfg, refusal))
     return plan
 
@@ -205,7 +249,23 @@ def run_row(name: str, cuda_graphs: bool, cfg, world_size: int) -> dict:
         "expert_model_parallel_size": par.expert_model_parallel_size,
         "data_parallel_size": world_size // (par.tensor_model_parallel_size * par.pipeline_model_parallel_size),
         "global_batch_size": cfg.training.global_batch_size,
+        "micro_batch_size": cfg.training.micro_batch_size,
+        "seq_length": cfg.model.seq_length,
     }
+
+
+def failure_row(row: dict, returncode: int, output: str) -> dict:
+    """A failed child's row: the end of its output, and for CUDA running out of memory a short reason
+    with the allocation torch reported (`oom_requested`, e.g. '2.00 GiB')."""
+    import re
+
+    row = dict(row, error=f"exit status {returncode}: {output[-2000:]}")
+    oom = re.search(r"CUDA out of memory\. Tried to allocate ([0-9.]+ [KMGT]?i?B)", output)
+    if oom or "OutOfMemoryError" in output:
+        row["oom"] = True
+        row["oom_requested"] = oom.group(1) if oom else None
+        row["reason"] = "CUDA out of memory" + (f" (tried to allocate {oom.group(1)})" if oom else "")
+    return row
 
 
 def _max_over_ranks(value: float, device: torch.device) -> float:
@@ -298,8 +358,9 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
 def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool) -> list:
     """Rows of the planned runs, each measured by a child: one plain process (nproc None) or
     torchrun --standalone with nproc processes, started from this run's own arguments and then the
-    models and mode it runs (argparse keeps the last value of an option). One child per run on CUDA,
-    one per mode on CPU. Refused runs become rows here; a failed child becomes a row per run it held."""
+    model and mode it runs (argparse keeps the last value of an option). One child per run: a run that
+    fails (CUDA out of memory, say) is that run's row, and the next run starts afresh. Refused runs
+    become rows here."""
     import subprocess
     import sys
     import tempfile
@@ -310,10 +371,8 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool) 
     for name, graphs, cfg, refusal in plan:
         if refusal is not None:
             rows[(name, graphs)] = dict(run_row(name, graphs, cfg, world_size), refused=refusal)
-        elif on_cuda or not batches or batches[-1][0] != graphs:
-            batches.append((graphs, [name]))
         else:
-            batches[-1][1].append(name)
+            batches.append((graphs, [name]))
     # a one-process run of its own (or torchrun's own ranks), even when this process was started by torchrun
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("TORCHELASTIC")}
@@ -335,8 +394,8 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool) 
             print(done.stdout[-4000:], flush=True)
             for name in names:
                 cfg = next(c for n, g, c, _ in plan if n == name and g == graphs)
-                rows[(name, graphs)] = dict(run_row(name, graphs, cfg, world_size),
-                                            error=f"exit status {done.returncode}: {done.stdout[-2000:]}")
+                rows[(name, graphs)] = failure_row(run_row(name, graphs, cfg, world_size), done.returncode,
+                                                   done.stdout)
     return [rows.get((name, graphs)) or dict(run_row(name, graphs, cfg, world_size),
                                               error="the child exited without a row for this run")
             for name, graphs, cfg, _ in plan]
@@ -374,17 +433,18 @@ def print_table(results: list, peak: float | None) -> None:
     measured = [r for r in results if "tokens_per_s" in r]
 
     def dense_for(r):  # the dense run of the same mode (eager or graphed), else any dense run
-        dense = [d for d in measured if d["model"].split("+")[0] == "dense"]
+        dense = [d for d in measured if d["model"].split("+")[0] in DENSE_MODELS]
         return ([d for d in dense if d["cuda_graphs"] == r["cuda_graphs"]] or dense or [None])[0]
 
-    header = (f"{'model':16s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'tokens/s/GPU':>13s} {'TFLOP/s':>8s} "
+    header = (f"{'model':23s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'tokens/s/GPU':>13s} {'TFLOP/s':>8s} "
               f"{'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}")
     print(header)
     print("-" * len(header))
     for r in results:
-        head = f"{r['model']:16s} {r['expert_model_parallel_size']:3d}"
+        head = f"{r['model']:23s} {r['expert_model_parallel_size']:3d}"
         if "tokens_per_s" not in r:
-            why = f"refused: {r['refused']}" if "refused" in r else "failed (output above; JSON has its end)"
+            why = (f"refused: {r['refused']}" if "refused" in r else f"failed: {r['reason']}" if r.get("reason")
+                   else "failed (output above; JSON has its end)")
             print(f"{head} {why}")
             continue
         mfu = f"{100 * r['tflops_per_gpu'] / peak:5.1f}%" if peak else "   n/a"
@@ -407,8 +467,9 @@ def main(argv=None) -> None:
         raise SystemExit(f"bench_train: --nproc-per-node {args.nproc_per_node} but {torch.cuda.device_count()} "
                          "GPU(s) are visible here; use at most that many (one process per GPU)")
     launched_world = int(os.environ.get("WORLD_SIZE", 1))
-    one_gpu_children = device_type == "cuda" and launched_world == 1 and len(model_runs(args)) > 1
-    in_children = not args.in_process and (args.nproc_per_node is not None or one_gpu_children)
+    # each run in a process of its own, on any device, unless --in-process or started by torchrun
+    one_process_children = launched_world == 1 and len(model_runs(args)) > 1
+    in_children = not args.in_process and (args.nproc_per_node is not None or one_process_children)
     world_size = (args.nproc_per_node or 1) if in_children else launched_world
     plan = plan_runs(args, device_type, world_size)
     if in_children:
@@ -434,8 +495,9 @@ def main(argv=None) -> None:
         versions = {"torch": torch.__version__}
         if device_type == "cuda":
             versions["gpu"] = torch.cuda.get_device_name()
-        print(f"{world_size} process(es), global batch {args.global_batch_size or args.micro_batch_size} x "
-              f"{args.seq_length} tokens; tokens/s and TFLOP/s per GPU (per process on CPU)")
+        shapes = sorted({(r["global_batch_size"], r["micro_batch_size"], r["seq_length"]) for r in results})
+        batches = ", ".join(f"global batch {g} (micro-batch {m}) x {s} tokens" for g, m, s in shapes)
+        print(f"{world_size} process(es), {batches}; tokens/s and TFLOP/s per GPU (per process on CPU)")
         if peak:
             print(f"bf16 matmul 8192^3: {peak:.0f} TFLOP/s (MFU denominator)")
         print_table(results, peak)

@@ -78,8 +78,9 @@ def _describe_value(value: Any) -> str:
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is typing.Union:
-        inner = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return _type_name(inner[0]) + " or null"
+        args = typing.get_args(annotation)
+        names = " or ".join(_type_name(a) for a in args if a is not type(None))
+        return names + " or null" if type(None) in args else names
     if origin in (list, List):
         return "a list of " + _type_name(typing.get_args(annotation)[0]).replace("a ", "", 1) + "s"
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -96,11 +97,18 @@ def coerce(value: Any, annotation: Any) -> Tuple[Any, Optional[str]]:
     """
     origin = typing.get_origin(annotation)
     if origin is typing.Union:
-        if value is None:
+        args = typing.get_args(annotation)
+        inner = [a for a in args if a is not type(None)]
+        if value is None and len(inner) < len(args):
             return None, None
-        inner = [a for a in typing.get_args(annotation) if a is not type(None)][0]
-        value, problem = coerce(value, inner)
-        return value, (problem and problem.replace(_type_name(inner), _type_name(annotation), 1))
+        if len(inner) > 1:  # a value of any of the types (training.cuda_graphs: true, false or auto)
+            for kind in inner:
+                coerced, problem = coerce(value, kind)
+                if problem is None:
+                    return coerced, None
+            return value, f"expected {_type_name(annotation)}, got {_describe_value(value)}"
+        value, problem = coerce(value, inner[0])
+        return value, (problem and problem.replace(_type_name(inner[0]), _type_name(annotation), 1))
     expected = _type_name(annotation)
     problem = f"expected {expected}, got {_describe_value(value)}"
     if origin in (list, List):

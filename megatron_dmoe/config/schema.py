@@ -8,7 +8,7 @@ loading, `extends:` and `key.sub=value` overrides in `load.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Union
 
 
 @dataclass
@@ -124,8 +124,10 @@ class TrainingConfig:
     recompute_granularity: Optional[str] = None  # None | full | selective
     use_distributed_optimizer: bool = False
     # Capture each transformer layer's forward and backward as CUDA graphs after the first step
-    # (megatron-core's local implementation): removes the host's launch overhead. CUDA only.
-    cuda_graphs: bool = False
+    # (megatron-core's local implementation): removes the host's launch overhead. auto = on for
+    # CUDA runs where capture is correct, else off with a note saying why (resolved at start-up;
+    # the run's config.yaml holds the result); true = on, refused where capture is not correct.
+    cuda_graphs: Union[bool, str] = "auto"  # auto | true | false
     device: str = "auto"  # auto | cpu | cuda
 
 

@@ -16,6 +16,7 @@ from typing import Any, List, Optional
 from megatron_dmoe.data import tokenizers
 from megatron_dmoe.moe import options as moe_options
 
+from .cuda_graphs_rules import RULE_KEYS, capture_refusals
 from .environment import Environment
 from .errors import ConfigError, ConfigWarning, Problem
 from .fields import check_type, default_of, did_you_mean, section_class, section_types
@@ -71,6 +72,7 @@ CHOICES = {
     "training.lr_decay_style": ("cosine", "linear", "constant"),
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
+    "training.cuda_graphs": ("auto", True, False),
     "logging.progress_bar": ("auto", "on", "off"),
     "data.tokenizer_type": (None, *tokenizers.TOKENIZER_TYPES),
 }
@@ -263,7 +265,7 @@ class _Checker:
             value = self.raw(key)
             listed = ", ".join(a if isinstance(a, str) else _fmt(a) for a in allowed)
             message = f"{_fmt(value)} is not allowed; use one of: {listed}"
-            close = isinstance(value, str) and did_you_mean(value, [a for a in allowed if a])
+            close = isinstance(value, str) and did_you_mean(value, [a for a in allowed if isinstance(a, str)])
             if close:
                 message += f" (did you mean {close}?)"
             self.problem(key, message, bad=True)
@@ -549,33 +551,14 @@ class _Checker:
                                  "(set it to false)")
 
     def _check_cuda_graphs(self) -> None:
-        """Layers captured as CUDA graphs must issue the same work every step without the host
-        reading device values: no NCCL expert-parallel exchange (its split sizes come to the host;
-        the symmetric one keeps them on the device), no reference experts (they read the counts),
-        no recompute or pipeline schedule around them."""
-        v, ok, key = self.v, self.ok, "training.cuda_graphs"
-        if not ok(key) or not v(key):
+        """`true` only where capture is correct (config/cuda_graphs_rules.py); `auto` is resolved
+        at start-up instead, off with a note where it is not."""
+        key = "training.cuda_graphs"
+        if not self.ok(key) or self.v(key) is not True:
             return
-        fix = "or set training.cuda_graphs: false"
-        if ok("training.device") and v("training.device") == "cpu":
-            self.problem(key, "true needs CUDA, but training.device is cpu; set it to false")
-            return
-        if not self.env.cuda:
-            self.problem(key, "true needs CUDA, which is not available here; set it to false")
-            return
-        if ok(EP_KEY, "moe.ep_exchange") and v(EP_KEY) > 1 and v("moe.ep_exchange") == "nccl":
-            self.problem(key, f"true cannot capture the NCCL expert-parallel exchange ({EP_KEY} = {v(EP_KEY)}, "
-                         "moe.ep_exchange: nccl: its split sizes are read on the host); use moe.ep_exchange: "
-                         f"symmetric or auto (GPUs of one host) {fix}")
-        if ok(PP_KEY) and v(PP_KEY) > 1:
-            self.problem(key, f"true is not supported with {PP_KEY} = {v(PP_KEY)}; use 1 {fix}")
-        if ok("training.recompute_granularity") and v("training.recompute_granularity") is not None:
-            self.problem(key, "true is not supported with activation recompute "
-                         f"(training.recompute_granularity: {v('training.recompute_granularity')}); "
-                         f"set it to null {fix}")
-        if ok("moe.num_experts", "moe.backend") and v("moe.num_experts") > 0 and v("moe.backend") == "reference":
-            self.problem(key, "true cannot capture moe.backend: reference (it reads the expert counts "
-                         f"on the host); use sparse, grouped or auto {fix}")
+        values = {k: self.v(k) for k in RULE_KEYS if self.ok(k)}
+        for why, fix in capture_refusals(values, self.env.cuda):
+            self.problem(key, f"true cannot be captured: {why}; {fix}")
 
     def _check_expert_wgrad_per_step(self) -> None:
         """Only the sparse backend defers its weight gradients, and a captured graph replays the
@@ -589,7 +572,7 @@ class _Checker:
         if backend in ("grouped", "reference"):
             self.problem(key, f"true needs the sparse expert backend, but moe.backend is {v('moe.backend')} "
                          f"(here: {backend}); set moe.backend: sparse, or set {key}: false")
-        if ok("training.cuda_graphs") and v("training.cuda_graphs"):
+        if ok("training.cuda_graphs") and v("training.cuda_graphs") is True:
             self.problem(key, "true has no effect with training.cuda_graphs: true (the captured layers "
                          "accumulate per micro-batch); set one of them to false")
 

@@ -90,7 +90,8 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         sequence_parallel=par.sequence_parallel,
         use_cpu_initialization=not on_cuda,
         # whole layers (an empty scope), forward and backward; validation limits where this applies
-        cuda_graph_impl="local" if tr.cuda_graphs and on_cuda else "none",
+        # `is True`: an unresolved `auto` (a model built outside dmoe-train) runs eagerly
+        cuda_graph_impl="local" if tr.cuda_graphs is True and on_cuda else "none",
         cuda_graph_scope=[],
         **recompute,
         **moe_kwargs,

@@ -88,15 +88,15 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
     With the symmetric exchange the received rows are a view of a buffer that the next exchange
     overwrites: they are cloned unless `rows_consumed_at_once` says the experts copy them before
-    anything else runs (the sparse backend's permutation does; the layer sets it)."""
+    anything else runs (the sparse backend's permutation does; its execution path says so)."""
 
-    def __init__(self, layout: ExpertLayout, group, exchange: str = "auto"):
+    def __init__(self, layout: ExpertLayout, group, exchange: str = "auto", rows_consumed_at_once: bool = False):
         if exchange not in EP_EXCHANGES:
             raise ValueError(f"expert exchange {exchange!r} is not supported; use one of {EP_EXCHANGES}")
         self.layout = layout
         self.group = group
         self.exchange = exchange
-        self.rows_consumed_at_once = False
+        self.rows_consumed_at_once = rows_consumed_at_once
         # the run's SymmetricExchanges (moe/run_state.py), set by the layer: exchanges and their
         # buffers are shared by every layer of a model
         self.exchanges = None

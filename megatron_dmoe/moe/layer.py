@@ -9,6 +9,9 @@ its output is added; under expert parallelism it runs on a side CUDA stream alon
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
 (megatron_dmoe.moe.ep_dispatcher).
+
+Which of these runs is one object, the layer's `path` (megatron_dmoe.moe.paths), chosen when the
+layer is built from its configuration and its weights' device and dtype.
 """
 from __future__ import annotations
 
@@ -20,13 +23,11 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_dmoe.parallel.expert_groups import expert_parallel_groups
 
-from .aux_loss import AuxLossScaler, load_balancing_loss, sequence_load_balancing_loss, z_loss
-from .capacity import CapacityDispatcher
-from .dispatcher import DroplessDispatcher, TokenDispatcher
+from .aux_loss import load_balancing_loss, sequence_load_balancing_loss, z_loss
 from .expert_bias import update_expert_biases
 from .experts import ExpertMLP
 from .options import MoEOptions
-from .padded_dispatch import PaddedDispatcher, padded_experts_combine
+from .paths import choose_path
 from .router import Routing, TopKRouter
 from .run_state import MoERunState
 from .shared_experts import SharedExpertMLP
@@ -61,6 +62,8 @@ class MoELayer(MegatronModule):
         self.options = opts = MoEOptions.from_transformer_config(config, **kwargs)
         self.layer_number = layer_number
         self.token_dropping = opts.capacity_factor is not None
+        # the layers megatron-core's aux-loss tracker indexes (multi-token prediction's included)
+        self._tracked_layers = config.num_layers + (getattr(config, "mtp_num_layers", None) or 0)
         ep_size = getattr(config, "expert_model_parallel_size", 1) or 1
         if ep_size > 1 and self.token_dropping:
             raise ValueError(
@@ -78,31 +81,16 @@ class MoELayer(MegatronModule):
             self.shared_experts = SharedExpertMLP(opts, dtype=config.params_dtype, device=device)
             # on a side stream alongside the expert exchange; with every expert here there is none
             self.shared_experts.overlap = groups.size > 1
-        if self.token_dropping:
-            self.dispatcher: TokenDispatcher = CapacityDispatcher(
-                opts.num_experts, opts.capacity_factor, opts.token_drop_policy
-            )
-        elif groups.size > 1:
-            # imported here: the expert-parallel dispatcher builds on this package's dispatcher
-            from megatron_dmoe.moe.ep_dispatcher import ExpertParallelDispatcher
-
-            self.dispatcher = ExpertParallelDispatcher(self.experts.layout, groups.group, opts.ep_exchange)
-        else:
-            self.dispatcher = DroplessDispatcher(opts.num_experts)
-        # the sparse backend on local experts: tokens go straight into its block-padded buffer
-        self.padded_dispatcher = PaddedDispatcher(
-            opts.num_experts, opts.ffn_hidden_size, opts.block_size,
-            strict=opts.backend == "sparse" and groups.size == 1
-        )
-        self._dispatchers = {}  # (device, dtype) -> the dispatcher for such inputs (see _dispatcher_for)
+        # how the layer runs (moe/paths): chosen here, and again only when the weights move (_apply)
+        self.path = choose_path(self)
+        self._path_for = (self.experts.w1.device, self.experts.w1.dtype)
         self.use_run_state(run_state if run_state is not None else MoERunState())
 
     def use_run_state(self, state: MoERunState) -> None:
         """Share `state` (metrics, deferred weight gradients, expert exchanges) with other layers."""
         self.run_state = state
         self.experts.wgrad_stash = state.wgrad
-        if hasattr(self.dispatcher, "exchanges"):
-            self.dispatcher.exchanges = state.exchanges
+        self.path.use_run_state(state)
         if self.layer_number is None or self.layer_number < 0:  # a metrics key unique in this state
             self.layer_number = state.unnumbered_layer()
 
@@ -120,61 +108,18 @@ class MoELayer(MegatronModule):
         x = hidden_states.reshape(s * b, h)
         valid = self._valid_tokens(padding_mask, s, b)
 
-        dispatcher = self._dispatcher_for(x)
-        if dispatcher is self.padded_dispatcher:
-            y = self._padded_forward(x, valid, b)
-        else:
-            y = self._dispatched_forward(dispatcher, x, valid, b)
-        return y.view(s, b, h), None
+        return self.path.forward(self, x, valid, b).view(s, b, h), None
 
-    def _padded_forward(self, x: torch.Tensor, valid, num_sequences: int) -> torch.Tensor:
-        """The sparse backend with every expert here: router, the block-padded plan, and one autograd
-        function for the permutation, the experts, the weighted combine and the aux losses' gradient."""
-        # the block-padded plan counts every copy anyway: without padding tokens, those are the counts
-        routing = self.router(x, valid, count=valid is not None)
-        state = self.padded_dispatcher.plan(routing.indices, routing.weights)
-        if valid is None:
-            routing.tokens_per_expert = state.counts
-            self.router.record_load(state.counts)
-        aux_loss = self._aux_loss(routing, valid, num_sequences)
-        shared = self.shared_experts.start(x) if self.shared_experts is not None else None
-        y = padded_experts_combine(self.experts, x, state, aux_loss)
-        return y if shared is None else y + self.shared_experts.finish(shared)
-
-    def _dispatched_forward(self, dispatcher: TokenDispatcher, x: torch.Tensor, valid, num_sequences: int):
-        """Every other path: router, the dispatcher (dropless, expert-parallel or capacity), the
-        experts and the combine, each its own autograd function, the aux losses riding on the
-        experts' input."""
-        routing = self.router(x, valid)
-        x_perm, tokens_per_expert, state = dispatcher.dispatch(x, routing.indices, routing.weights)
-        aux_loss = self._aux_loss(routing, valid, num_sequences)
-        if aux_loss is not None:
-            # the experts' input is not modified in place, so it is returned as is (a view); the
-            # layer's output would need a copy (callers add into it in place)
-            x_perm = AuxLossScaler.apply(x_perm, aux_loss, False)
-        # issued while the dispatch exchange is in flight, before anything waits on its result
-        shared = self.shared_experts.start(x) if self.shared_experts is not None else None
-        if self.token_dropping:
-            y = dispatcher.combine(self.experts.forward_batched(x_perm), state)
-        else:
-            counts_by_source = dispatcher.counts_by_source(state)
-            y = dispatcher.combine(self.experts(x_perm, tokens_per_expert, counts_by_source), state)
-        return y if shared is None else y + self.shared_experts.finish(shared)
-
-    def _dispatcher_for(self, x: torch.Tensor) -> TokenDispatcher:
-        """The block-padded dispatcher when the sparse backend runs every expert here, else the
-        configured one: chosen once per device and dtype, not on every call."""
-        key = (x.device, x.dtype)
-        chosen = self._dispatchers.get(key)
-        if chosen is None:
-            sparse = self.experts.backend_for(x).name == "sparse"
-            padded = type(self.dispatcher) is DroplessDispatcher and sparse
-            chosen = self._dispatchers[key] = (self.padded_dispatcher if padded else self.dispatcher, sparse)
-        dispatcher, sparse = chosen
-        if dispatcher is self.dispatcher and hasattr(dispatcher, "rows_consumed_at_once"):
-            # the sparse experts copy received rows into their padded buffer before anything else runs
-            dispatcher.rows_consumed_at_once = sparse
-        return dispatcher
+    def _apply(self, fn, *args, **kwargs):
+        """Moving or casting the weights (.cuda(), .bfloat16(), megatron's Float16Module) may change
+        the experts' backend: the path is chosen again then, never per call."""
+        out = super()._apply(fn, *args, **kwargs)
+        where = (self.experts.w1.device, self.experts.w1.dtype)
+        if getattr(self, "_path_for", where) != where:
+            self.path = choose_path(self)
+            self._path_for = where
+            self.path.use_run_state(self.run_state)
+        return out
 
     @staticmethod
     def _valid_tokens(padding_mask, s, b):
@@ -188,7 +133,7 @@ class MoELayer(MegatronModule):
             )
         return (~padding_mask.bool()).transpose(0, 1).reshape(-1)
 
-    def _aux_loss(self, routing: Routing, valid, num_sequences: int) -> Optional[torch.Tensor]:
+    def aux_losses(self, routing: Routing, valid, num_sequences: int) -> Optional[torch.Tensor]:
         """The layer's aux losses summed (None without any), their metrics recorded."""
         # training forwards that build a graph only: eval and the no-grad first pass of activation
         # recompute neither add losses nor record metrics
@@ -208,12 +153,11 @@ class MoELayer(MegatronModule):
         if opts.z_loss_coeff > 0:
             z = z_loss(routing.logits, opts.z_loss_coeff, valid)
         # megatron-core's tracker too (Megatron-LM logs it), indexed by global layer like its own MoE
-        num_layers = self.config.num_layers + (getattr(self.config, "mtp_num_layers", None) or 0)
         recorded = record is not None
         metrics.record(
             self.layer_number, lb_loss=None if recorded else lb, z_loss=z,
             tokens_per_expert=None if recorded else routing.tokens_per_expert,
-            num_layers=num_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
+            num_layers=self._tracked_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
         )
         losses = [loss for loss in (lb, z) if loss is not None]
         if not losses:

@@ -106,7 +106,7 @@ def seed_everything(seed: int, env: DistEnv, cuda_graphs: bool = False) -> None:
     if env.on_cuda:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        model_parallel_cuda_manual_seed(seed, use_cudagraphable_rng=cuda_graphs, force_reset_rng=True)
+        model_parallel_cuda_manual_seed(seed, use_cudagraphable_rng=cuda_graphs is True, force_reset_rng=True)
     else:
         from megatron_dmoe.parallel.cpu_compat import seed_rng_trackers
 

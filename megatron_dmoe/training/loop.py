@@ -15,6 +15,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from megatron_dmoe.config import RunConfig, save_config
+from megatron_dmoe.config.cuda_graphs_rules import resolve_cuda_graphs
 from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
 from megatron_dmoe.moe import MoERunState, update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
@@ -69,6 +70,9 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     loaded: then `overwrite` deletes a previous run's files and the resolved config is written.
     """
     run_dir = Path(run_dir)
+    # training.cuda_graphs: auto becomes true or false here, once; config.yaml records which
+    cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size)
+    notices = [*notices, *graph_notes]
     tr = cfg.training
 
     def say(text: str) -> None:
@@ -179,6 +183,8 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
                     "tflops_per_gpu": tflops,
                     "mfu": tflops / cfg.logging.peak_tflops if cfg.logging.peak_tflops else None,
                     "skipped_update": not applied,
+                    # the peak of memory allocated on this GPU so far (captured graphs' pools included)
+                    "peak_memory_gib": torch.cuda.max_memory_allocated(env.device) / 2**30 if env.on_cuda else None,
                 }
                 values.update(moe_log_values(moe_metrics.snapshot(group=ps.get_data_parallel_group())))
                 moe_metrics.reset()

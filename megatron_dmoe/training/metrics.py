@@ -2,6 +2,7 @@
 
 RUN_DIR/metrics.jsonl is the record plots and analyses read: each line is one JSON object with at
 least ``step``; the training loop logs loss, lr, grad_norm, tokens_per_s, tflops_per_gpu, mfu,
+peak_memory_gib (CUDA: the most memory allocated on the GPU so far),
 lb_loss, z_loss, expert_load_imbalance (one float per MoE layer), expert_load (per MoE layer, one
 value per expert), val_loss on evaluation steps, and on every record train_time_s (seconds spent in
 training steps since the run began, summed over resumed pieces; startup, evaluation and checkpoint
@@ -190,6 +191,7 @@ def format_log_line(record: Dict[str, Any], total_steps: Optional[int] = None) -
         ("tokens_per_s", None),
         ("tflops_per_gpu", "{:.3g} TFLOP/s"),
         ("mfu", None),
+        ("peak_memory_gib", "peak mem {:.1f} GiB"),
         ("lb_loss", "lb {:.3g}"),
         ("z_loss", "z {:.3g}"),
         ("expert_load_imbalance", None),

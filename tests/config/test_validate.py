@@ -436,7 +436,8 @@ def test_validate_does_not_change_the_config(make):
 
 
 def test_choices_match_the_schema_comments():
-    """The `a | b | c` comments of schema.py and CHOICES say the same (None written as None)."""
+    """The `a | b | c` comments of schema.py and CHOICES say the same (None, true, false as in YAML
+    or Python)."""
     source = inspect.getsource(schema)
     found = {}
     section = None
@@ -449,7 +450,8 @@ def test_choices_match_the_schema_comments():
         m = re.match(r"\s+(\w+): [^=]+=[^#]+#\s*([\w ]+(?:\|[\w ]+)+)", line)
         if m and section:
             words = [w.strip().split()[0] for w in m.group(2).split("|")]
-            found[f"{section}.{m.group(1)}"] = tuple(None if w == "None" else w for w in words)
+            spelled = {"None": None, "true": True, "false": False}
+            found[f"{section}.{m.group(1)}"] = tuple(spelled.get(w, w) for w in words)
     assert found, "no enumerations found in schema.py"
     for key, words in found.items():
         assert CHOICES.get(key) == words, key

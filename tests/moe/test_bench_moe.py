@@ -159,3 +159,14 @@ def test_bench_moe_even_routing_fills_every_block():
     assert stats[False]["padded_rows_x"] > 1.0
     with pytest.raises(SystemExit):
         bench.parse_args(["--even-routing", "--skew", "1", "--device", "cpu", "--toy"])
+
+
+def test_ep8_cases_are_the_paper_models_per_gpu_part():
+    """paper-*-ep8: what one GPU of the paper's models computes under expert parallelism 8, 8 local
+    experts of the same width receiving 2048 routed rows each."""
+    bench = _load()
+    for name in ("paper-small", "paper-medium"):
+        T, d, f, E, k = bench.CASES[name]
+        T8, d8, f8, E8, k8 = bench.CASES[name + "-ep8"]
+        assert (d8, f8, k8) == (d, f, k) == (d, f, 1) and E8 == 8
+        assert T8 * k8 // E8 == 2048 and T8 == 16384

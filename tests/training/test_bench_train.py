@@ -39,6 +39,7 @@ def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path
     out = tmp_path / "bench.json"
     bench.main([
         "--device", "cpu", "--precision", "fp32", "--steps", "2", "--warmup", "0", "--models", "dmoe,dmoe-per-step",
+        "--in-process",  # both in this process: numerics, not isolation, are checked here
         "--micro-batch-size", "2", "--global-batch-size", "6", "--seq-length", "32", "--vocab-size", "300",
         "--out", str(out),
         "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
@@ -86,16 +87,67 @@ def test_bench_train_on_two_processes_with_expert_parallel_dmoe(tmp_path, capsys
     for name in ("dense+graphs", "dmoe+graphs", "capacity+graphs"):
         assert "training.cuda_graphs" in rows[name]["refused"] and "tokens_per_s" not in rows[name]
     table = capsys.readouterr().out
-    assert "dmoe+graphs        2 refused: " in table and "tokens/s/GPU" in table
+    assert f"{'dmoe+graphs':23s}   2 refused: " in table and "tokens/s/GPU" in table
 
 
-def test_bench_train_failed_child_becomes_a_row():
+def test_bench_train_failed_child_becomes_a_row_and_the_next_runs():
+    """Each run in its own process: a run whose child fails is that run's row only."""
     bench = _load()
     args = bench.parse_args(["--models", "dense", *TOY])
     plan = bench.plan_runs(args, "cpu", world_size=1)
     rows = bench.bench_in_children(plan, ["--no-such-option"], None, on_cuda=False)
     assert [r["model"] for r in rows] == ["dense"]
     assert "--no-such-option" in rows[0]["error"] and "tokens_per_s" not in rows[0]
+    # a run that fails in its child (no such config there), then one that works
+    (name, graphs, cfg, _), = plan
+    rows = bench.bench_in_children([("zoo/no_such_model", graphs, cfg, None), plan[0]], TOY, None, on_cuda=False)
+    assert [r["model"] for r in rows] == ["zoo/no_such_model", "dense"]
+    assert "no_such_model" in rows[0]["error"] and "tokens_per_s" not in rows[0]
+    assert rows[1]["tokens_per_s"] > 0 and "error" not in rows[1]
+
+
+def test_out_of_memory_is_named_with_the_allocation_torch_asked_for():
+    bench = _load()
+    output = ("Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to "
+              "allocate 3.91 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.02 GiB is free.\n")
+    row = bench.failure_row({"model": "dmoe"}, 1, output)
+    assert row["oom"] and row["oom_requested"] == "3.91 GiB"
+    assert row["reason"] == "CUDA out of memory (tried to allocate 3.91 GiB)"
+    assert "failed" not in bench.failure_row({"model": "x"}, 1, "ValueError: no")  # no reason made up
+    assert "reason" not in bench.failure_row({"model": "x"}, 1, "ValueError: no")
+
+
+def test_zoo_mode_runs_the_shipped_configs(tmp_path):
+    """--zoo: each model's config is the shipped one (its batch, precision, defaults) on this device;
+    on CPU at toy size (--set) the runs train, each in its own process, and auto graphs are off."""
+    from megatron_dmoe.config import load_config, resolve
+
+    bench = _load()
+    args = bench.parse_args(["--zoo", "--device", "cpu"])
+    assert args.cuda_graphs == "auto" and args.models.split(",") == list(bench.ZOO_MODELS)
+    for name, (config, extra) in bench.ZOO_MODELS.items():
+        cfg = bench.model_config(name, args, "cuda", None)
+        assert cfg == resolve(load_config(config, ["training.device=cuda", *extra])), name
+    shipped = resolve(load_config("zoo/dmoe_small"))
+    eight = bench.model_config("zoo-dmoe-8x", args, "cuda", None)
+    assert eight.moe.num_experts == 8 and shipped.moe.num_experts == 64
+    assert eight.training.global_batch_size == shipped.training.global_batch_size
+    for argv in (["--zoo", "--models", "dense"], ["--zoo", "--ep", "8"]):
+        try:
+            bench.parse_args(argv)
+        except SystemExit:
+            continue
+        raise AssertionError(f"{argv} was accepted")
+
+    out = tmp_path / "zoo.json"
+    bench.main(["--zoo", "--models", "zoo-dense,zoo-dmoe-8x", "--device", "cpu", "--steps", "1", "--warmup", "0",
+                "--vocab-size", "300", "--out", str(out), "--set", "model.num_layers=4", "model.hidden_size=32",
+                "model.num_attention_heads=4", "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64",
+                "training.bf16=false", "training.micro_batch_size=2", "training.global_batch_size=4",
+                "model.seq_length=32"])
+    rows = json.loads(out.read_text())["results"]
+    assert [r["model"] for r in rows] == ["zoo-dense", "zoo-dmoe-8x"]
+    assert all(r["tokens_per_s"] > 0 and r["cuda_graphs"] is False and r["global_batch_size"] == 4 for r in rows)
 
 
 def test_bench_train_checks_its_process_counts(monkeypatch):

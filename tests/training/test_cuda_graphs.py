@@ -69,11 +69,15 @@ def test_dmoe_run_with_captured_layers_matches_the_eager_run(tmp_path, corpus_ca
               "training.eval_interval=3", "training.eval_iters=2", "moe.backend=sparse", "moe.ffn_hidden_size=256",
               "moe.aux_loss_coeff=0.01", "moe.z_loss_coeff=0.001", "checkpoint.save_interval=0"]
     runs = {}
-    for graphs in ("false", "true"):
+    for graphs in ("false", "auto"):  # auto, the default, captures this run (and records it so)
         result = run_train(tmp_path / graphs, *common, f"training.cuda_graphs={graphs}")
         assert result.returncode == 0, result.stderr[-3000:]
+        assert "training.cuda_graphs: auto" not in result.stdout  # no note: nothing keeps it eager
         runs[graphs] = _records(tmp_path / graphs)
-    eager, graphed = runs["false"], runs["true"]
+    assert "  cuda_graphs: true\n" in (tmp_path / "auto" / "config.yaml").read_text()
+    eager, graphed = runs["false"], runs["auto"]
+    # the memory the captured graphs' pool takes shows in the peak, logged on every record
+    assert all(r["peak_memory_gib"] > 0 for r in graphed + eager)
     assert [r["step"] for r in graphed] == [r["step"] for r in eager]
     for e, g in zip(eager, graphed):
         # steps 2.. replay the captured layers; losses, aux losses and expert loads follow the eager

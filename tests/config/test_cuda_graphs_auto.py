@@ -1,0 +1,80 @@
+"""training.cuda_graphs: auto (the default) resolves to true where `true` validates, else to false
+with one note naming the reason; true and false pass through; bad values are refused."""
+import pytest
+
+from megatron_dmoe.config import ConfigError, Environment, RunConfig, find_problems, resolve, validate
+from megatron_dmoe.config.cuda_graphs_rules import resolve_cuda_graphs
+
+EVERYTHING = Environment(cuda=True, transformer_engine=True, apex=True)
+
+# (changes to tiny, fragment of the note, or None when auto turns graphs on)
+CASES = {
+    "plain_bf16": ({"training.bf16": True}, None),
+    "fp32_grouped": ({"moe.backend": "grouped"}, None),
+    "dense": ({"moe.num_experts": 0}, None),
+    "capacity": ({"moe.expert_capacity_factor": 1.0}, None),
+    "symmetric_ep": ({"parallel.expert_model_parallel_size": 2, "training.bf16": True}, None),
+    "cpu_device": ({"training.device": "cpu"}, "training.device is cpu"),
+    "nccl": ({"parallel.expert_model_parallel_size": 2, "moe.ep_exchange": "nccl"}, "NCCL expert-parallel exchange"),
+    "pipeline": ({"parallel.pipeline_model_parallel_size": 2}, "has no captured schedule"),
+    "recompute": ({"training.recompute_granularity": "selective"}, "activation recompute"),
+    "reference": ({"moe.backend": "reference"}, "moe.backend: reference"),
+    "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, "expert_wgrad_per_step"),
+    "auto_backend_falls_to_reference": ({"moe.ffn_hidden_size": 200}, "auto picks the reference experts"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_auto_matches_what_true_allows(make, monkeypatch, name):
+    changes, fragment = CASES[name]
+    # a GPU whose torch.nn.functional.grouped_mm does not run (probing it needs CUDA): a width the
+    # sparse kernels cannot take leaves only the reference experts to backend: auto
+    monkeypatch.setattr("megatron_dmoe.moe.experts.grouped._runs_on", lambda device_type, dtype: False)
+    cfg = resolve(make({**changes, "training.cuda_graphs": "auto"}))
+    out, notes = resolve_cuda_graphs(cfg, cuda=True, world_size=2, local_world_size=2)
+    assert cfg.training.cuda_graphs == "auto"  # the caller's config is not changed
+    assert out.training.cuda_graphs is (fragment is None)
+    if fragment is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and fragment in notes[0] and "training.cuda_graphs=false" in notes[0]
+    # wherever auto does not capture for a reason `true` has too, `true` is refused; where it
+    # captures, `true` validates
+    strict = resolve(make({**changes, "training.cuda_graphs": True}))
+    keys = [k for k, _ in find_problems(strict, world_size=2, env=EVERYTHING)]
+    if fragment is None:
+        assert keys == []
+    elif name not in ("wgrad_per_step", "auto_backend_falls_to_reference"):
+        assert "training.cuda_graphs" in keys
+
+
+def test_without_cuda_auto_is_off_and_true_is_refused(make):
+    out, notes = resolve_cuda_graphs(resolve(make()), cuda=False, world_size=1)
+    assert out.training.cuda_graphs is False and "not available here" in notes[0]
+
+
+def test_across_hosts_auto_exchange_may_be_nccl(make):
+    cfg = resolve(make({"parallel.expert_model_parallel_size": 2}))
+    out, notes = resolve_cuda_graphs(cfg, cuda=True, world_size=16, local_world_size=8)
+    assert out.training.cuda_graphs is False and "spans hosts" in notes[0]
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_explicit_values_pass_through(make, value):
+    cfg = resolve(make({"training.cuda_graphs": value, "training.device": "cpu"}))
+    out, notes = resolve_cuda_graphs(cfg, cuda=False, world_size=1)
+    assert out is cfg and notes == []
+
+
+def test_auto_is_the_default():
+    assert RunConfig().training.cuda_graphs == "auto"
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("on", "'on' is not allowed; use one of: auto, true, false"),
+    (1, "expected true or false or a string, got 1"),
+])
+def test_bad_values_are_refused(make, value, fragment):
+    with pytest.raises(ConfigError) as info:
+        validate(make({"training.cuda_graphs": value}), env=EVERYTHING)
+    assert info.value.problems == [("training.cuda_graphs", fragment)]
