@@ -95,7 +95,9 @@ def resolve_cuda_graphs(cfg: RunConfig, cuda: bool, world_size: Optional[int] = 
     why = refusals[0][0] if refusals else (_auto_only_refusal(cfg, world_size, local_world_size))
     out = copy.deepcopy(cfg)
     out.training.cuda_graphs = why is None
-    notes = [] if why is None else [f"note: training.cuda_graphs: auto runs the layers eagerly here: {why} "
+    # a run without CUDA has no graphs to miss: saying so on every CPU run would be noise
+    on_cuda = cuda and values["training.device"] != "cpu"
+    notes = [] if why is None or not on_cuda else [f"note: training.cuda_graphs: auto runs the layers eagerly here: {why} "
                                     "(training.cuda_graphs=false)"]
     return out, notes
 

@@ -34,7 +34,7 @@ def test_auto_matches_what_true_allows(make, monkeypatch, name):
     out, notes = resolve_cuda_graphs(cfg, cuda=True, world_size=2, local_world_size=2)
     assert cfg.training.cuda_graphs == "auto"  # the caller's config is not changed
     assert out.training.cuda_graphs is (fragment is None)
-    if fragment is None:
+    if fragment is None or name == "cpu_device":  # a run without CUDA misses nothing: no note
         assert notes == []
     else:
         assert len(notes) == 1 and fragment in notes[0] and "training.cuda_graphs=false" in notes[0]
@@ -48,9 +48,9 @@ def test_auto_matches_what_true_allows(make, monkeypatch, name):
         assert "training.cuda_graphs" in keys
 
 
-def test_without_cuda_auto_is_off_and_true_is_refused(make):
+def test_without_cuda_auto_is_off_without_a_note(make):
     out, notes = resolve_cuda_graphs(resolve(make()), cuda=False, world_size=1)
-    assert out.training.cuda_graphs is False and "not available here" in notes[0]
+    assert out.training.cuda_graphs is False and notes == []
 
 
 def test_across_hosts_auto_exchange_may_be_nccl(make):
