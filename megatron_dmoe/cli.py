@@ -177,7 +177,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.config.environment import cuda_available
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
-    from megatron_dmoe.training.run_dir import CONFIG_FILE
+    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, unwritable_run_dir
 
     ns, config_name, overrides = parse_train_args(argv)
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
@@ -197,6 +197,10 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         return _fail(str(err))
     if problem:
         return _fail(problem)
+    # the default run directory is made under runs/ (its name needs the process group)
+    problem = unwritable_run_dir(ns.run_dir or Path("runs") / "new")
+    if problem:
+        return _fail(problem)
 
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
     from megatron_dmoe.training.loop import train
@@ -214,7 +218,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         run_dir = ns.run_dir or default_run_dir(config_name or "tiny")
         result = train(cfg, env, run_dir, resume=ns.resume, overwrite=ns.overwrite, notices=notices)
         failed = False
-    except (DataError, CheckpointError) as err:
+    except (DataError, CheckpointError, RunDirError) as err:
         return _fail(str(err))
     except KeyboardInterrupt:
         # The second Ctrl-C: stop at once; an unfinished save never becomes `latest`.

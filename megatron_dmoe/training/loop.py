@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
-from megatron_dmoe.config import RunConfig, save_config
+from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
 from megatron_dmoe.moe import MoERunState, update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
@@ -32,11 +32,10 @@ from megatron_dmoe.training.model_setup import wrap_for_training
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.preemption import PreemptionWatcher
 from megatron_dmoe.training.run_dir import (
-    CONFIG_FILE,
     checkpoint_root,
     previous_run_files,
-    remove_run_files,
     software_versions,
+    write_run_config,
 )
 from megatron_dmoe.training.startup import describe_data, describe_device, describe_model
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
@@ -107,10 +106,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         upcycle_dense_checkpoint(cfg, [model], optimizer)
     dist.barrier()  # every rank has loaded before the run directory changes
     if env.is_main:
-        if overwrite:
-            remove_run_files(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / CONFIG_FILE, versions=software_versions())
+        write_run_config(cfg, run_dir, overwrite, software_versions())
     dist.barrier()
 
     num_micro = _num_micro_batches(cfg)
