@@ -47,12 +47,14 @@ def export_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config
 
     try:
+        from megatron_dmoe.export.hf import check_safetensors, export_hf
+
+        check_safetensors()
         # everything that can be refused from the run directory alone, before building anything
         hf_architecture(read_run_config(ns.run_dir))
         find_checkpoint(ns.run_dir, ns.checkpoint)
         if ns.out.exists() and (not ns.out.is_dir() or any(ns.out.iterdir())):
             raise UsageError(f"{ns.out} exists and is not an empty directory; choose a new output directory")
-        from megatron_dmoe.export.hf import export_hf
 
         with distributed_session():
             run = load_run(ns.run_dir, device="cpu", checkpoint=ns.checkpoint)
