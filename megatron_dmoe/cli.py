@@ -232,6 +232,8 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         summary = f"run directory: {result.run_dir} (step {result.iteration}"
         if result.val_loss is not None:
             summary += f", validation loss {result.val_loss:.4f}"
+            if result.val_step != result.iteration:  # stopped by a signal between evaluations
+                summary += f" at step {result.val_step}"
         print(summary + ")")
     return 130 if result.stop_signal == "SIGINT" else 0
 
