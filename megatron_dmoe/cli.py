@@ -96,14 +96,12 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _quiet_optional_accelerator_warnings() -> None:
-    """megatron-core warns at import that Transformer Engine / apex are absent: both are optional."""
-    import warnings
-
-    # ... and its own default cuda_graph_scope trips its own deprecation notice.
-    for message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
-                    "full scope is deprecated"):
-        warnings.filterwarnings("ignore", message=message)
+def _fail_once(message: str) -> int:
+    """A problem every rank finds alike (config, run directory), before the process group exists:
+    under torchrun only rank 0 tells it."""
+    if os.environ.get("RANK", "0") == "0":
+        return _fail(message)
+    return 2
 
 
 def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
@@ -120,6 +118,8 @@ def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, (ConfigWarning, DataWarning)):
+            if os.environ.get("RANK", "0") != "0":
+                return  # every rank finds the same: rank 0 tells it
             print(f"{prog}: warning: {message}", file=file or sys.stderr)
         else:
             shown(message, category, filename, lineno, file, line)
@@ -170,7 +170,6 @@ def parse_train_args(argv: Optional[List[str]]):
 
 
 def train_main(argv: Optional[List[str]] = None) -> int:
-    _quiet_optional_accelerator_warnings()
     _show_user_warnings_plainly()
     from megatron_dmoe.config import ConfigError, load_config, resolve, validate
     from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
@@ -188,19 +187,19 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         cfg, notices = cpu_precision_fallback(cfg, cuda_available())
         validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as err:
-        return _fail(str(err))
+        return _fail_once(str(err))
     try:
         problem = _check_run_dir(ns, cfg)
     except ConfigError as err:
-        return _fail(f"cannot read the config.yaml of {ns.run_dir} to compare it: {err}")
+        return _fail_once(f"cannot read the config.yaml of {ns.run_dir} to compare it: {err}")
     except CheckpointError as err:
-        return _fail(str(err))
+        return _fail_once(str(err))
     if problem:
-        return _fail(problem)
+        return _fail_once(problem)
     # the default run directory is made under runs/ (its name needs the process group)
     problem = unwritable_run_dir(ns.run_dir or Path("runs") / "new")
     if problem:
-        return _fail(problem)
+        return _fail_once(problem)
 
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
     from megatron_dmoe.training.loop import train

@@ -19,7 +19,7 @@ from .errors import ConfigError, Problem
 from .fields import coerce, section_class, section_types, unknown_key_message, unknown_section_message
 from .megatron_names import key_for_megatron_name
 from .schema import SECTIONS, RunConfig
-from .yaml_io import parse_yaml
+from .yaml_io import parse_yaml, yaml_error_text
 
 SHIPPED_PACKAGE = "megatron_dmoe_configs"
 DEFAULT_CONFIG = "tiny.yaml"
@@ -125,7 +125,7 @@ def read_yaml_mapping(path: Path) -> Dict[str, Any]:
     try:
         data = parse_yaml(text)
     except yaml.YAMLError as err:
-        raise ConfigError([(str(path), "not valid YAML: " + " ".join(str(err).split()))])
+        raise ConfigError([(str(path), "not valid YAML at " + yaml_error_text(err))])
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -163,7 +163,7 @@ def parse_overrides(overrides: Iterable[str]) -> Tuple[Dict[str, Any], List[Prob
             value = parse_yaml(text) if text.strip() else None
         except yaml.YAMLError as err:
             problems.append((key, f"cannot read the value {text!r} of the override as YAML: "
-                                  + " ".join(str(err).split())))
+                                  + yaml_error_text(err)))
             continue
         values.setdefault(parts[0], {})[parts[1]] = value
     return values, problems

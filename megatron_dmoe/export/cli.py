@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from megatron_dmoe.inference.cli_common import add_run_arguments, distributed_session, fail, quiet_warnings
+from megatron_dmoe.inference.cli_common import add_run_arguments, distributed_session, fail
 
 PROG = "dmoe-export"
 FORMATS = ("hf",)
@@ -37,7 +37,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def export_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
-    quiet_warnings()
     if ns.format not in FORMATS:
         return fail(PROG, f"--format {ns.format!r} is not supported; use one of: {', '.join(FORMATS)}")
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:

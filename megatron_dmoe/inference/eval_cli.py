@@ -12,7 +12,6 @@ from megatron_dmoe.inference.cli_common import (
     distributed_session,
     fail,
     positive_int,
-    quiet_warnings,
 )
 
 PROG = "dmoe-eval"
@@ -50,7 +49,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
-    quiet_warnings()
     from megatron_dmoe.inference.errors import UsageError
     from megatron_dmoe.inference.evaluate import check_data_path, evaluate_run
     from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config

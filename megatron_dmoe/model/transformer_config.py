@@ -7,6 +7,8 @@ renormalisation) travel as the MoE layer spec's params: see `spec.moe_layer_para
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
@@ -60,38 +62,41 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif tr.recompute_granularity == "selective":
         recompute = dict(recompute_granularity="selective")
-    return TransformerConfig(
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        num_query_groups=m.num_query_groups,
-        ffn_hidden_size=m.ffn_hidden_size,
-        add_bias_linear=m.add_bias_linear,
-        hidden_dropout=m.hidden_dropout,
-        attention_dropout=m.attention_dropout,
-        init_method_std=m.init_method_std,
-        normalization=m.normalization,
-        gated_linear_unit=swiglu,
-        activation_func=F.silu if swiglu else F.gelu,
-        # The fused kernels these flags select exist only on CUDA builds with apex / TE.
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-        cross_entropy_loss_fusion=m.cross_entropy_loss_fusion and on_cuda,
-        cross_entropy_fusion_impl="native",
-        bf16=tr.bf16,
-        fp16=tr.fp16,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        tensor_model_parallel_size=par.tensor_model_parallel_size,
-        pipeline_model_parallel_size=par.pipeline_model_parallel_size,
-        expert_model_parallel_size=par.expert_model_parallel_size,
-        sequence_parallel=par.sequence_parallel,
-        use_cpu_initialization=not on_cuda,
-        # whole layers (an empty scope), forward and backward; validation limits where this applies
-        cuda_graph_impl="local" if tr.cuda_graphs and on_cuda else "none",
-        cuda_graph_scope=[],
-        **recompute,
-        **moe_kwargs,
-    )
+    with warnings.catch_warnings():
+        # megatron-core's own default cuda_graph_scope trips its own deprecation notice
+        warnings.filterwarnings("ignore", message="full scope is deprecated")
+        return TransformerConfig(
+            num_layers=m.num_layers,
+            hidden_size=m.hidden_size,
+            num_attention_heads=m.num_attention_heads,
+            num_query_groups=m.num_query_groups,
+            ffn_hidden_size=m.ffn_hidden_size,
+            add_bias_linear=m.add_bias_linear,
+            hidden_dropout=m.hidden_dropout,
+            attention_dropout=m.attention_dropout,
+            init_method_std=m.init_method_std,
+            normalization=m.normalization,
+            gated_linear_unit=swiglu,
+            activation_func=F.silu if swiglu else F.gelu,
+            # The fused kernels these flags select exist only on CUDA builds with apex / TE.
+            bias_activation_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            cross_entropy_loss_fusion=m.cross_entropy_loss_fusion and on_cuda,
+            cross_entropy_fusion_impl="native",
+            bf16=tr.bf16,
+            fp16=tr.fp16,
+            params_dtype=dtype,
+            pipeline_dtype=dtype,
+            tensor_model_parallel_size=par.tensor_model_parallel_size,
+            pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+            expert_model_parallel_size=par.expert_model_parallel_size,
+            sequence_parallel=par.sequence_parallel,
+            use_cpu_initialization=not on_cuda,
+            # whole layers (an empty scope), forward and backward; validation limits where this applies
+            cuda_graph_impl="local" if tr.cuda_graphs and on_cuda else "none",
+            cuda_graph_scope=[],
+            **recompute,
+            **moe_kwargs,
+        )
