@@ -66,14 +66,10 @@ def _split_args(args: List[str]):
         # directories are named top_k=1,lr=0.001,...).
         if i == 0 and Path(os.path.expanduser(arg)).is_file():
             config = arg
-        elif "=" in arg:
-            overrides.append(arg)
-        elif i == 0:
-            config = arg
+        elif "=" in arg or i > 0:
+            overrides.append(arg)  # a malformed one is reported with every other problem
         else:
-            raise SystemExit(
-                f"dmoe-train: unexpected argument {arg!r}: the config comes first, then key=value overrides"
-            )
+            config = arg
     return config, overrides
 
 
@@ -152,6 +148,25 @@ def _check_run_dir(ns, cfg) -> Optional[str]:
     return mismatch_message(run_dir, mismatches) if mismatches else None
 
 
+def _load_and_validate(config_name: Optional[str], overrides: List[str]):
+    """The resolved config; one ConfigError with every problem: the keys and overrides that
+    could not be read together with what validation finds in the rest."""
+    from megatron_dmoe.config import ConfigError, find_problems, resolve
+    from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
+    from megatron_dmoe.config.environment import cuda_available
+    from megatron_dmoe.config.load import load_config_partly
+
+    cfg, problems = load_config_partly(config_name, overrides)
+    cfg = resolve(cfg)
+    if problems:
+        reported = {key for key, _ in problems}
+        checked, _ = cpu_precision_fallback(cfg, cuda_available())
+        problems += [p for p in find_problems(checked, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+                     if p[0] not in reported]
+        raise ConfigError(problems)
+    return cfg
+
+
 def parse_train_args(argv: Optional[List[str]]):
     """dmoe-train's command line -> (namespace, config name or None, overrides); exits on misuse."""
     parser = _train_parser()
@@ -171,7 +186,7 @@ def parse_train_args(argv: Optional[List[str]]):
 
 def train_main(argv: Optional[List[str]] = None) -> int:
     _show_user_warnings_plainly()
-    from megatron_dmoe.config import ConfigError, load_config, resolve, validate
+    from megatron_dmoe.config import ConfigError, validate
     from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
     from megatron_dmoe.config.environment import cuda_available
     from megatron_dmoe.data import DataError
@@ -183,7 +198,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         config_name = str(ns.run_dir / CONFIG_FILE)
     # Everything below up to train() only reads: a refused run leaves the run directory as it was.
     try:
-        cfg = resolve(load_config(config_name, overrides))
+        cfg = _load_and_validate(config_name, overrides)
         cfg, notices = cpu_precision_fallback(cfg, cuda_available())
         validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as err:
