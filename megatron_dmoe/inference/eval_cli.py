@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                         "default 1)")
     parser.add_argument("--out", type=Path, default=None, metavar="FILE",
                         help="also write the JSON result to FILE")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr (there is none when stderr is not a terminal)")
     return parser
 
 
