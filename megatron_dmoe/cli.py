@@ -348,3 +348,12 @@ def sweep_main(argv: Optional[List[str]] = None) -> int:
     except (SweepError, SubmitError, FileNotFoundError, ValueError) as err:
         print(f"dmoe-sweep: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        from megatron_dmoe.training.write_errors import write_failure
+
+        reason = write_failure(err)
+        if reason is None:
+            raise
+        print(f"dmoe-sweep: error: cannot write {err.filename}: {reason}; make it writable or choose "
+              "another --runs-dir", file=sys.stderr)
+        return 2

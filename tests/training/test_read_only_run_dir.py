@@ -1,12 +1,14 @@
 """A run directory that cannot be written (a read-only run directory, a read-only folder above a
 new one, a read-only checkpoints/) is one line naming the path and what to do, never a traceback;
-the directory stays byte-identical and `latest` keeps naming the last complete checkpoint.
+the directory stays byte-identical and `latest` keeps naming the last complete checkpoint. A
+read-only --runs-dir of dmoe-sweep is one line too.
 
 The read-only places are real read-only bind mounts: the tests run as root, for whom chmod alone
 does not make a directory unwritable."""
 import contextlib
 import subprocess
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +88,18 @@ def test_read_only_checkpoints_keep_latest(cli_run, finished_run, corpus_cache, 
     assert f"{ckpts / 'iter_0000001'} stays latest" in message, message
     assert snapshot(ckpts) == before
     assert (ckpts / "latest").read_text() == "1"
+
+
+def test_read_only_sweep_runs_dir(tmp_path, capsys):
+    from megatron_dmoe.cli import sweep_main
+
+    root = tmp_path / "runs"
+    root.mkdir()
+    sweep = str(Path(__file__).resolve().parents[2] / "configs" / "sweeps" / "tiny_topk_lr.yaml")
+    with read_only(root):
+        code = sweep_main([sweep, "--runs-dir", str(root / "sweep")])
+    message = capsys.readouterr().err.strip()
+    assert code == 2 and len(message.splitlines()) == 1 and "Traceback" not in message, message
+    assert message == (f"dmoe-sweep: error: cannot write {root / 'sweep'}: no permission to write (Read-only file "
+                       "system); make it writable or choose another --runs-dir"), message
+    assert list(root.iterdir()) == []
