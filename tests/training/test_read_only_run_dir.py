@@ -40,7 +40,7 @@ def _one_line(result, *needles):
 
 @pytest.fixture
 def finished_run(cli_run, tmp_path_factory, corpus_cache):
-    """A run directory holding a complete checkpoint at step 1 (trained once per module)."""
+    """A run directory holding a complete checkpoint at step 1."""
     run = tmp_path_factory.mktemp("finished") / "run"
     result = cli_run(run, *small_args(corpus_cache, 1, "checkpoint.save_interval=1"))
     assert result.returncode == 0, result.stderr
