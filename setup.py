@@ -42,6 +42,8 @@ setup(
     extras_require={
         # data.tokenizer_type GPT2BPETokenizer / HuggingFaceTokenizer go through transformers
         "tokenizers": ["transformers>=4.40"],
+        # data.tokenizer_type TikTokenizer reads a tiktoken vocabulary
+        "tiktoken": ["tiktoken>=0.7"],
         # dmoe-export --format hf writes safetensors; training never needs it
         "hf": ["safetensors>=0.4"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=5.0", "safetensors>=0.4", "ruff>=0.17,<0.18"],

@@ -1,0 +1,9 @@
+"""Dropless Mixture-of-Experts training on megatron-core."""
+import warnings as _warnings
+
+with _warnings.catch_warnings():
+    # megatron-core says at import, four times, that Transformer Engine and apex are not installed:
+    # both are optional here and nothing needs them. Imported once, here, it stays quiet after.
+    _warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
+    _warnings.filterwarnings("ignore", message="Apex is not installed")
+    import megatron.core  # noqa: F401

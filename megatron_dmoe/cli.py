@@ -66,14 +66,10 @@ def _split_args(args: List[str]):
         # directories are named top_k=1,lr=0.001,...).
         if i == 0 and Path(os.path.expanduser(arg)).is_file():
             config = arg
-        elif "=" in arg:
-            overrides.append(arg)
-        elif i == 0:
-            config = arg
+        elif "=" in arg or i > 0:
+            overrides.append(arg)  # a malformed one is reported with every other problem
         else:
-            raise SystemExit(
-                f"dmoe-train: unexpected argument {arg!r}: the config comes first, then key=value overrides"
-            )
+            config = arg
     return config, overrides
 
 
@@ -96,14 +92,12 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _quiet_optional_accelerator_warnings() -> None:
-    """megatron-core warns at import that Transformer Engine / apex are absent: both are optional."""
-    import warnings
-
-    # ... and its own default cuda_graph_scope trips its own deprecation notice.
-    for message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
-                    "full scope is deprecated"):
-        warnings.filterwarnings("ignore", message=message)
+def _fail_once(message: str) -> int:
+    """A problem every rank finds alike (config, run directory), before the process group exists:
+    under torchrun only rank 0 tells it."""
+    if os.environ.get("RANK", "0") == "0":
+        return _fail(message)
+    return 2
 
 
 def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
@@ -120,6 +114,8 @@ def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, (ConfigWarning, DataWarning)):
+            if os.environ.get("RANK", "0") != "0":
+                return  # every rank finds the same: rank 0 tells it
             print(f"{prog}: warning: {message}", file=file or sys.stderr)
         else:
             shown(message, category, filename, lineno, file, line)
@@ -152,6 +148,25 @@ def _check_run_dir(ns, cfg) -> Optional[str]:
     return mismatch_message(run_dir, mismatches) if mismatches else None
 
 
+def _load_and_validate(config_name: Optional[str], overrides: List[str]):
+    """The resolved config; one ConfigError with every problem: the keys and overrides that
+    could not be read together with what validation finds in the rest."""
+    from megatron_dmoe.config import ConfigError, find_problems, resolve
+    from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
+    from megatron_dmoe.config.environment import cuda_available
+    from megatron_dmoe.config.load import load_config_partly
+
+    cfg, problems = load_config_partly(config_name, overrides)
+    cfg = resolve(cfg)
+    if problems:
+        reported = {key for key, _ in problems}
+        checked, _ = cpu_precision_fallback(cfg, cuda_available())
+        problems += [p for p in find_problems(checked, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+                     if p[0] not in reported]
+        raise ConfigError(problems)
+    return cfg
+
+
 def parse_train_args(argv: Optional[List[str]]):
     """dmoe-train's command line -> (namespace, config name or None, overrides); exits on misuse."""
     parser = _train_parser()
@@ -170,33 +185,36 @@ def parse_train_args(argv: Optional[List[str]]):
 
 
 def train_main(argv: Optional[List[str]] = None) -> int:
-    _quiet_optional_accelerator_warnings()
     _show_user_warnings_plainly()
-    from megatron_dmoe.config import ConfigError, load_config, resolve, validate
+    from megatron_dmoe.config import ConfigError, validate
     from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
     from megatron_dmoe.config.environment import cuda_available
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
-    from megatron_dmoe.training.run_dir import CONFIG_FILE
+    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, unwritable_run_dir
 
     ns, config_name, overrides = parse_train_args(argv)
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
         config_name = str(ns.run_dir / CONFIG_FILE)
     # Everything below up to train() only reads: a refused run leaves the run directory as it was.
     try:
-        cfg = resolve(load_config(config_name, overrides))
+        cfg = _load_and_validate(config_name, overrides)
         cfg, notices = cpu_precision_fallback(cfg, cuda_available())
         validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as err:
-        return _fail(str(err))
+        return _fail_once(str(err))
     try:
         problem = _check_run_dir(ns, cfg)
     except ConfigError as err:
-        return _fail(f"cannot read the config.yaml of {ns.run_dir} to compare it: {err}")
+        return _fail_once(f"cannot read the config.yaml of {ns.run_dir} to compare it: {err}")
     except CheckpointError as err:
-        return _fail(str(err))
+        return _fail_once(str(err))
     if problem:
-        return _fail(problem)
+        return _fail_once(problem)
+    # the default run directory is made under runs/ (its name needs the process group)
+    problem = unwritable_run_dir(ns.run_dir or Path("runs") / "new")
+    if problem:
+        return _fail_once(problem)
 
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
     from megatron_dmoe.training.loop import train
@@ -214,7 +232,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         run_dir = ns.run_dir or default_run_dir(config_name or "tiny")
         result = train(cfg, env, run_dir, resume=ns.resume, overwrite=ns.overwrite, notices=notices)
         failed = False
-    except (DataError, CheckpointError) as err:
+    except (DataError, CheckpointError, RunDirError) as err:
         return _fail(str(err))
     except KeyboardInterrupt:
         # The second Ctrl-C: stop at once; an unfinished save never becomes `latest`.
@@ -228,6 +246,8 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         summary = f"run directory: {result.run_dir} (step {result.iteration}"
         if result.val_loss is not None:
             summary += f", validation loss {result.val_loss:.4f}"
+            if result.val_step != result.iteration:  # stopped by a signal between evaluations
+                summary += f" at step {result.val_step}"
         print(summary + ")")
     return 130 if result.stop_signal == "SIGINT" else 0
 
@@ -327,4 +347,13 @@ def sweep_main(argv: Optional[List[str]] = None) -> int:
                          concurrent=ns.concurrent or 1)
     except (SweepError, SubmitError, FileNotFoundError, ValueError) as err:
         print(f"dmoe-sweep: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        from megatron_dmoe.training.write_errors import write_failure
+
+        reason = write_failure(err)
+        if reason is None:
+            raise
+        print(f"dmoe-sweep: error: cannot write {err.filename}: {reason}; make it writable or choose "
+              "another --runs-dir", file=sys.stderr)
         return 2

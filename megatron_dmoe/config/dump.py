@@ -1,6 +1,7 @@
 """Write the resolved config of a run, with the software versions that ran it."""
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -62,6 +63,8 @@ def save_config(cfg: RunConfig, path: Union[str, os.PathLike],
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a read-only folder refuses the cleanup too: keep the first error
+            tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -16,10 +16,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import yaml
 
 from .errors import ConfigError, Problem
-from .fields import coerce, section_class, section_types, unknown_key_message, unknown_section_message
+from .fields import coerce, did_you_mean, section_class, section_types, unknown_key_message, unknown_section_message
 from .megatron_names import key_for_megatron_name
 from .schema import SECTIONS, RunConfig
-from .yaml_io import parse_yaml
+from .yaml_io import parse_yaml, yaml_error_text
 
 SHIPPED_PACKAGE = "megatron_dmoe_configs"
 DEFAULT_CONFIG = "tiny.yaml"
@@ -35,13 +35,41 @@ def load_config(path_or_name: Optional[str] = None, overrides: Sequence[str] = (
     (``moe.top_k=2``, ``data.data_path=[0.3,a,0.7,b]``, ``moe.expert_capacity_factor=null``);
     they apply after the file and its ``extends:`` chain. Raises ConfigError.
     """
+    cfg, problems = load_config_partly(path_or_name, overrides)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def load_config_partly(path_or_name: Optional[str] = None,
+                       overrides: Sequence[str] = ()) -> Tuple[RunConfig, List[Problem]]:
+    """load_config that does not stop at the first bad key: the config built from every key and
+    override that could be read (the others keep their defaults), and the problems of the rest
+    (malformed overrides, unknown keys, wrong types), so that a caller can validate the config
+    and report every problem at once. A file that cannot be used at all still raises ConfigError."""
     path = find_config(path_or_name)
     merged = read_with_extends(path)
-    override_values, override_problems = parse_overrides(overrides)
-    if override_problems:
-        raise ConfigError(override_problems)
-    merged = deep_merge(merged, override_values)
-    return config_from_dict(merged)
+    _refuse_sweep_file(path, merged)
+    override_values, problems = parse_overrides(overrides)
+    # an override that names no key or has the wrong type is left out, so its key keeps the file's value
+    override_problems: List[Problem] = []
+    _build_config(override_values, override_problems)
+    bad = {key for key, _ in override_problems}
+    override_values = {section: {key: value for key, value in body.items() if f"{section}.{key}" not in bad}
+                       for section, body in override_values.items() if section not in bad}
+    cfg = _build_config(deep_merge(merged, override_values), problems)
+    return cfg, problems + override_problems
+
+
+# a sweep file's top-level keys (megatron_dmoe/sweep/spec.py reads them)
+_SWEEP_KEYS = ("base", "grid", "zip", "overrides", "slurm")
+
+
+def _refuse_sweep_file(path: Path, data: Dict[str, Any]) -> None:
+    if "base" in data and not any(section in data for section in SECTIONS):
+        keys = ", ".join(f"{k}:" for k in _SWEEP_KEYS if k in data)
+        raise ConfigError([(str(path), f"this is a sweep file ({keys}), not a run config: run it "
+                                       f"with dmoe-sweep {path}")])
 
 
 def shipped_configs_dir() -> Path:
@@ -51,6 +79,27 @@ def shipped_configs_dir() -> Path:
 def shipped_config_names() -> List[str]:
     root = shipped_configs_dir()
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def runnable_config_names() -> List[str]:
+    """The shipped configs a run can start from: without the sweep files (sweeps/) and the
+    fragments other configs extend (the shared `base` settings, the zoo's model `sizes/`)."""
+    names = []
+    for name in shipped_config_names():
+        parts = Path(name).parts
+        if parts[0] == "sweeps" or parts[-1] == "base" or "sizes" in parts[:-1]:
+            continue
+        names.append(name)
+    return names
+
+
+def _closest_config(name: str) -> Optional[str]:
+    """The runnable config `name` most likely means (a typo, or the name without its folder)."""
+    names = runnable_config_names()
+    stem = name[:-5] if name.endswith(".yaml") else name
+    by_leaf = {Path(n).name: n for n in names}
+    close = did_you_mean(stem, names) or did_you_mean(Path(stem).name, list(by_leaf))
+    return by_leaf.get(close, close)
 
 
 def find_config(path_or_name: Optional[str]) -> Path:
@@ -66,8 +115,10 @@ def find_config(path_or_name: Optional[str]) -> Path:
     if given.is_dir():
         hint = "it is a folder; name a .yaml file"
     else:
-        hint = "no such file, and no shipped config of that name; shipped configs: " + ", ".join(
-            shipped_config_names())
+        close = _closest_config(str(path_or_name))
+        guess = f"did you mean {close}? " if close else ""
+        hint = (f"no such file, and no shipped config of that name; {guess}shipped configs: "
+                + ", ".join(runnable_config_names()))
     raise ConfigError([(str(path_or_name), f"config not found: {hint}")])
 
 
@@ -125,7 +176,7 @@ def read_yaml_mapping(path: Path) -> Dict[str, Any]:
     try:
         data = parse_yaml(text)
     except yaml.YAMLError as err:
-        raise ConfigError([(str(path), "not valid YAML: " + " ".join(str(err).split()))])
+        raise ConfigError([(str(path), "not valid YAML at " + yaml_error_text(err))])
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -163,7 +214,7 @@ def parse_overrides(overrides: Iterable[str]) -> Tuple[Dict[str, Any], List[Prob
             value = parse_yaml(text) if text.strip() else None
         except yaml.YAMLError as err:
             problems.append((key, f"cannot read the value {text!r} of the override as YAML: "
-                                  + " ".join(str(err).split())))
+                                  + yaml_error_text(err)))
             continue
         values.setdefault(parts[0], {})[parts[1]] = value
     return values, problems
@@ -192,6 +243,14 @@ def config_from_dict(data: Dict[str, Any]) -> RunConfig:
     Top-level ``versions:`` (written by save_config) is ignored.
     """
     problems: List[Problem] = []
+    cfg = _build_config(data, problems)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _build_config(data: Dict[str, Any], problems: List[Problem]) -> RunConfig:
+    """A RunConfig from every key of ``data`` that can be used; the others go to ``problems``."""
     if not isinstance(data, dict):
         raise ConfigError([("config", f"expected a mapping of sections, got "
                                       f"{type(data).__name__}")])
@@ -214,8 +273,6 @@ def config_from_dict(data: Dict[str, Any]) -> RunConfig:
             problems.append((name, f"expected a mapping of keys, got {body!r}"))
             continue
         sections[name] = _section_from_dict(name, body, problems)
-    if problems:
-        raise ConfigError(problems)
     return RunConfig(**sections)
 
 

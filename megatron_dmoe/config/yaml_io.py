@@ -86,3 +86,21 @@ def dump_yaml(data) -> str:
     """Block-style YAML, keys in the given order."""
     return yaml.dump(data, Dumper=ConfigDumper, sort_keys=False, default_flow_style=False,
                      allow_unicode=True)
+
+
+def yaml_error_text(err: yaml.YAMLError) -> str:
+    """A parse error as one readable phrase with 1-based positions, e.g. "line 3, column 16:
+    expected ',' or ']', but got '<stream end>' (while parsing a flow sequence that starts at
+    line 2, column 14)"; PyYAML's own text spans several lines and calls the file "<unicode string>"."""
+    problem = getattr(err, "problem", None)
+    mark = getattr(err, "problem_mark", None)
+    if problem is None:
+        return " ".join(str(err).split())
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context:
+        where = (f" that starts at line {context_mark.line + 1}, column {context_mark.column + 1}"
+                 if context_mark and (mark is None or context_mark.line != mark.line
+                                      or context_mark.column != mark.column) else "")
+        text += f" ({context}{where})"
+    return text

@@ -44,7 +44,7 @@ REQUIRED_KEYS = {
 EXTRA_MODULES = {
     "GPT2BPETokenizer": ("transformers", "pip install 'megatron-dmoe[tokenizers]' (or transformers)"),
     "HuggingFaceTokenizer": ("transformers", "pip install 'megatron-dmoe[tokenizers]' (or transformers)"),
-    "TikTokenizer": ("tiktoken", "pip install tiktoken"),
+    "TikTokenizer": ("tiktoken", "pip install 'megatron-dmoe[tiktoken]' (or tiktoken)"),
 }
 FLAGS = {"tokenizer_model": "--tokenizer-model", "vocab_file": "--vocab-file", "merge_file": "--merge-file",
          "vocab_size": "--vocab-size"}

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from megatron_dmoe.inference.cli_common import add_run_arguments, distributed_session, fail, quiet_warnings
+from megatron_dmoe.inference.cli_common import add_run_arguments, distributed_session, fail
 
 PROG = "dmoe-export"
 FORMATS = ("hf",)
@@ -37,7 +37,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def export_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
-    quiet_warnings()
     if ns.format not in FORMATS:
         return fail(PROG, f"--format {ns.format!r} is not supported; use one of: {', '.join(FORMATS)}")
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
@@ -47,12 +46,14 @@ def export_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config
 
     try:
+        from megatron_dmoe.export.hf import check_safetensors, export_hf
+
+        check_safetensors()
         # everything that can be refused from the run directory alone, before building anything
         hf_architecture(read_run_config(ns.run_dir))
         find_checkpoint(ns.run_dir, ns.checkpoint)
         if ns.out.exists() and (not ns.out.is_dir() or any(ns.out.iterdir())):
             raise UsageError(f"{ns.out} exists and is not an empty directory; choose a new output directory")
-        from megatron_dmoe.export.hf import export_hf
 
         with distributed_session():
             run = load_run(ns.run_dir, device="cpu", checkpoint=ns.checkpoint)

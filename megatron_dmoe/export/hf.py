@@ -21,18 +21,24 @@ def check_hf_export(run: LoadedRun) -> str:
     """The architecture, after every check that needs no writing; raises UsageError."""
     arch = hf_architecture(run.cfg)
     check_exportable_tokenizer(run.tokenizer)
+    check_safetensors()
+    return arch
+
+
+def check_safetensors() -> None:
+    """Raise UsageError (one line naming the extra) when safetensors cannot be imported."""
     try:
         import safetensors  # noqa: F401
     except ImportError:
-        raise UsageError("exporting needs the safetensors package: python -m pip install safetensors") from None
-    return arch
+        raise UsageError("--format hf writes model.safetensors and needs the safetensors package: "
+                         "pip install 'megatron-dmoe[hf]' (or safetensors)") from None
 
 
 def export_hf(run: LoadedRun, out: Path) -> Path:
     """Write `run`'s model into the directory `out` (created; must not hold files yet)."""
+    arch = check_hf_export(run)
     from safetensors.torch import save_file
 
-    arch = check_hf_export(run)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} exists and is not an empty directory; choose a new output directory")

@@ -32,19 +32,6 @@ def fail(prog: str, message: str) -> int:
     return 2
 
 
-def quiet_warnings() -> None:
-    """Before megatron-core is imported: its notices about optional accelerators, and torch's
-    deprecation notices from inside dist_checkpointing, say nothing a user can act on."""
-    import warnings
-
-    from megatron_dmoe.cli import _quiet_optional_accelerator_warnings
-
-    _quiet_optional_accelerator_warnings()
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed\.checkpoint")
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"megatron\.core\.dist_checkpointing")
-    warnings.filterwarnings("ignore", message="Please use DTensor instead")
-
-
 @contextmanager
 def distributed_session():
     """Tear down torch.distributed afterwards; abort (no waiting for other ranks) after a failure."""

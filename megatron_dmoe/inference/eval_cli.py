@@ -12,7 +12,6 @@ from megatron_dmoe.inference.cli_common import (
     distributed_session,
     fail,
     positive_int,
-    quiet_warnings,
 )
 
 PROG = "dmoe-eval"
@@ -44,13 +43,13 @@ def _parser() -> argparse.ArgumentParser:
                         "default 1)")
     parser.add_argument("--out", type=Path, default=None, metavar="FILE",
                         help="also write the JSON result to FILE")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr (there is none when stderr is not a terminal)")
     return parser
 
 
 def eval_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
-    quiet_warnings()
     from megatron_dmoe.inference.errors import UsageError
     from megatron_dmoe.inference.evaluate import check_data_path, evaluate_run
     from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config

@@ -17,8 +17,12 @@ from megatron_dmoe.inference.run_model import LoadedRun
 
 
 def _progress(loader, total: int, enabled: bool):
+    """A bar on stderr only when stderr is a terminal: redirected into a log, its redraws are noise."""
+    import sys
+
     from tqdm import tqdm
 
+    enabled = enabled and sys.stderr.isatty()
     return iter(tqdm(loader, total=total, desc="evaluating", unit="batch", disable=not enabled, leave=False))
 
 

@@ -12,7 +12,6 @@ from megatron_dmoe.inference.cli_common import (
     distributed_session,
     fail,
     positive_int,
-    quiet_warnings,
 )
 
 PROG = "dmoe-generate"
@@ -95,7 +94,6 @@ def _encode(cfg, prompts: List[str]) -> List[List[int]]:
 
 def generate_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
-    quiet_warnings()
     import torch
 
     from megatron_dmoe.inference.errors import UsageError

@@ -7,6 +7,8 @@ renormalisation) travel as the MoE layer spec's params: see `spec.moe_layer_para
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer import TransformerConfig
@@ -60,7 +62,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif tr.recompute_granularity == "selective":
         recompute = dict(recompute_granularity="selective")
-    return TransformerConfig(
+    kwargs = dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
@@ -96,3 +98,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         **recompute,
         **moe_kwargs,
     )
+    with warnings.catch_warnings():
+        # megatron-core's own default cuda_graph_scope trips its own deprecation notice
+        warnings.filterwarnings("ignore", message="full scope is deprecated")
+        return TransformerConfig(**kwargs)

@@ -30,7 +30,7 @@ from megatron_dmoe.config import ConfigError
 from megatron_dmoe.config.fields import section_types, unknown_key_message, unknown_section_message
 from megatron_dmoe.config.load import find_config
 from megatron_dmoe.config.schema import SECTIONS
-from megatron_dmoe.config.yaml_io import parse_yaml
+from megatron_dmoe.config.yaml_io import parse_yaml, yaml_error_text
 
 from .errors import Problem, SweepError
 
@@ -67,7 +67,7 @@ def load_sweep(path: os.PathLike) -> SweepSpec:
     except OSError as err:
         raise SweepError(source, [(source, f"cannot read the sweep file: {err.strerror or err}")])
     except yaml.YAMLError as err:
-        raise SweepError(source, [(source, "not valid YAML: " + " ".join(str(err).split()))])
+        raise SweepError(source, [(source, "not valid YAML at " + yaml_error_text(err))])
     if not isinstance(data, dict):
         raise SweepError(source, [(source, "expected a mapping with base:, and optionally "
                                            "overrides:, grid:, zip:, slurm:")])

@@ -12,9 +12,11 @@ the last complete checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -116,6 +118,16 @@ def _state_dict(model_chunks, optimizer, scheduler, progress: Progress, rng, is_
     return state
 
 
+def _rank0_progress(progress: Progress) -> Progress:
+    """Rank 0's progress: each rank times its own steps, and megatron-core warns of a common state
+    that differs between ranks (train_time_s) on every save."""
+    if dist.get_world_size() == 1:
+        return progress
+    shared = [vars(progress).copy()]
+    dist.broadcast_object_list(shared, src=0)
+    return Progress(**shared[0])
+
+
 def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progress: Progress, keep_last: int) -> Path:
     root = Path(root)
     final = checkpoint_dir(root, progress.iteration)
@@ -127,7 +139,8 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
                 shutil.rmtree(stale, ignore_errors=True)
             staging.mkdir()
         dist.barrier()
-        state = _state_dict(model_chunks, optimizer, scheduler, progress, _rng_state(), is_loading=False)
+        state = _state_dict(model_chunks, optimizer, scheduler, _rank0_progress(progress), _rng_state(),
+                            is_loading=False)
         dist_checkpointing.save(state, str(staging), sharded_strategy=InProcessSaveStrategy())
         dist.barrier()
         if dist.get_rank() == 0:
@@ -143,7 +156,8 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
             raise
         if dist.get_rank() == 0:
             shutil.rmtree(staging, ignore_errors=True)  # frees what the failed save took
-            (root / (LATEST + ".tmp")).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only folder refuses this too; the error below says why
+                (root / (LATEST + ".tmp")).unlink(missing_ok=True)
         kept = latest_iteration(root) if root.is_dir() else None
         kept_text = (f"{checkpoint_dir(root, kept)} stays latest" if kept is not None
                      else "there is no earlier checkpoint")
@@ -166,18 +180,29 @@ def _prune(root: Path, keep_last: int, keep: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _quiet_loading():
+    """torch's and megatron-core's deprecation notices about their own internals (load_state_dict,
+    ShardedTensor) on every load: nothing a user can act on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
 def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=None) -> Progress:
     """Load a checkpoint directory into the model (and optimizer, scheduler, RNG when given)."""
     path = Path(path)
     if not (path / "metadata.json").exists():
         raise CheckpointError(f"{path} is not a complete checkpoint (no metadata.json); pick another one")
-    common = dist_checkpointing.load_common_state_dict(str(path))
+    with _quiet_loading():
+        common = dist_checkpointing.load_common_state_dict(str(path))
     saved = Progress(**common["progress"])
     same_layout = saved.world_size == dist.get_world_size()
     rng_template = _rng_state() if (optimizer is not None and same_layout) else None
     template = _state_dict(model_chunks, optimizer, scheduler, saved, rng_template, is_loading=True)
     try:
-        loaded = dist_checkpointing.load(template, str(path))
+        with _quiet_loading():
+            loaded = dist_checkpointing.load(template, str(path))
     except (CheckpointingException, CheckpointException) as err:
         # torch's CheckpointException wraps megatron's, whose first line says what differs
         cause = next((e for e in causes(err) if isinstance(e, CheckpointingException)), err)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
-from megatron_dmoe.config import RunConfig, save_config
+from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.cuda_graphs_rules import resolve_cuda_graphs
 from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
 from megatron_dmoe.moe import MoERunState, update_expert_biases
@@ -33,11 +33,10 @@ from megatron_dmoe.training.model_setup import wrap_for_training
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.preemption import PreemptionWatcher
 from megatron_dmoe.training.run_dir import (
-    CONFIG_FILE,
     checkpoint_root,
     previous_run_files,
-    remove_run_files,
     software_versions,
+    write_run_config,
 )
 from megatron_dmoe.training.startup import describe_data, describe_device, describe_model
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
@@ -50,6 +49,7 @@ class TrainResult:
     iteration: int
     losses: List[float] = field(default_factory=list)  # per logged step, on rank 0
     val_loss: Optional[float] = None
+    val_step: Optional[int] = None  # the step val_loss was measured after
     preempted: bool = False
     out_of_time: bool = False  # stopped by training.time_limit_minutes
     stop_signal: Optional[str] = None  # SIGTERM or SIGINT when a signal stopped the run
@@ -111,10 +111,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         upcycle_dense_checkpoint(cfg, [model], optimizer)
     dist.barrier()  # every rank has loaded before the run directory changes
     if env.is_main:
-        if overwrite:
-            remove_run_files(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / CONFIG_FILE, versions=software_versions())
+        write_run_config(cfg, run_dir, overwrite, software_versions())
     dist.barrier()
 
     num_micro = _num_micro_batches(cfg)
@@ -133,8 +130,17 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         logger.message(f"resumed from {checkpoint_dir(ckpt_root, progress.iteration)}")
     first_step = progress.iteration + 1  # logged whatever the interval: a sign of life in seconds
     every = cfg.logging.log_interval
-    logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, "
-                   f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
+    # a resumed run whose time budget is already spent trains no further
+    out_of_time = time_limit_reached(progress.train_time_s, tr.time_limit_minutes, env.device)
+    if out_of_time:
+        logger.message(f"training.time_limit_minutes={tr.time_limit_minutes} was spent at step "
+                       f"{progress.iteration}: nothing left to train; raise it to train further")
+    elif first_step > tr.train_iters:
+        logger.message(f"training.train_iters={tr.train_iters} was reached at step {progress.iteration}: "
+                       "nothing left to train; raise it to train further")
+    else:
+        logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, "
+                       f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
     watcher = PreemptionWatcher(env.device)
     result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
     moe_metrics = run_state.metrics
@@ -142,11 +148,6 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     model.train()
     window_start, window_steps = time.perf_counter(), 0
     window_loss = torch.zeros((), device=env.device)  # summed on the device: no per-step sync
-    # a resumed run whose time budget is already spent trains no further
-    out_of_time = time_limit_reached(progress.train_time_s, tr.time_limit_minutes, env.device)
-    if out_of_time:
-        logger.message(f"training.time_limit_minutes={tr.time_limit_minutes} was spent at step "
-                       f"{progress.iteration}: nothing left to train")
     try:
         while progress.iteration < tr.train_iters and not out_of_time:
             step_start = time.perf_counter()
@@ -195,7 +196,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
                 values = values or {}
                 with run_loader(cfg, data.valid, 0) as valid:
                     values["val_loss"] = evaluate(model, valid, tr.eval_iters, num_micro, env.device)
-                result.val_loss = values["val_loss"]
+                result.val_loss, result.val_step = values["val_loss"], step
                 window_start = time.perf_counter()  # evaluation time is not training throughput
             if values is not None:
                 values["train_time_s"] = progress.train_time_s  # seconds of training steps so far

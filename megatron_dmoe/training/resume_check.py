@@ -20,7 +20,7 @@ MAY_CHANGE = {
     "moe.backend", "moe.block_size", "moe.memory_optimized", "moe.expert_wgrad_per_step",
     "moe.ep_exchange", "moe.aux_loss_coeff", "moe.z_loss_coeff", "moe.router_bias_update_rate",
     "moe.input_jitter_eps",
-    "training.train_iters", "training.micro_batch_size", "training.eval_interval",
+    "training.train_iters", "training.time_limit_minutes", "training.micro_batch_size", "training.eval_interval",
     "training.eval_iters", "training.recompute_granularity", "training.cuda_graphs",
     "training.device", "training.clip_grad", "training.adam_beta1", "training.adam_beta2",
     "training.adam_eps", "training.loss_scale", "training.initial_loss_scale",

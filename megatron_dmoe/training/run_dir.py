@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import shutil
 import time
@@ -10,13 +11,19 @@ from typing import List, Optional
 
 import torch.distributed as dist
 
+from megatron_dmoe.config import RunConfig, save_config
 from megatron_dmoe.training.metrics import METRICS_FILE, TENSORBOARD_DIR
+from megatron_dmoe.training.write_errors import write_failure
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS = "checkpoints"
 # Everything a run writes into its directory; a directory holding any of them belongs to a run
 # and is not reused without --resume or --overwrite.
 RUN_FILES = (CONFIG_FILE, CHECKPOINTS, METRICS_FILE, TENSORBOARD_DIR, "loss.png", "expert_load.png")
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be written; the message is one line naming the path."""
 
 
 def software_versions() -> dict:
@@ -60,3 +67,49 @@ def remove_run_files(run_dir: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+def _why_unwritable(path: Path) -> str:
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return "a read-only file system" if read_only else "no write permission"
+
+
+def unwritable_run_dir(run_dir: Path) -> Optional[str]:
+    """Why a run cannot write into ``run_dir`` (None when it can); reads, never writes.
+
+    Checked before anything is built: the run directory (or, when it does not exist yet, the
+    nearest existing folder above it, where it will be created) and its checkpoints/ folder.
+    """
+    run_dir = Path(run_dir)
+    places = [p for p in (run_dir, checkpoint_root(run_dir)) if p.is_dir()]
+    if not places:
+        parent = run_dir.absolute().parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        places = [parent]
+    for place in places:
+        # access() answers for the caller (root included) and reports a read-only mount
+        if not os.access(place, os.W_OK | os.X_OK):
+            what = "its checkpoints" if place.name == CHECKPOINTS and place.parent == run_dir else (
+                "the run directory" if place == run_dir else "the folder to create the run directory in")
+            return (f"cannot write to {place} ({what}): {_why_unwritable(place)}; make it writable "
+                    "or choose another --run-dir")
+    return None
+
+
+def write_run_config(cfg: RunConfig, run_dir: Path, overwrite: bool, versions: dict) -> None:
+    """Create the run directory (deleting a previous run's files for --overwrite) and write the
+    resolved config into it; a refused write raises RunDirError (one line) instead of OSError."""
+    try:
+        if overwrite:
+            remove_run_files(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / CONFIG_FILE, versions=versions)
+    except OSError as err:
+        reason = write_failure(err) or (err.strerror or str(err))
+        raise RunDirError(f"cannot write the run directory {run_dir}: {reason} "
+                          f"({err.filename or run_dir}); make it writable or choose another "
+                          "--run-dir") from err
