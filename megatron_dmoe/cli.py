@@ -104,6 +104,9 @@ def _quiet_optional_accelerator_warnings() -> None:
     for message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
                     "full scope is deprecated"):
         warnings.filterwarnings("ignore", message=message)
+    from megatron_dmoe.compat.mcore import quiet_notices
+
+    quiet_notices()
 
 
 def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:

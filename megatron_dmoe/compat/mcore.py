@@ -1,0 +1,98 @@
+"""The one place that knows which megatron-core release is installed (0.16 through 0.19).
+
+Everything else asks here instead of checking versions itself. Each answer names what differs in
+terms of megatron-core's own objects (where a function is looked up, what a class is called), so
+callers patch or call the right thing without knowing release numbers.
+"""
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import List, Tuple
+
+SUPPORTED = ((0, 16), (0, 19))  # oldest and newest minor release tested
+
+
+@functools.lru_cache(maxsize=None)
+def version() -> Tuple[int, int]:
+    """(major, minor) of the installed megatron-core."""
+    from megatron.core import package_info
+
+    major, minor = package_info.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def at_least(minor: int) -> bool:
+    """Whether the installed megatron-core is 0.`minor` or newer."""
+    return version() >= (0, minor)
+
+
+def check_supported() -> None:
+    """One clear line when the installed megatron-core is outside the tested range."""
+    if not SUPPORTED[0] <= version() <= SUPPORTED[1]:
+        from megatron.core import package_info
+
+        raise RuntimeError(
+            f"megatron-core {package_info.__version__} is installed; megatron_dmoe supports "
+            f"0.{SUPPORTED[0][1]} through 0.{SUPPORTED[1][1]}: "
+            f"pip install 'megatron-core>=0.{SUPPORTED[0][1]},<0.{SUPPORTED[1][1] + 1}'"
+        )
+
+
+# --- dist_checkpointing's torch_dist save -------------------------------------------------------
+
+def checkpoint_writer_homes() -> List[ModuleType]:
+    """The modules whose `FileSystemWriterAsync` the torch_dist save strategy instantiates.
+
+    0.16's strategy module imports the class by name; 0.19 looks it up in filesystem_async at each
+    save. Patching the name in every module that holds it covers both.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async, torch as torch_strategy
+
+    return [m for m in (torch_strategy, filesystem_async) if hasattr(m, "FileSystemWriterAsync")]
+
+
+def checkpoint_finalize_homes() -> List[ModuleType]:
+    """The modules whose `save_state_dict_async_finalize` a torch_dist save calls at its end
+    (0.16: imported by name into the strategy module; 0.19: looked up in state_dict_saver)."""
+    from megatron.core.dist_checkpointing.strategies import state_dict_saver, torch as torch_strategy
+
+    return [m for m in (torch_strategy, state_dict_saver) if hasattr(m, "save_state_dict_async_finalize")]
+
+
+def write_results_queue_name() -> str:
+    """The filesystem_async function that makes the writer's results queue (a Manager's queue)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    for name in ("get_write_results_queue", "_get_write_results_queue"):
+        if hasattr(filesystem_async, name):
+            return name
+    raise AttributeError("megatron-core's filesystem_async has no write-results queue factory")
+
+
+# --- notices that say nothing a user of this project can act on -----------------------------------
+
+# logger name -> start of the message. 0.19 deprecates GPTModel (in favour of HybridModel) and its
+# own synchronous checkpoint save, which dist_checkpointing.save itself goes through.
+_NOTICES = {
+    "megatron.core.models.gpt.gpt_model": "GPTModel IS DEPRECATED",
+    "megatron.core.dist_checkpointing.strategies.torch": "MCore's async save is deprecated",
+}
+
+
+class _DropNotice:
+    def __init__(self, start: str):
+        self.start = start
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def quiet_notices() -> None:
+    """Drop megatron-core's release notices listed above (idempotent; needs no megatron import)."""
+    import logging
+
+    for name, start in _NOTICES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotice) for f in logger.filters):
+            logger.addFilter(_DropNotice(start))
