@@ -22,23 +22,6 @@ def version() -> Tuple[int, int]:
     return int(major), int(minor)
 
 
-def at_least(minor: int) -> bool:
-    """Whether the installed megatron-core is 0.`minor` or newer."""
-    return version() >= (0, minor)
-
-
-def check_supported() -> None:
-    """One clear line when the installed megatron-core is outside the tested range."""
-    if not SUPPORTED[0] <= version() <= SUPPORTED[1]:
-        from megatron.core import package_info
-
-        raise RuntimeError(
-            f"megatron-core {package_info.__version__} is installed; megatron_dmoe supports "
-            f"0.{SUPPORTED[0][1]} through 0.{SUPPORTED[1][1]}: "
-            f"pip install 'megatron-core>=0.{SUPPORTED[0][1]},<0.{SUPPORTED[1][1] + 1}'"
-        )
-
-
 # --- dist_checkpointing's torch_dist save -------------------------------------------------------
 
 def checkpoint_writer_homes() -> List[ModuleType]:
