@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from types import ModuleType
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 SUPPORTED = ((0, 16), (0, 19))  # oldest and newest minor release tested
 
@@ -79,3 +79,18 @@ def quiet_notices() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNotice) for f in logger.filters):
             logger.addFilter(_DropNotice(start))
+
+
+def checkpoint_format_problem(path) -> Optional[str]:
+    """Why this megatron-core cannot read the checkpoint folder `path`, or None.
+
+    megatron-core 0.19 keeps a checkpoint's common (non-sharded) state inside the torch_dist files
+    and reads 0.16's separate common.pt as well; 0.16 through 0.18 know only common.pt.
+    """
+    from pathlib import Path
+
+    if version() >= (0, 19) or (Path(path) / "common.pt").exists():
+        return None
+    installed = ".".join(map(str, version()))
+    return (f"{path} was written with megatron-core 0.19 or newer (no common.pt), which megatron-core "
+            f"{installed} cannot read; load it with megatron-core 0.19 (see the README's megatron-core versions)")

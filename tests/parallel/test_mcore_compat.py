@@ -34,3 +34,16 @@ def test_release_notices_are_dropped_and_other_messages_kept(caplog):
 
 def test_cpu_grad_sync_and_in_process_checkpoint_writer():
     run_in_processes(1, patched_internals, timeout=240)
+
+
+def test_a_checkpoint_in_the_newer_format_is_refused_in_one_line_by_older_releases(tmp_path, monkeypatch):
+    (tmp_path / "metadata.json").write_text("{}")
+    monkeypatch.setattr(mcore, "version", lambda: (0, 16))
+    problem = mcore.checkpoint_format_problem(tmp_path)
+    assert problem and "\n" not in problem
+    assert str(tmp_path) in problem and "megatron-core 0.16 cannot read" in problem and "0.19" in problem
+    (tmp_path / "common.pt").write_bytes(b"")  # 0.16's own format
+    assert mcore.checkpoint_format_problem(tmp_path) is None
+    (tmp_path / "common.pt").unlink()
+    monkeypatch.setattr(mcore, "version", lambda: (0, 19))  # reads both formats
+    assert mcore.checkpoint_format_problem(tmp_path) is None
