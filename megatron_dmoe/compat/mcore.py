@@ -56,10 +56,12 @@ def write_results_queue_name() -> str:
 # --- notices that say nothing a user of this project can act on -----------------------------------
 
 # logger name -> start of the message. 0.19 deprecates GPTModel (in favour of HybridModel) and its
-# own synchronous checkpoint save, which dist_checkpointing.save itself goes through.
+# own synchronous checkpoint save, which dist_checkpointing.save itself goes through; its
+# tensor_parallel imports torch's cpp_extension, which on a CPU machine with a CUDA toolkit says so.
 _NOTICES = {
     "megatron.core.models.gpt.gpt_model": "GPTModel IS DEPRECATED",
     "megatron.core.dist_checkpointing.strategies.torch": "MCore's async save is deprecated",
+    "torch.utils.cpp_extension": "No CUDA runtime is found",
 }
 
 
