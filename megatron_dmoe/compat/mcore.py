@@ -6,6 +6,7 @@ callers patch or call the right thing without knowing release numbers.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from types import ModuleType
 from typing import List, Optional, Tuple
@@ -96,3 +97,59 @@ def checkpoint_format_problem(path) -> Optional[str]:
     installed = ".".join(map(str, version()))
     return (f"{path} was written with megatron-core 0.19 or newer (no common.pt), which megatron-core "
             f"{installed} cannot read; load it with megatron-core 0.19 (see the README's megatron-core versions)")
+
+
+# --- layer specs ---------------------------------------------------------------------------------
+
+def mlp_spec_submodules(mlp_spec):
+    """The MLPSubmodules of a layer spec's `mlp` entry, or None when it has none (an MoE layer).
+
+    0.16 gives the dense MLP as a ModuleSpec(module=MLP, submodules=...); 0.19 as
+    functools.partial(MLP.as_mlp_submodule, submodules=...).
+    """
+    if isinstance(mlp_spec, functools.partial):
+        submodules = mlp_spec.keywords.get("submodules")
+    else:
+        submodules = getattr(mlp_spec, "submodules", None)
+    return submodules if hasattr(submodules, "linear_fc1") else None
+
+
+def with_mlp_spec_submodules(mlp_spec, submodules):
+    """`mlp_spec` (either form above) with its MLPSubmodules replaced by `submodules`."""
+    if isinstance(mlp_spec, functools.partial):
+        return functools.partial(mlp_spec.func, *mlp_spec.args, **{**mlp_spec.keywords, "submodules": submodules})
+    return dataclasses.replace(mlp_spec, submodules=submodules)
+
+
+# --- tokenizers ----------------------------------------------------------------------------------
+
+def build_megatron_tokenizer(args):
+    """megatron-core's build_tokenizer, given Megatron-LM's arguments under 0.16's names
+    (tokenizer_special_tokens, tokenizer_hf_use_fast, tokenizer_hf_include_special_tokens,
+    tokenizer_metadata, ...).
+
+    0.19 moved the function to tokenizers.utils and reads some of these under new names (negated
+    flags for the Hugging Face ones) plus a few new ones; they get the values that build the same
+    tokenizer as 0.16 (its library defaults, and no vocabulary padding: the model pads its own).
+    0.19's NullTokenizer counts its end-of-document id inside vocab_size (0.16: ids 0..vocab_size-1
+    and eod = vocab_size): it gets one more, so both give ids 0..vocab_size and eod = vocab_size.
+    """
+    if version() < (0, 19):
+        from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+
+        return build_tokenizer(args)
+    from types import SimpleNamespace
+
+    from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
+
+    null = args.tokenizer_type == "NullTokenizer" and args.vocab_size
+    return build_tokenizer(SimpleNamespace(
+        **{**vars(args), "vocab_size": args.vocab_size + 1 if null else args.vocab_size},
+        special_tokens=args.tokenizer_special_tokens,
+        tokenizer_hf_no_use_fast=not args.tokenizer_hf_use_fast,
+        tokenizer_hf_no_include_special_tokens=not args.tokenizer_hf_include_special_tokens,
+        metadata_path=args.tokenizer_metadata,
+        chat_template=None,
+        tokenizer_sentencepiece_ignore_extra_whitespaces=True,  # the library's default, as 0.16 left it
+        pad_vocab_size=False,
+    ))
