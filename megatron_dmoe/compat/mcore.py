@@ -153,3 +153,48 @@ def build_megatron_tokenizer(args):
         tokenizer_sentencepiece_ignore_extra_whitespaces=True,  # the library's default, as 0.16 left it
         pad_vocab_size=False,
     ))
+
+
+# --- the MoE aux-loss tracker Megatron-LM logs ------------------------------------------------------
+
+def _metrics_tracker():
+    """0.19's MoEMetricsTracker, or None where the tracker is 0.16's plain dict."""
+    try:
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+    except ImportError:
+        return None
+    return get_moe_metrics_tracker()
+
+
+def aux_loss_tracker_values() -> dict:
+    """name -> the per-layer tensor megatron-core's aux-loss tracker accumulates (the tensors
+    themselves, not copies). 0.19 keeps them in MoEMetricsTracker entries, and its deprecated
+    get_moe_layer_wise_logging_tracker returns a new dict on each call."""
+    tracker = _metrics_tracker()
+    if tracker is not None:
+        return {name: entry.values for name, entry in tracker.metrics.items()}
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    return {name: entry["values"] for name, entry in get_moe_layer_wise_logging_tracker().items()}
+
+
+def drop_aux_loss_tracker_entry(name: str) -> None:
+    """Remove one metric from megatron-core's aux-loss tracker (the next record recreates it)."""
+    tracker = _metrics_tracker()
+    if tracker is not None:
+        tracker.metrics.pop(name, None)
+        return
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    get_moe_layer_wise_logging_tracker().pop(name, None)
+
+
+def clear_aux_loss_tracker() -> None:
+    """Empty megatron-core's aux-loss tracker (0.19 deprecates clear_aux_losses_tracker)."""
+    tracker = _metrics_tracker()
+    if tracker is not None:
+        tracker.clear()
+        return
+    from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
+
+    clear_aux_losses_tracker()
