@@ -1,7 +1,7 @@
 """Run megatron-core's CUDA-minded code paths on CPU.
 
-megatron-core 0.16 assumes CUDA in the places our CPU runs reach: the global memory buffer
-(unfused attention), DDP's gradient buffers, the RNG tracker (dropout regions, expert
+megatron-core (0.16 through 0.19) assumes CUDA in the places our CPU runs reach: the global memory buffer
+(unfused attention), DDP's gradient buffers and (0.19) their sync, the RNG tracker (dropout regions, expert
 initialisation, activation recompute), the default causal mask, RoPE's frequency table, and dist_checkpointing's saver
 (a device synchronisation and a status tensor). `apply_cpu_compat()` redirects exactly those to the CPU. It is
 applied only when a run has no CUDA, and is idempotent; nothing else in the project patches
