@@ -7,3 +7,7 @@ with _warnings.catch_warnings():
     _warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     _warnings.filterwarnings("ignore", message="Apex is not installed")
     import megatron.core  # noqa: F401
+
+from megatron_dmoe.compat.mcore import quiet_notices as _quiet_notices  # noqa: E402
+
+_quiet_notices()  # megatron-core's release notices (logging) that no user here can act on

@@ -7,21 +7,28 @@ usage() {
     cat <<'EOF'
 Usage: scripts/megatron_lm_check.sh MEGATRON_LM_DIR [WHEEL_DIR]
 
-Runs Megatron-LM's pretrain_gpt.py (a checkout of tag core_v0.16.1 at MEGATRON_LM_DIR) on one GPU
-with `--spec megatron_dmoe.model.spec dmoe_layer_spec`, mock data and Megatron-LM's NullTokenizer,
-for a few dozen iterations, then checks Megatron-LM's log:
+Runs Megatron-LM's pretrain_gpt.py (a checkout of tag core_v0.16.1 or core_v0.19.0 at
+MEGATRON_LM_DIR) on one GPU with `--spec megatron_dmoe.model.spec dmoe_layer_spec`, mock data and
+Megatron-LM's NullTokenizer, for a few dozen iterations, then checks Megatron-LM's log:
   - the `lm loss` of the last logged iteration is below 90 % of the first one;
   - `load_balancing_loss` (written by our layer into megatron-core's aux-loss tracker) is logged
     with a positive value.
 Exits 0 when both hold, 1 otherwise, 2 on a setup problem. Nothing is downloaded.
 
-Megatron-LM's training code comes from the checkout (megatron/training, legacy, post_training, rl,
-pretrain_gpt.py, gpt_builders.py, model_provider.py) and megatron-core from the installed wheel:
+The script learns the checkout's release from its git tag, or (a checkout without git metadata)
+from its megatron/core/package_info.py, and requires the installed megatron-core to be the same
+minor release: Megatron-LM's training code at core_v0.19.0 does not run on megatron-core 0.16 and
+vice versa.
+
+Megatron-LM's training code comes from the checkout (pretrain_gpt.py, gpt_builders.py,
+model_provider.py and every folder of megatron/ except core: training, post_training, rl, and
+legacy at 0.16, elastification and inference at 0.19) and megatron-core from the installed wheel:
 the two `megatron` trees merge as a namespace package. When megatron.core or pydantic cannot be
-imported, WHEEL_DIR must hold wheels of megatron-core 0.16.1, pydantic, pydantic-core,
-annotated-types, typing-inspection and typing-extensions (>= 4.16); they are installed, without
-dependencies, into the work folder (make them elsewhere with
-`pip download megatron-core==0.16.1 pydantic 'typing-extensions>=4.16' -d WHEEL_DIR`).
+imported, WHEEL_DIR must hold wheels of megatron-core (0.16.1 or 0.19.x, matching the checkout),
+pydantic, pydantic-core, annotated-types, typing-inspection and typing-extensions (>= 4.16); they
+are installed, without dependencies, into the work folder (make them elsewhere with
+`pip download megatron-core==0.16.1 pydantic 'typing-extensions>=4.16' -d WHEEL_DIR`; the 0.19
+wheel is not on the registry: copy it from ../shared/wheels/megatron-core-0.19/).
 The checkout's dataset-helper sources (Makefile, helpers.cpp) are copied next to the installed
 megatron-core, since Megatron-LM compiles the helpers at start-up (needs make, a C++ compiler and
 pybind11).
@@ -46,31 +53,46 @@ work=${WORK_DIR:-/tmp/megatron_lm_check}
 iters=${TRAIN_ITERS:-40}
 python=${PYTHON:-python3}
 
-for piece in pretrain_gpt.py gpt_builders.py model_provider.py megatron/training megatron/legacy \
-        megatron/post_training megatron/rl megatron/core/datasets/Makefile megatron/core/datasets/helpers.cpp; do
-    [[ -e $mlm/$piece ]] || fail_setup "$mlm/$piece is missing: MEGATRON_LM_DIR must be a Megatron-LM checkout (tag core_v0.16.1)"
-done
+# -- which Megatron-LM release the checkout is -------------------------------------------------------
+tag=""
 if git -C "$mlm" rev-parse --git-dir >/dev/null 2>&1; then
-    tag=$(git -C "$mlm" describe --tags --exact-match 2>/dev/null || echo "not a tag")
-    [[ $tag == core_v0.16.1 ]] || echo "megatron_lm_check: warning: the checkout is at '$tag', not core_v0.16.1" >&2
+    tag=$(git -C "$mlm" describe --tags --exact-match 2>/dev/null || true)
 fi
+if [[ -z $tag && -f $mlm/megatron/core/package_info.py ]]; then
+    # no tag (a copy, or a commit between tags): the release its megatron/core names
+    tag=$(cd "$mlm/megatron/core" && "$python" -c \
+        "import package_info as p; print(f'core_v{p.MAJOR}.{p.MINOR}.{p.PATCH}')" 2>/dev/null || true)
+fi
+case $tag in
+    core_v0.16.*) release=0.16; pieces=(megatron/legacy) ;;
+    core_v0.19.*) release=0.19; pieces=() ;;
+    *) fail_setup "cannot tell which Megatron-LM release $mlm is ('${tag:-no tag, no megatron/core/package_info.py}'); check out tag core_v0.16.1 or core_v0.19.0" ;;
+esac
+echo "megatron_lm_check: Megatron-LM checkout at $tag"
+for piece in pretrain_gpt.py gpt_builders.py model_provider.py megatron/training megatron/post_training \
+        megatron/rl megatron/core/datasets/Makefile megatron/core/datasets/helpers.cpp "${pieces[@]}"; do
+    [[ -e $mlm/$piece ]] || fail_setup "$mlm/$piece is missing: MEGATRON_LM_DIR must be a Megatron-LM checkout (tag $tag)"
+done
 
 # -- imports: staged checkout pieces, this repository, wheels if needed -------------------------------
-rm -rf "$work/stage" && mkdir -p "$work/stage/megatron" "$work/site"
-for tree in training legacy post_training rl; do
-    ln -s "$mlm/megatron/$tree" "$work/stage/megatron/$tree"
+rm -rf "$work/stage" "$work/site" && mkdir -p "$work/stage/megatron" "$work/site"
+for tree in "$mlm"/megatron/*/; do
+    tree=$(basename "$tree")
+    [[ $tree == core ]] || ln -s "$mlm/megatron/$tree" "$work/stage/megatron/$tree"
 done
 # copies, not links: Python puts the script's resolved folder first on sys.path, and the checkout's
-# own megatron/core must not shadow the installed megatron-core
-for file in pretrain_gpt.py gpt_builders.py model_provider.py; do
-    cp "$mlm/$file" "$work/stage/$file"
+# own megatron/core must not shadow the installed megatron-core. The builders (gpt_builders.py,
+# and hybrid_builders.py / mamba_builders.py where the checkout has them) are imported by name.
+for file in "$mlm"/pretrain_gpt.py "$mlm"/*_builders.py "$mlm"/model_provider.py; do
+    cp "$file" "$work/stage/$(basename "$file")"
 done
 ln -sfn "$repo/kernels" "$work/stage/dmoe_kernels"
 ln -sfn "$repo/configs" "$work/stage/megatron_dmoe_configs"
 export PYTHONPATH="$work/stage:$repo:$work/site${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! "$python" -c "import megatron.core, pydantic" 2>/dev/null; then
-    [[ -n $wheels ]] || fail_setup "megatron.core or pydantic cannot be imported, and no WHEEL_DIR was given (see --help)"
+matching="import pydantic; from megatron.core import package_info as p; assert f'{p.MAJOR}.{p.MINOR}' == '$release'"
+if ! "$python" -c "$matching" 2>/dev/null; then
+    [[ -n $wheels ]] || fail_setup "megatron-core $release or pydantic cannot be imported, and no WHEEL_DIR was given (see --help)"
     shopt -s nullglob
     files=("$wheels"/*.whl)
     shopt -u nullglob
@@ -80,6 +102,9 @@ if ! "$python" -c "import megatron.core, pydantic" 2>/dev/null; then
     "$python" -c "import megatron.core, pydantic" \
         || fail_setup "megatron.core or pydantic still cannot be imported after installing $wheels"
 fi
+installed=$("$python" -c "from megatron.core import package_info as p; print(f'{p.MAJOR}.{p.MINOR}')")
+[[ $installed == "$release" ]] \
+    || fail_setup "the importable megatron-core is $installed, the checkout ($tag) needs $release: install megatron-core $release.x or pass its wheels as WHEEL_DIR"
 core_datasets=$("$python" -c "import os, megatron.core.datasets as d; print(os.path.dirname(d.__file__))")
 cp "$mlm/megatron/core/datasets/Makefile" "$mlm/megatron/core/datasets/helpers.cpp" "$core_datasets/"
 "$python" -c "import megatron.training, megatron_dmoe.model.spec" \

@@ -97,8 +97,8 @@ def resolve_cuda_graphs(cfg: RunConfig, cuda: bool, world_size: Optional[int] = 
     out.training.cuda_graphs = why is None
     # a run without CUDA has no graphs to miss: saying so on every CPU run would be noise
     on_cuda = cuda and values["training.device"] != "cpu"
-    notes = [] if why is None or not on_cuda else [f"note: training.cuda_graphs: auto runs the layers eagerly here: {why} "
-                                    "(training.cuda_graphs=false)"]
+    notes = [] if why is None or not on_cuda else [
+        f"note: training.cuda_graphs: auto runs the layers eagerly here: {why} (training.cuda_graphs=false)"]
     return out, notes
 
 

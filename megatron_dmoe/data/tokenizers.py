@@ -107,10 +107,10 @@ class TokenizerSpec:
         if kind == "GPT2BPETokenizer":
             args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", str(self._staged_gpt2_folder())
             args.vocab_file = args.merge_file = None
-        from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+        from megatron_dmoe.compat.mcore import build_megatron_tokenizer
 
         try:
-            return build_tokenizer(args)
+            return build_megatron_tokenizer(args)
         except (ValueError, OSError, AssertionError, KeyError) as err:
             raise DataError(f"cannot build the tokenizer {self.describe()}: {err}") from None
 

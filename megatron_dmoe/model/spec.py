@@ -32,6 +32,7 @@ from megatron.core.transformer.transformer_block import (
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+from megatron_dmoe.compat import mcore as mcore_compat
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.model.attention import SDPAttention
 from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
@@ -78,8 +79,11 @@ def _with_fused_bias_linears(spec: ModuleSpec) -> ModuleSpec:
     """megatron's local linear layers in attention and the dense MLP -> model/linear.py's."""
     sub = spec.submodules
     changes = {"self_attention": _swap_linears(sub.self_attention, ("linear_qkv", "linear_proj"))}
-    if isinstance(sub.mlp, ModuleSpec) and hasattr(sub.mlp.submodules, "linear_fc1"):
-        changes["mlp"] = _swap_linears(sub.mlp, ("linear_fc1", "linear_fc2"))
+    mlp = mcore_compat.mlp_spec_submodules(sub.mlp)  # the dense MLP's (an MoE layer has none)
+    if mlp is not None:
+        swapped = {n: _FUSED_BIAS[getattr(mlp, n)] for n in ("linear_fc1", "linear_fc2")
+                   if getattr(mlp, n, None) in _FUSED_BIAS}
+        changes["mlp"] = mcore_compat.with_mlp_spec_submodules(sub.mlp, dataclasses.replace(mlp, **swapped))
     return _with_submodule(spec, **changes)
 
 

@@ -56,6 +56,8 @@ class MoELayer(MegatronModule):
         layer_number: Optional[int] = None,
         pg_collection=None,
         run_state: Optional[MoERunState] = None,
+        is_mtp_layer: bool = False,  # megatron-core 0.19 passes these two to every MLP; unused here
+        name: Optional[str] = None,
         **kwargs,
     ):
         super().__init__(config)

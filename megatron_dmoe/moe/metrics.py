@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 import torch
-from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker, save_to_aux_losses_tracker
+from megatron.core.transformer.moe.moe_utils import save_to_aux_losses_tracker
+
+from megatron_dmoe.compat import mcore as mcore_compat
 
 # Names in megatron-core's tracker: megatron's router's own for the losses, so Megatron-LM logs
 # ours where it logs its own MoE's.
@@ -207,16 +209,16 @@ def _save_to_megatron_tracker(layer_number, num_layers, lb_loss, lb_coeff, z_los
 
 
 def _save(name: str, value: torch.Tensor, layer_number: int, num_layers: int) -> None:
-    entry = get_moe_layer_wise_logging_tracker().get(name)
-    if entry is not None and (entry["values"].numel() != num_layers or entry["values"].device != value.device):
+    values = mcore_compat.aux_loss_tracker_values().get(name)
+    if values is not None and (values.numel() != num_layers or values.device != value.device):
         # left by a model of another depth (or device) in this process: megatron would index past it
-        del get_moe_layer_wise_logging_tracker()[name]
+        mcore_compat.drop_aux_loss_tracker_entry(name)
     save_to_aux_losses_tracker(name, value, layer_number, num_layers)
 
 
 def _megatron_tracker_values():
-    tracker = get_moe_layer_wise_logging_tracker()
-    return [tracker[name]["values"] for name in TRACKER_NAMES if name in tracker]
+    tracker = mcore_compat.aux_loss_tracker_values()
+    return [tracker[name] for name in TRACKER_NAMES if name in tracker]
 
 
 def _scalar(total: Optional[torch.Tensor], device) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Run megatron-core's CUDA-minded code paths on CPU.
 
-megatron-core 0.16 assumes CUDA in the places our CPU runs reach: the global memory buffer
-(unfused attention), DDP's gradient buffers, the RNG tracker (dropout regions, expert
+megatron-core (0.16 through 0.19) assumes CUDA in the places our CPU runs reach: the global memory buffer
+(unfused attention), DDP's gradient buffers and (0.19) their sync, the RNG tracker (dropout regions, expert
 initialisation, activation recompute), the default causal mask, RoPE's frequency table, and dist_checkpointing's saver
 (a device synchronisation and a status tensor). `apply_cpu_compat()` redirects exactly those to the CPU. It is
 applied only when a run has no CUDA, and is idempotent; nothing else in the project patches
@@ -13,6 +13,8 @@ import contextlib
 import functools
 
 import torch
+
+from megatron_dmoe.compat import mcore as mcore_compat
 
 _applied = False
 
@@ -32,6 +34,31 @@ def _run_on_cpu(method):
     def wrapper(*args, **kwargs):
         with _current_device_is_cpu():
             return method(*args, **kwargs)
+
+    return wrapper
+
+
+class _NoStream:
+    """Stands in for the current CUDA stream: a CPU run has no events to wait for."""
+
+    def wait_event(self, event):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+
+def _without_cuda_streams(method):
+    """megatron-core 0.19's gradient sync asks for the current CUDA stream (to wait for graph
+    replays) even when it has nothing to wait for."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        original = torch.cuda.current_stream
+        torch.cuda.current_stream = lambda *a, **k: _NoStream()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            torch.cuda.current_stream = original
 
     return wrapper
 
@@ -76,7 +103,7 @@ def apply_cpu_compat() -> None:
     if _applied:
         return
     from megatron.core import utils as mcore_utils
-    from megatron.core.dist_checkpointing.strategies import filesystem_async, torch as checkpoint_torch
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
     from megatron.core.distributed import param_and_grad_buffer
     from megatron.core.fusions import fused_softmax
     from megatron.core.models.common.embeddings import rotary_pos_embedding
@@ -86,11 +113,14 @@ def apply_cpu_compat() -> None:
     mcore_utils.GlobalMemoryBuffer.get_tensor = _run_on_cpu(mcore_utils.GlobalMemoryBuffer.get_tensor)
     grad_buffer = param_and_grad_buffer._ParamAndGradBuffer
     grad_buffer.__init__ = _run_on_cpu(grad_buffer.__init__)
+    bucket_group = param_and_grad_buffer._ParamAndGradBucketGroup
+    bucket_group.start_grad_sync = _without_cuda_streams(bucket_group.start_grad_sync)
     writer = filesystem_async.FileSystemWriterAsync
     preload = writer.preload_tensors
     # non_blocking=False: host tensors need no device synchronisation.
     writer.preload_tensors = staticmethod(lambda buckets, non_blocking=True: preload(buckets, False))
-    checkpoint_torch.save_state_dict_async_finalize = _run_on_cpu(checkpoint_torch.save_state_dict_async_finalize)
+    for home in mcore_compat.checkpoint_finalize_homes():  # where this megatron-core looks it up
+        home.save_state_dict_async_finalize = _run_on_cpu(home.save_state_dict_async_finalize)
     rope = rotary_pos_embedding.RotaryEmbedding
     rope.get_emb = _run_on_cpu(rope.get_emb)
     transformer_utils.get_default_causal_mask = _cpu_causal_mask

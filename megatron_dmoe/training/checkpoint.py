@@ -30,6 +30,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
 from torch.distributed.checkpoint.api import CheckpointException
 
+from megatron_dmoe.compat import mcore as mcore_compat
 from megatron_dmoe.training.checkpoint_writer import InProcessSaveStrategy
 from megatron_dmoe.training.write_errors import causes, free_space, write_failure
 
@@ -194,6 +195,9 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
     path = Path(path)
     if not (path / "metadata.json").exists():
         raise CheckpointError(f"{path} is not a complete checkpoint (no metadata.json); pick another one")
+    problem = mcore_compat.checkpoint_format_problem(path)  # a newer megatron-core's format
+    if problem:
+        raise CheckpointError(problem)
     with _quiet_loading():
         common = dist_checkpointing.load_common_state_dict(str(path))
     saved = Progress(**common["progress"])

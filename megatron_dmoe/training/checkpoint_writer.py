@@ -9,15 +9,18 @@ the GIL), with the same files and results, so no process outlives a run however 
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import List
 from unittest import mock
 
-from megatron.core.dist_checkpointing.strategies import filesystem_async, torch as torch_strategy
+from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+from megatron_dmoe.compat import mcore as mcore_compat
 
 
 def _write_buckets(transform_list: List, rank: int, write_buckets: List, results_queue) -> None:
@@ -41,10 +44,14 @@ def _write_buckets(transform_list: List, rank: int, write_buckets: List, results
     results_queue.put(results)
 
 
+def _plain_queue(*args, **kwargs) -> queue.Queue:
+    return queue.Queue()
+
+
 class InProcessWriter(FileSystemWriterAsync):
     def prepare_write_data(self, plan, planner) -> None:
         # The results travel within this process: a plain queue instead of the Manager's.
-        with mock.patch.object(filesystem_async, "_get_write_results_queue", queue.Queue):
+        with mock.patch.object(filesystem_async, mcore_compat.write_results_queue_name(), _plain_queue):
             super().prepare_write_data(plan, planner)
 
     def get_save_function_and_args(self):
@@ -61,6 +68,8 @@ class InProcessSaveStrategy(TorchDistSaveShardedStrategy):
     def __init__(self):
         super().__init__("torch_dist", 1)
 
-    def async_save(self, sharded_state_dict, checkpoint_dir):
-        with mock.patch.object(torch_strategy, "FileSystemWriterAsync", InProcessWriter):
-            return super().async_save(sharded_state_dict, checkpoint_dir)
+    def async_save(self, sharded_state_dict, checkpoint_dir, *args, **kwargs):
+        with contextlib.ExitStack() as patches:
+            for home in mcore_compat.checkpoint_writer_homes():  # where this megatron-core looks
+                patches.enter_context(mock.patch.object(home, "FileSystemWriterAsync", InProcessWriter))
+            return super().async_save(sharded_state_dict, checkpoint_dir, *args, **kwargs)

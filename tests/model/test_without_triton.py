@@ -5,18 +5,22 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def test_a_dense_and_a_moe_gpt_build_and_run_without_triton(tmp_path):
     script = textwrap.dedent("""
-        import importlib.abc, sys
+        import sys
 
-        class NoTriton(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path, target=None):
-                if name.split(".")[0] in ("triton", "dmoe_kernels"):
-                    raise ImportError(f"{name} is not installed")
-
-        sys.meta_path.insert(0, NoTriton())
+        # None in sys.modules: `import triton` raises ImportError and importlib.util.find_spec
+        # answers None, as without the package (torch's CUDA builds probe for triton that way)
+        sys.modules["triton"] = sys.modules["dmoe_kernels"] = None
         import torch
+        try:
+            import megatron.core
+        except ImportError as err:  # megatron-core 0.19 imports triton itself (pipeline schedules)
+            print("megatron-core needs triton:", err)
+            sys.exit(0)
         from megatron_dmoe.config import load_config, resolve, validate
         from megatron_dmoe.model.gpt import build_gpt_model
         from megatron_dmoe.model.norm import FusedNorm
@@ -32,7 +36,7 @@ def test_a_dense_and_a_moe_gpt_build_and_run_without_triton(tmp_path):
             tokens = torch.randint(0, 50, (2, 9))
             loss = model(tokens[:, :-1], torch.arange(8).expand(2, 8), None, labels=tokens[:, 1:])
             loss.mean().backward()
-        assert not any(m.split(".")[0] in ("triton", "dmoe_kernels") for m in sys.modules)
+        assert not any(m.split(".")[0] in ("triton", "dmoe_kernels") for m, mod in sys.modules.items() if mod)
         print("ok")
     """)
     config = tmp_path / "run.yaml"
@@ -41,4 +45,8 @@ def test_a_dense_and_a_moe_gpt_build_and_run_without_triton(tmp_path):
                       "training: {micro_batch_size: 2, global_batch_size: 2}\n")
     done = subprocess.run([sys.executable, "-c", script, str(config)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TRITON_INTERPRET": "0"})
+    if done.returncode == 0 and done.stdout.startswith("megatron-core needs triton"):
+        from megatron.core import package_info
+
+        pytest.skip(f"megatron-core {package_info.__version__} cannot be imported without triton")
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]

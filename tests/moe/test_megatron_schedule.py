@@ -10,12 +10,9 @@ import torch
 from megatron.core.enums import ModelType
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.moe.moe_utils import (
-    clear_aux_losses_tracker,
-    get_moe_layer_wise_logging_tracker,
-    save_to_aux_losses_tracker,
-)
+from megatron.core.transformer.moe.moe_utils import save_to_aux_losses_tracker
 
+from megatron_dmoe.compat.mcore import aux_loss_tracker_values, clear_aux_loss_tracker
 from megatron_dmoe.moe import MoELayer
 from megatron_dmoe.moe.aux_loss import AuxLossScaler
 from moe_reference import make_config
@@ -122,7 +119,7 @@ def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_d
         out = model(x)
         return out, lambda output: (_main_loss(output, target), {"loss": _main_loss(output, target).detach()})
 
-    clear_aux_losses_tracker()
+    clear_aux_loss_tracker()
     # an entry an earlier one-layer model left in this process's tracker
     save_to_aux_losses_tracker("load_balancing_loss", torch.tensor(0.5), 1, 1)
     model.moe.run_state.metrics.reset()  # drop what the reference forwards recorded
@@ -138,12 +135,12 @@ def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_d
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-12)  # the scale is fp32
 
         # megatron-core's tracker: per unit coefficient, summed over micro-batches, at global layer 2
-        tracker = get_moe_layer_wise_logging_tracker()
-        lb_track = tracker["load_balancing_loss"]["values"]
+        tracker = aux_loss_tracker_values()
+        lb_track = tracker["load_balancing_loss"]
         assert lb_track.shape == (3,) and lb_track[0] == 0 and lb_track[2] == 0
         assert lb_track[1].item() == pytest.approx(sum(lb_values) / AUX, rel=1e-6)  # megatron keeps fp32
-        assert tracker["z_loss"]["values"][1].item() == pytest.approx(sum(z_values) / ZLOSS, rel=1e-6)
-        imbalance = tracker["expert_load_imbalance"]["values"][1].item() / NUM_MICRO
+        assert tracker["z_loss"][1].item() == pytest.approx(sum(z_values) / ZLOSS, rel=1e-6)
+        imbalance = tracker["expert_load_imbalance"][1].item() / NUM_MICRO
         assert 1.0 <= imbalance <= 4.0
         # our own metrics: coefficient-weighted means over the micro-batches, loads summed
         snap = model.moe.run_state.metrics.snapshot()["layers"][2]
@@ -153,4 +150,4 @@ def test_megatron_schedule_scales_the_aux_loss_gradient_like_megatron_core(cpu_d
         assert not math.isnan(snap["load_imbalance"])
     finally:
         AuxLossScaler.set_loss_scale(1.0)
-        clear_aux_losses_tracker()
+        clear_aux_loss_tracker()

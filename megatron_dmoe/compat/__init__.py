@@ -1,0 +1,1 @@
+"""Where the supported megatron-core releases differ (see mcore.py)."""
