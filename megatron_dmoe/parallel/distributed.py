@@ -67,8 +67,10 @@ def init_distributed(
         torch_device = torch.device("cuda", local_rank)
     else:
         from megatron_dmoe.parallel.cpu_compat import apply_cpu_compat
+        from megatron_dmoe.parallel.tensor_parallel_cpu import apply_tensor_parallel_cpu_compat
 
         apply_cpu_compat()
+        apply_tensor_parallel_cpu_compat()
         torch_device = torch.device("cpu")
 
     if not dist.is_initialized():
