@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from megatron_dmoe.parallel.cpu_compat import _run_on_cpu
 
-
 _applied = False
 
 

@@ -8,7 +8,8 @@ initialises the full weights on the CPU and keeps this rank's slice), runs the s
 megatron's DDP and finalize_model_grads, as training does. Every parameter's reduced gradient must
 equal its slice of the reference gradient: split weights along their partition dimension, experts
 by their expert-parallel layout, replicated ones whole (router, shared experts and norms see only
-their sequence shard under SP, so this also checks their sum over the tensor group).
+their sequence shard under SP, so this also checks their sum over the tensor group). The global
+gradient norm (clipping) equals the reference's on every rank.
 """
 import torch
 from megatron.core import parallel_state as ps
@@ -25,6 +26,7 @@ from megatron_dmoe.moe.aux_loss import set_aux_loss_scale
 from megatron_dmoe.moe.experts import ExpertMLP
 from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel
+from megatron_dmoe.training.optim import global_grad_norm
 
 VOCAB = 200  # padded to 256 at tensor-parallel sizes 1 and 2
 MODEL = ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4", "model.seq_length=16",
@@ -126,6 +128,12 @@ def check_case(name):
         assert err < 1e-10, (name, pname, err.item())
         checked += 1
     assert checked == len(reference), (name, checked, len(reference))
+    # the clipping norm, on every rank (ranks that disagree on it would clip their replicas apart)
+    for param in model.parameters():
+        param.grad = param.main_grad
+    expected_norm = torch.sqrt(sum(g.double().pow(2).sum() for g in reference.values())).item()
+    norm = global_grad_norm(model.parameters())
+    assert abs(norm - expected_norm) <= 1e-10 * expected_norm, (name, norm, expected_norm)
     # the sequence-parallel marking is what makes this hold: the router and norms carry it under SP
     if cfg.parallel.sequence_parallel:
         marked = {n for n, p in model.named_parameters() if getattr(p, "sequence_parallel", False)}
