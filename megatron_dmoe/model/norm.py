@@ -61,7 +61,7 @@ class FusedNorm(torch.nn.Module):
         self.normalized_shape = (hidden_size,)
         self.weight = torch.nn.Parameter(torch.ones(hidden_size))
         self.bias = None if self.rms else torch.nn.Parameter(torch.zeros(hidden_size))
-        if config.sequence_parallel:
+        if getattr(config, "sequence_parallel", False):
             # each tensor-parallel rank normalises its own sequence shard: megatron's
             # finalize_model_grads sums the gradients of parameters so marked over the group
             for param in self.parameters():
