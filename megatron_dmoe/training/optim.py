@@ -160,7 +160,8 @@ def _expert_duplicates_by_expert_tensor_group(optimizer: MegatronOptimizer) -> N
     """megatron-core 0.16 filters tensor-parallel duplicates out of the grad norm by the tensor group
     for every part of its chained optimizer; our expert weights are not marked tensor-parallel, so
     on tensor ranks other than 0 they would be left out, though with expert parallelism folded over
-    the tensor group those ranks hold other experts. The expert part filters by its own group."""
+    the tensor group those ranks hold other experts, and ranks would clip by different norms. The
+    expert part filters by its own group (megatron-core 0.19 does so itself: `expert_tp_group`)."""
     if not ps.model_parallel_is_initialized():
         return
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
