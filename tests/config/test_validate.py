@@ -529,3 +529,18 @@ def test_fused_router_on_cpu_needs_the_triton_interpreter(make, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     assert [k for k, _ in find_problems(cfg, env=BARE_CPU)] == ["moe.router_impl"]
     assert find_problems(cfg, env=EVERYTHING) == []
+
+
+VPP = "virtual_pipeline_model_parallel_size"
+
+
+@pytest.mark.skipif(VPP not in section_types()["parallel"], reason=f"parallel.{VPP} is not in the schema yet")
+def test_virtual_pipeline_rules(make):
+    # 4 layers over 2 stages of 2 virtual chunks each: fine; 3 chunks each would need 6 layers
+    validate(make({"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2, f"parallel.{VPP}": 2}),
+             env=BARE_CPU)
+    problems = find_problems(make({"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2,
+                                   f"parallel.{VPP}": 3}), env=BARE_CPU)
+    assert [k for k, _ in problems] == ["model.num_layers"] and "= 6" in problems[0][1], problems
+    problems = find_problems(make({f"parallel.{VPP}": 2}), env=BARE_CPU)
+    assert [k for k, _ in problems] == [f"parallel.{VPP}"] and "needs parallel.pipeline" in problems[0][1]
