@@ -22,6 +22,7 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 
 from megatron_dmoe.config import load_config, resolve, validate
 from megatron_dmoe.model.gpt import build_gpt_model
+from megatron_dmoe.moe import update_expert_biases
 from megatron_dmoe.moe.aux_loss import set_aux_loss_scale
 from megatron_dmoe.moe.experts import ExpertMLP
 from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
@@ -43,6 +44,8 @@ CASES = {
         *TP2_SP, "moe.aux_loss_type=sequence", "moe.shared_expert_ffn_hidden_size=16", "moe.shared_expert_gate=true",
         "model.activation=swiglu"],
     "moe-tp2-sp-global-aux-rmsnorm": [*TP2_SP, "moe.aux_loss_type=global", "model.normalization=RMSNorm"],
+    "moe-tp2-sp-expert-bias": [*TP2_SP, "moe.router_score_function=sigmoid", "moe.router_enable_expert_bias=true",
+                               "moe.router_bias_update_rate=0.01"],
     "moe-tp2-sp-ep2-folded": [*TP2_SP, "parallel.expert_model_parallel_size=2", "moe.z_loss_coeff=0.01"],
     "moe-tp2-sp-ep2-more-ranks-than-experts": [*TP2_SP, "parallel.expert_model_parallel_size=2",
                                               "moe.num_experts=1", "moe.top_k=1"],
@@ -84,10 +87,21 @@ def _loss(model, cfg):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
+def _expert_loads(model):
+    """The loads each router's aux-loss-free bias update receives (summed over ranks), per data-
+    parallel rank: what the update of this step's routing moves the biases by."""
+    loads = []
+    for module in model.modules():
+        if getattr(module, "expert_bias", None) is not None:
+            module.apply_bias_update = lambda load: loads.append(load.clone())
+    update_expert_biases(model)
+    return [load / ps.get_data_parallel_world_size() for load in loads]
+
+
 def _reference_grads(cfg_one):
     model = _model(cfg_one)
     _loss(model, cfg_one).backward()
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}, _expert_loads(model)
 
 
 def _expert_layouts(model):
@@ -108,7 +122,7 @@ def check_case(name):
     overrides = CASES[name]
     cfg = _config(overrides, 2)
     one = _config([o for o in overrides if not o.startswith("parallel.")], 1)
-    reference = _reference_grads(one)
+    reference, loads = _reference_grads(one)
 
     model = _model(cfg)
     ddp = DistributedDataParallel(
@@ -117,6 +131,7 @@ def check_case(name):
     )
     ddp.zero_grad_buffer()
     _loss(ddp, cfg).backward()
+    got_loads = _expert_loads(model)
     finalize_model_grads([ddp])
     layouts = _expert_layouts(model)
     checked = 0
@@ -128,6 +143,11 @@ def check_case(name):
         assert err < 1e-10, (name, pname, err.item())
         checked += 1
     assert checked == len(reference), (name, checked, len(reference))
+    # the aux-loss-free bias update counts the loads of every sequence shard (the reference ranks
+    # of this world each ran the whole batch); read before finalize_model_grads, whose own update
+    # (megatron-core's, over the same group) resets the counts
+    assert len(got_loads) == len(loads) and all(torch.equal(a, b) for a, b in zip(got_loads, loads)), name
+    assert bool(loads) == cfg.moe.router_enable_expert_bias, name
     # the clipping norm, on every rank (ranks that disagree on it would clip their replicas apart)
     for param in model.parameters():
         param.grad = param.main_grad
