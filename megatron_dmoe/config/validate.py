@@ -462,6 +462,7 @@ class _Checker:
                          f"use a multiple of {tp}")
 
     def _has_dense_mlp(self) -> bool:
+        """Does any layer have megatron's dense MLP (model.ffn_hidden_size, split over TP)?"""
         v, ok = self.v, self.ok
         if not ok("moe.num_experts", "moe.layer_freq", "moe.first_dense_layers", "model.num_layers"):
             return True
