@@ -93,7 +93,13 @@ class ParallelConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     expert_model_parallel_size: int = 1
+    # Ranks each expert's weights are split over (megatron-core's name). Only 1 is supported: the
+    # experts are whole on every rank of a tensor-parallel group, each routing its sequence shard.
+    expert_tensor_parallel_size: int = 1
     sequence_parallel: bool = False
+    # Context parallelism is not supported; the key exists so that a Megatron-LM layout is refused
+    # clearly instead of being ignored.
+    context_parallel_size: int = 1
 
 
 @dataclass

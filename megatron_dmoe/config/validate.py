@@ -27,6 +27,10 @@ from .schema import RunConfig
 TP_KEY = "parallel.tensor_model_parallel_size"
 PP_KEY = "parallel.pipeline_model_parallel_size"
 EP_KEY = "parallel.expert_model_parallel_size"
+ETP_KEY = "parallel.expert_tensor_parallel_size"
+CP_KEY = "parallel.context_parallel_size"
+SP_KEY = "parallel.sequence_parallel"
+VPP_KEY = "parallel.virtual_pipeline_model_parallel_size"  # where the schema has it
 
 # The MoE layer's own settings: each MoEOptions field and the YAML key it comes from. Their allowed
 # values, ranges and cross-field rules live in megatron_dmoe/moe/options.py, which the layer obeys;
@@ -103,6 +107,8 @@ RANGES = {
     "parallel.tensor_model_parallel_size": (1, None, True, None),
     "parallel.pipeline_model_parallel_size": (1, None, True, None),
     "parallel.expert_model_parallel_size": (1, None, True, None),
+    "parallel.expert_tensor_parallel_size": (1, None, True, None),
+    "parallel.context_parallel_size": (1, None, True, None),
     "training.train_iters": (1, None, True, None),
     "training.micro_batch_size": (1, None, True, None),
     "training.global_batch_size": (1, None, True, None),
@@ -426,22 +432,65 @@ class _Checker:
                              f"is split over several ranks)")
             else:
                 self._check_expert_parallel_layout(ep, experts)
-        sp_key = "parallel.sequence_parallel"
-        if ok(tp_key, sp_key):
-            tp, sp = v(tp_key), v(sp_key)
-            if sp and tp == 1:
-                self.problem(sp_key, f"true needs {tp_key} > 1; set it to false")
-            if tp > 1 and not (self.env.transformer_engine or self.env.apex):
-                self.problem(tp_key, f"{tp} needs Transformer Engine or apex, neither of which "
-                             f"can be imported here (MoE with tensor parallelism needs sequence "
-                             f"parallelism, which torch's LayerNorm does not support); use 1")
-            if tp > 1 and not sp and ok("moe.num_experts") and v("moe.num_experts") > 0:
-                self.problem(sp_key, f"false with MoE layers and {tp_key} {tp}; set it to true "
-                             f"(MoE with tensor parallelism needs sequence parallelism)")
-            if tp > 1 and sp and ok("model.seq_length") and v("model.seq_length") % tp:
-                self.problem("model.seq_length", f"{v('model.seq_length')} is not divisible by "
-                             f"{tp_key} ({tp}), which sequence parallelism needs; use a multiple "
-                             f"of {tp}")
+        self._check_tensor_parallel()
+        self._check_virtual_pipeline()
+        if ok(CP_KEY) and v(CP_KEY) != 1:
+            self.problem(CP_KEY, f"{v(CP_KEY)}: context parallelism is not supported; use 1")
+        if ok(ETP_KEY) and v(ETP_KEY) != 1:
+            self.problem(ETP_KEY, f"{v(ETP_KEY)}: experts split over ranks are not supported (each "
+                         f"tensor-parallel rank holds whole experts and routes its sequence shard); "
+                         f"use 1")
+
+    def _check_tensor_parallel(self) -> None:
+        """What tensor (and sequence) parallelism needs of the model's shapes."""
+        v, ok, sp_key = self.v, self.ok, SP_KEY
+        if not ok(TP_KEY, sp_key):
+            return
+        tp, sp = v(TP_KEY), v(sp_key)
+        if sp and tp == 1:
+            self.problem(sp_key, f"true needs {TP_KEY} > 1; set it to false")
+        if tp == 1:
+            return
+        if not sp and ok("moe.num_experts") and v("moe.num_experts") > 0:
+            self.problem(sp_key, f"false with MoE layers and {TP_KEY} {tp}: every tensor-parallel rank "
+                         f"would route the same tokens through experts replicated over them; set it to "
+                         f"true (each rank then routes its own sequence shard)")
+        if sp and ok("model.seq_length") and v("model.seq_length") % tp:
+            self.problem("model.seq_length", f"{v('model.seq_length')} is not divisible by {TP_KEY} "
+                         f"({tp}), which sequence parallelism needs; use a multiple of {tp}")
+        if ok("model.ffn_hidden_size") and self._has_dense_mlp() and v("model.ffn_hidden_size") % tp:
+            self.problem("model.ffn_hidden_size", f"{v('model.ffn_hidden_size')} is not divisible by "
+                         f"{TP_KEY} ({tp}) (the dense MLPs are split over the tensor-parallel ranks); "
+                         f"use a multiple of {tp}")
+
+    def _has_dense_mlp(self) -> bool:
+        """Does any layer have megatron's dense MLP (model.ffn_hidden_size, split over TP)?"""
+        v, ok = self.v, self.ok
+        if not ok("moe.num_experts", "moe.layer_freq", "moe.first_dense_layers", "model.num_layers"):
+            return True
+        if v("moe.num_experts") == 0:
+            return True
+        return not all(moe_layer_pattern(v("model.num_layers"), v("moe.layer_freq"), v("moe.first_dense_layers")))
+
+    def _virtual_pipeline_size(self) -> Optional[int]:
+        """parallel.virtual_pipeline_model_parallel_size when the schema has it and it is set."""
+        if VPP_KEY.split(".")[1] not in section_types()["parallel"] or not self.ok(VPP_KEY):
+            return None
+        value = self.v(VPP_KEY)
+        return value if isinstance(value, int) and value >= 1 else None
+
+    def _check_virtual_pipeline(self) -> None:
+        """Model chunks per pipeline rank: the layers split evenly over PP x VPP chunks."""
+        vpp = self._virtual_pipeline_size()
+        if vpp is None or vpp == 1 or not self.ok(PP_KEY, "model.num_layers"):
+            return
+        pp, layers = self.v(PP_KEY), self.v("model.num_layers")
+        if pp == 1:
+            self.problem(VPP_KEY, f"{vpp} needs {PP_KEY} > 1 (virtual stages interleave pipeline "
+                         f"ranks); use 1 or null")
+        elif layers % (pp * vpp):
+            self.problem("model.num_layers", f"{layers} is not divisible by {PP_KEY} ({pp}) x {VPP_KEY} "
+                         f"({vpp}) = {pp * vpp}; use a multiple of {pp * vpp}")
 
     def _check_expert_parallel_layout(self, ep: int, experts: int) -> None:
         """Rules of a valid EP layout: ffn shards when there are more ranks than experts, and
@@ -476,13 +525,21 @@ class _Checker:
             if world % model_parallel:
                 self.problem(tp_key, f"tensor ({v(tp_key)}) x pipeline ({v(pp_key)}) parallel size "
                              f"{model_parallel} does not divide the world size {world}; use sizes "
-                             f"whose product divides {world}")
+                             f"whose product divides {world} (world = tensor x pipeline x data)")
             else:
                 data_parallel = world // model_parallel
-                if ok(ep_key) and data_parallel % v(ep_key):
-                    self.problem(ep_key, f"{v(ep_key)} does not divide the data-parallel size "
-                                 f"{data_parallel} (world size {world} / (tensor {v(tp_key)} x "
-                                 f"pipeline {v(pp_key)})); use one of: {_divisors(data_parallel)}")
+            # megatron-core lays the experts out over the same ranks: world = expert-tensor x expert
+            # x pipeline x expert-data, so EP may fold over tensor- and data-parallel ranks alike
+            if ok(ep_key, ETP_KEY):
+                ep, etp, pp = v(ep_key), v(ETP_KEY), v(pp_key)
+                expert_space = world // pp if world % pp == 0 else None
+                if expert_space is not None and expert_space % (ep * etp):
+                    split = f" x {ETP_KEY} ({etp})" if etp > 1 else ""
+                    allowed = _divisors(expert_space // etp) if expert_space % etp == 0 else "1"
+                    self.problem(ep_key, f"{ep}{split} does not divide the {expert_space} ranks of a "
+                                 f"pipeline stage (world size {world} / pipeline {pp}; expert "
+                                 f"parallelism folds over tensor- and data-parallel ranks); use one "
+                                 f"of: {allowed}")
         if not ok(micro_key, global_key):
             return
         micro, total = v(micro_key), v(global_key)

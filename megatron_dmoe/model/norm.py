@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from megatron_dmoe.parallel.param_roles import mark_sequence_parallel
+
 MAX_FUSED_WIDTH = 16384  # a row must fit one program's registers; wider rows use torch
 
 
@@ -50,8 +52,7 @@ class FusedNorm(torch.nn.Module):
         kind = config.normalization
         if kind not in ("LayerNorm", "RMSNorm"):
             raise ValueError(f"FusedNorm supports LayerNorm and RMSNorm, not {kind!r}")
-        for flag in ("layernorm_zero_centered_gamma", "persist_layer_norm", "sequence_parallel",
-                     "memory_efficient_layer_norm"):
+        for flag in ("layernorm_zero_centered_gamma", "persist_layer_norm", "memory_efficient_layer_norm"):
             if getattr(config, flag, False):
                 raise ValueError(f"FusedNorm does not support TransformerConfig.{flag}=True "
                                  "(use Transformer Engine's norm)")
@@ -60,6 +61,11 @@ class FusedNorm(torch.nn.Module):
         self.normalized_shape = (hidden_size,)
         self.weight = torch.nn.Parameter(torch.ones(hidden_size))
         self.bias = None if self.rms else torch.nn.Parameter(torch.zeros(hidden_size))
+        if getattr(config, "sequence_parallel", False):
+            # each tensor-parallel rank normalises its own sequence shard: megatron's
+            # finalize_model_grads sums the gradients of parameters so marked over the group
+            for param in self.parameters():
+                mark_sequence_parallel(param)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.shape[-1] <= MAX_FUSED_WIDTH:

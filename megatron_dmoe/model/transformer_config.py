@@ -89,6 +89,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         tensor_model_parallel_size=par.tensor_model_parallel_size,
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,
         expert_model_parallel_size=par.expert_model_parallel_size,
+        expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         sequence_parallel=par.sequence_parallel,
         use_cpu_initialization=not on_cuda,
         # whole layers (an empty scope), forward and backward; validation limits where this applies

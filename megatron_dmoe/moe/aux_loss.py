@@ -71,9 +71,14 @@ def sequence_load_balancing_loss(
     coeff: float,
     score_function: str = "softmax",
     valid: Optional[torch.Tensor] = None,
+    shards=None,
 ) -> torch.Tensor:
     """`load_balancing_loss` of each sequence on its own, averaged over the sequences (DeepSeek-V3's
     sequence-wise balance loss; megatron-core's seq_aux_loss).
+
+    shards (parallel/sequence_shards.py), under sequence parallelism: the tokens here are one shard
+    of each sequence; the counts are summed over the shards and this shard's share of the loss is
+    returned (the shares add up to the loss of whole sequences).
 
     Tokens are in the layer's [s, b] order flattened (token t = position * b + sequence): scores
     [T, E], indices [T, k] the chosen experts, valid [T] bool or None (padding counts nowhere).
@@ -90,8 +95,13 @@ def sequence_load_balancing_loss(
         else weight[:, None].expand_as(indices).reshape(-1)
     counts = torch.zeros(num_sequences * num_experts, dtype=probs.dtype, device=probs.device)
     counts = counts.scatter_add_(0, slot, ones).view(num_sequences, num_experts)
+    n = 1 if shards is None else shards.size
+    if n > 1:
+        if weight is not None:
+            raise ValueError("sequence_load_balancing_loss: padding masks are not supported with sequence shards")
+        counts = shards.total(counts)
     if weight is None:
-        seq_tokens = torch.full((num_sequences, 1), num_tokens // num_sequences, dtype=probs.dtype,
+        seq_tokens = torch.full((num_sequences, 1), n * (num_tokens // num_sequences), dtype=probs.dtype,
                                 device=probs.device)
     else:  # an all-padding sequence adds 0
         seq_tokens = weight.view(-1, num_sequences).sum(dim=0).clamp(min=1)[:, None]

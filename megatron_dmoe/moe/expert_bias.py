@@ -9,12 +9,14 @@ from .router import TopKRouter
 
 
 def _default_group():
-    """The data-parallel group (with context parallelism) when megatron's groups exist, else WORLD."""
+    """The tensor- and data-parallel group (with context parallelism) when megatron's groups exist,
+    else WORLD: under sequence parallelism the tensor-parallel ranks route different tokens (without
+    it they route the same ones, and the sign of every update is unchanged)."""
     try:
         from megatron.core import parallel_state
 
         if parallel_state.model_parallel_is_initialized():
-            return parallel_state.get_data_parallel_group(with_context_parallel=True)
+            return parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True)
     except (ImportError, AssertionError, RuntimeError):
         pass
     return None
@@ -24,7 +26,7 @@ def update_expert_biases(model: Union[torch.nn.Module, Iterable[torch.nn.Module]
     """bias += rate * sign(mean load - load) for every router with an expert bias; counts reset.
 
     `model` is a module or a list of model chunks. The loads counted since the last update are
-    summed over `group` (default: the data-parallel group) in one all-reduce when
+    summed over `group` (default: the tensor- and data-parallel group) in one all-reduce when
     torch.distributed is initialised, so every rank applies the same update. Returns the number
     of routers updated.
     """

@@ -6,6 +6,10 @@ token-dropping baseline: same router, a capacity buffer and batched matmuls.
 With shared_expert_ffn_hidden_size, a shared MLP (moe/shared_experts.py) runs on every token and
 its output is added; under expert parallelism it runs on a side CUDA stream alongside the exchange.
 
+Under sequence parallelism (tensor-parallel size > 1) each rank routes its own sequence shard; the
+experts are whole on every rank, and the aux losses count the experts' loads over all shards, each
+rank's share of the loss covering its own tokens (see `_aux_loss`).
+
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
 (megatron_dmoe.moe.ep_dispatcher).
@@ -22,6 +26,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_dmoe.parallel.expert_groups import expert_parallel_groups
+from megatron_dmoe.parallel.param_roles import mark_sequence_parallel
+from megatron_dmoe.parallel.sequence_shards import sequence_shards
 
 from .aux_loss import load_balancing_loss, sequence_load_balancing_loss, z_loss
 from .expert_bias import update_expert_biases
@@ -83,6 +89,13 @@ class MoELayer(MegatronModule):
             self.shared_experts = SharedExpertMLP(opts, dtype=config.params_dtype, device=device)
             # on a side stream alongside the expert exchange; with every expert here there is none
             self.shared_experts.overlap = groups.size > 1
+        # under sequence parallelism each tensor-parallel rank routes its own sequence shard through
+        # the replicated router and shared experts: their gradients are summed over those ranks
+        self.shards = sequence_shards(config, pg_collection)
+        if self.shards.size > 1:
+            for module in (self.router, self.shared_experts):
+                for param in module.parameters() if module is not None else ():
+                    mark_sequence_parallel(param)
         # how the layer runs (moe/paths): chosen here, and again only when the weights move (_apply)
         self.path = choose_path(self)
         self._path_for = (self.experts.w1.device, self.experts.w1.dtype)
@@ -148,17 +161,25 @@ class MoELayer(MegatronModule):
         # where megatron-core's tracker is written too, `metrics.record` below takes them instead
         record = None
         if (opts.aux_loss_coeff > 0 and opts.aux_loss_type == "micro_batch" and valid is None
-                and routing.prob_colsum is not None and not metrics.megatron_tracker):
+                and routing.prob_colsum is not None and not metrics.megatron_tracker and self.shards.size == 1):
             record = metrics.balance_sums(self.layer_number, routing.tokens_per_expert)
+        shards, loads = self.shards, routing.tokens_per_expert
+        if shards.size > 1:
+            if valid is not None:
+                raise ValueError("MoE layer: padding masks are not supported with sequence parallelism")
+            loads = shards.total(loads)
         if opts.aux_loss_coeff > 0:
-            lb = self._load_balancing_loss(routing, valid, num_sequences, record)
+            lb = self._load_balancing_loss(routing, loads, valid, num_sequences, record)
         if opts.z_loss_coeff > 0:
-            z = z_loss(routing.logits, opts.z_loss_coeff, valid)
+            # the mean over this shard's tokens; the shards' shares add up to the whole mean
+            z = z_loss(routing.logits, opts.z_loss_coeff / shards.size, valid)
         # megatron-core's tracker too (Megatron-LM logs it), indexed by global layer like its own MoE
         recorded = record is not None
+        # metrics of whole sequences on every shard (they are reduced over data-parallel ranks)
+        lb_value, z_value = (None if t is None else shards.total(t) for t in (lb, z))
         metrics.record(
-            self.layer_number, lb_loss=None if recorded else lb, z_loss=z,
-            tokens_per_expert=None if recorded else routing.tokens_per_expert,
+            self.layer_number, lb_loss=None if recorded else lb_value, z_loss=z_value,
+            tokens_per_expert=None if recorded else loads,
             num_layers=self._tracked_layers, lb_coeff=opts.aux_loss_coeff, z_coeff=opts.z_loss_coeff,
         )
         losses = [loss for loss in (lb, z) if loss is not None]
@@ -167,21 +188,28 @@ class MoELayer(MegatronModule):
         # not sum(losses): its start value 0 would cost one more launch
         return losses[0] if len(losses) == 1 else losses[0] + losses[1]
 
-    def _load_balancing_loss(self, routing: Routing, valid, num_sequences: int, record=None) -> torch.Tensor:
-        opts = self.options
+    def _load_balancing_loss(self, routing: Routing, loads: torch.Tensor, valid, num_sequences: int,
+                             record=None) -> torch.Tensor:
+        """This rank's share of the loss. Under sequence parallelism (n shards of T tokens each) the
+        loads f count all n*T tokens, and the probabilities P this shard's tokens over n*T: the
+        shards' shares add up to the loss of whole sequences, and each shard's tokens get exactly
+        their gradient of it (megatron-core's router does the same over its tensor group)."""
+        opts, n = self.options, self.shards.size
         if opts.aux_loss_type == "sequence":
             return sequence_load_balancing_loss(
                 routing.scores, routing.indices, num_sequences, opts.top_k, opts.aux_loss_coeff,
-                opts.score_function, valid,
+                opts.score_function, valid, shards=self.shards,
             )
         if opts.aux_loss_type == "global":
             scores = routing.scores
             probs = scores if opts.score_function == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+            # its running loads are summed over the tensor and data-parallel ranks already
             return self.router.global_load.loss(probs, routing.tokens_per_expert, opts.top_k,
-                                                opts.aux_loss_coeff, valid)
-        # the fused router summed the probabilities over the valid tokens in its own launch
+                                                opts.aux_loss_coeff / n, valid)
+        # the fused router summed the probabilities over the valid tokens in its own launch;
+        # coeff * E / (k T^2) with T this shard's tokens, so 1 / n^2 makes it the whole count
         return load_balancing_loss(
-            routing.scores, routing.tokens_per_expert, opts.top_k, opts.aux_loss_coeff,
+            routing.scores, loads, opts.top_k, opts.aux_loss_coeff / (n * n),
             opts.score_function, valid, column_sum=routing.prob_colsum, record=record,
         )
 

@@ -52,6 +52,7 @@ def init_distributed(
     tensor_model_parallel_size: int = 1,
     pipeline_model_parallel_size: int = 1,
     expert_model_parallel_size: int = 1,
+    expert_tensor_parallel_size: int = 1,
     timeout_minutes: int = 30,
 ) -> DistEnv:
     """Initialise (or re-use) the default process group, then megatron's model-parallel groups."""
@@ -66,8 +67,10 @@ def init_distributed(
         torch_device = torch.device("cuda", local_rank)
     else:
         from megatron_dmoe.parallel.cpu_compat import apply_cpu_compat
+        from megatron_dmoe.parallel.tensor_parallel_cpu import apply_tensor_parallel_cpu_compat
 
         apply_cpu_compat()
+        apply_tensor_parallel_cpu_compat()
         torch_device = torch.device("cpu")
 
     if not dist.is_initialized():
@@ -86,6 +89,8 @@ def init_distributed(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         expert_model_parallel_size=expert_model_parallel_size,
+        # megatron's default (None) is the tensor-parallel size; our experts are whole (1) unless asked
+        expert_tensor_parallel_size=expert_tensor_parallel_size,
     )
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=torch_device)
 

@@ -22,6 +22,12 @@ def is_expert_parallel(param: torch.Tensor) -> bool:
     return not getattr(param, "allreduce", True)
 
 
+def mark_sequence_parallel(param: torch.Tensor) -> None:
+    """megatron-core's `sequence_parallel`: a parameter replicated over the tensor-parallel ranks
+    that each see only their sequence shard; finalize_model_grads sums its gradient over them."""
+    param.sequence_parallel = True
+
+
 def is_tensor_parallel(param: torch.Tensor) -> bool:
     """megatron-core's `tensor_model_parallel`: set by its layers on parameters split over TP ranks."""
     return bool(getattr(param, "tensor_model_parallel", False))

@@ -77,9 +77,19 @@ class CpuOptimizer(FP32Optimizer):
         return norm
 
 
+def _duplicate_group(expert: bool):
+    """The ranks holding copies of a parameter that is not split over them: the tensor-parallel
+    group, or for experts the expert-tensor-parallel group (experts are whole on every rank of a
+    tensor group, but with expert parallelism folded over it those ranks hold different experts)."""
+    if not ps.model_parallel_is_initialized():
+        return None
+    return ps.get_expert_tensor_parallel_group() if expert else ps.get_tensor_model_parallel_group()
+
+
 def _counts_in_norm(param) -> bool:
     """megatron's filter: no shared copies, no tensor-parallel duplicates."""
-    return param.grad is not None and param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param)
+    return (param.grad is not None and param_is_not_shared(param)
+            and param_is_not_tensor_parallel_duplicate(param, _duplicate_group(is_expert_parallel(param))))
 
 
 @torch.no_grad()
@@ -146,11 +156,26 @@ def _fuse_torch_adam(optimizer: MegatronOptimizer) -> None:
                 group["foreach"], group["fused"] = False, True
 
 
+def _expert_duplicates_by_expert_tensor_group(optimizer: MegatronOptimizer) -> None:
+    """megatron-core 0.16 filters tensor-parallel duplicates out of the grad norm by the tensor group
+    for every part of its chained optimizer; our expert weights are not marked tensor-parallel, so
+    on tensor ranks other than 0 they would be left out, though with expert parallelism folded over
+    the tensor group those ranks hold other experts, and ranks would clip by different norms. The
+    expert part filters by its own group (megatron-core 0.19 does so itself: `expert_tp_group`)."""
+    if not ps.model_parallel_is_initialized():
+        return
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        groups = getattr(getattr(part, "optimizer", None), "param_groups", [])
+        if groups and all(group.get("is_expert_parallel", False) for group in groups):
+            part.tp_group = ps.get_expert_tensor_parallel_group()
+
+
 def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
     config = optimizer_config(cfg)
     if on_cuda:
         use_foreach_multi_tensor_ops()
         optimizer = get_megatron_optimizer(config, model_chunks)
+        _expert_duplicates_by_expert_tensor_group(optimizer)
         _fuse_torch_adam(optimizer)
         fold_clip_into_adam(optimizer)
         return optimizer

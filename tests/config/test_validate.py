@@ -87,10 +87,25 @@ CASES = {
     "world_not_divisible_by_tp_pp": (
         TP2, 3, EVERYTHING, "parallel.tensor_model_parallel_size",
         ["tensor (2) x pipeline (1) parallel size 2 does not divide the world size 3"]),
-    "ep_not_dividing_data_parallel": (
+    "ep_not_dividing_stage_ranks": (
         {"parallel.expert_model_parallel_size": 4}, 2, EVERYTHING,
         "parallel.expert_model_parallel_size",
-        ["4 does not divide the data-parallel size 2", "use one of: 1, 2"]),
+        ["4 does not divide the 2 ranks of a pipeline stage", "use one of: 1, 2"]),
+    "ep_not_dividing_stage_ranks_with_pipeline": (
+        {"parallel.expert_model_parallel_size": 4, "parallel.pipeline_model_parallel_size": 2,
+         "training.global_batch_size": 32}, 4, EVERYTHING, "parallel.expert_model_parallel_size",
+        ["4 does not divide the 2 ranks of a pipeline stage (world size 4 / pipeline 2",
+         "use one of: 1, 2"]),
+    "context_parallel": (
+        {"parallel.context_parallel_size": 2}, 2, EVERYTHING, "parallel.context_parallel_size",
+        ["context parallelism is not supported", "use 1"]),
+    "expert_tensor_parallel": (
+        {**TP2, "parallel.expert_tensor_parallel_size": 2}, 2, EVERYTHING,
+        "parallel.expert_tensor_parallel_size", ["not supported", "use 1"]),
+    "dense_ffn_not_divisible_by_tp": (
+        {**TP2, "moe.num_experts": 0, "model.ffn_hidden_size": 511}, 2, BARE_CPU,
+        "model.ffn_hidden_size", ["511 is not divisible by parallel.tensor_model_parallel_size (2)",
+                                  "multiple of 2"]),
     "layers_not_divisible_by_pp": (
         {"parallel.pipeline_model_parallel_size": 3}, None, EVERYTHING, "model.num_layers",
         ["2 is not divisible by parallel.pipeline_model_parallel_size (3)", "multiple of 3"]),
@@ -164,15 +179,12 @@ CASES = {
                          ["'partial' is not allowed", "null, full, selective"]),
     "progress_bar_choice": ({"logging.progress_bar": "yes"}, None, EVERYTHING,
                             "logging.progress_bar", ["auto, on, off"]),
-    "tp_without_te_or_apex": (
-        TP2, None, BARE_CPU, "parallel.tensor_model_parallel_size",
-        ["needs Transformer Engine or apex", "use 1"]),
     "sequence_parallel_without_tp": (
         {"parallel.sequence_parallel": True}, None, EVERYTHING, "parallel.sequence_parallel",
         ["needs parallel.tensor_model_parallel_size > 1", "set it to false"]),
     "moe_tp_without_sequence_parallel": (
         {"parallel.tensor_model_parallel_size": 2}, None, EVERYTHING, "parallel.sequence_parallel",
-        ["MoE layers", "set it to true"]),
+        ["MoE layers", "route the same tokens", "set it to true"]),
     "sequence_parallel_seq_length": (
         {**TP2, "model.hidden_size": 192, "model.num_attention_heads": 6,
          "parallel.tensor_model_parallel_size": 3}, None, EVERYTHING, "model.seq_length",
@@ -326,6 +338,13 @@ VALID = {
         {"parallel.expert_model_parallel_size": 4, "moe.num_experts": 2,
          "training.micro_batch_size": 4}, 4, BARE_CPU),
     "tp_with_apex": (TP2, 2, APEX_ONLY),
+    "tp_on_bare_cpu": (TP2, 2, BARE_CPU),
+    "dense_tp_without_sequence_parallel": (
+        {"parallel.tensor_model_parallel_size": 2, "moe.num_experts": 0}, 2, BARE_CPU),
+    "ep_folded_over_tp": ({**TP2, "parallel.expert_model_parallel_size": 2}, 2, BARE_CPU),
+    "tp2_ep2_dp2_pp2": ({**TP2, "parallel.expert_model_parallel_size": 4,
+                         "parallel.pipeline_model_parallel_size": 2, "training.global_batch_size": 16},
+                        8, BARE_CPU),
     "tensor_and_expert_parallel": (
         {**TP2, "parallel.expert_model_parallel_size": 2, "training.global_batch_size": 32}, 8,
         EVERYTHING),
@@ -512,3 +531,18 @@ def test_fused_router_on_cpu_needs_the_triton_interpreter(make, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     assert [k for k, _ in find_problems(cfg, env=BARE_CPU)] == ["moe.router_impl"]
     assert find_problems(cfg, env=EVERYTHING) == []
+
+
+VPP = "virtual_pipeline_model_parallel_size"
+
+
+@pytest.mark.skipif(VPP not in section_types()["parallel"], reason=f"parallel.{VPP} is not in the schema yet")
+def test_virtual_pipeline_rules(make):
+    # 4 layers over 2 stages of 2 virtual chunks each: fine; 3 chunks each would need 6 layers
+    validate(make({"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2, f"parallel.{VPP}": 2}),
+             env=BARE_CPU)
+    problems = find_problems(make({"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2,
+                                   f"parallel.{VPP}": 3}), env=BARE_CPU)
+    assert [k for k, _ in problems] == ["model.num_layers"] and "= 6" in problems[0][1], problems
+    problems = find_problems(make({f"parallel.{VPP}": 2}), env=BARE_CPU)
+    assert [k for k, _ in problems] == [f"parallel.{VPP}"] and "needs parallel.pipeline" in problems[0][1]

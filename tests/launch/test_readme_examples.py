@@ -28,6 +28,14 @@ GPU_EXAMPLES = {
     "torchrun --nproc_per_node 4 -m megatron_dmoe zoo/dmoe_small parallel.expert_model_parallel_size=4": 4,
     "torchrun --nproc_per_node 2 -m megatron_dmoe --run-dir runs/RUN --resume "
     "parallel.expert_model_parallel_size=2": 2,
+    "torchrun --nproc_per_node 8 -m megatron_dmoe zoo/dmoe_medium parallel.tensor_model_parallel_size=2 "
+    "parallel.sequence_parallel=true parallel.expert_model_parallel_size=8": 8,
+}
+# (command, number of processes): validated for a CPU machine without Transformer Engine or apex;
+# tests/parallel/test_tensor_parallel_training.py trains this layout
+CPU_TORCHRUN_EXAMPLES = {
+    "torchrun --nproc_per_node 4 -m megatron_dmoe parallel.tensor_model_parallel_size=2 "
+    "parallel.sequence_parallel=true parallel.expert_model_parallel_size=2": 4,
 }
 # Synopses with placeholders, and the example that needs the user's own data files.
 NOT_RUNNABLE = {
@@ -86,7 +94,7 @@ def _dmoe_args(command):
 
 
 def test_every_example_is_classified():
-    assert readme_commands() == CPU_EXAMPLES | set(GPU_EXAMPLES) | NOT_RUNNABLE
+    assert readme_commands() == CPU_EXAMPLES | set(GPU_EXAMPLES) | set(CPU_TORCHRUN_EXAMPLES) | NOT_RUNNABLE
     assert readme_commands(("dmoe-sweep",)) == SWEEP_DRY_RUNS | SWEEP_TESTED_ELSEWHERE
 
 
@@ -136,3 +144,12 @@ def test_gpu_examples_are_valid_for_gpus(command):
         config = "zoo/dmoe_small"  # the run this example continues
     validate(resolve(load_config(config, overrides)), world_size=GPU_EXAMPLES[command],
              env=Environment.everything())
+
+
+@pytest.mark.parametrize("command", sorted(CPU_TORCHRUN_EXAMPLES))
+def test_cpu_torchrun_examples_are_valid_on_a_bare_cpu(command):
+    from megatron_dmoe.cli import parse_train_args
+
+    ns, config, overrides = parse_train_args(_dmoe_args(command))
+    validate(resolve(load_config(config, overrides)), world_size=CPU_TORCHRUN_EXAMPLES[command],
+             env=Environment(cuda=False, transformer_engine=False, apex=False))

@@ -99,8 +99,10 @@ def test_module_is_a_drop_in_for_megatrons_torch_norm():
         theirs.load_state_dict(ours.state_dict())
         x = torch.randn(3, 5, 24)
         torch.testing.assert_close(ours(x), theirs(x))
-    with pytest.raises(ValueError, match="sequence_parallel"):
-        FusedNorm(SimpleNamespace(normalization="LayerNorm", sequence_parallel=True), 24)
+    # under sequence parallelism its parameters are marked for megatron's sum over the tensor group
+    sequence = FusedNorm(SimpleNamespace(normalization="LayerNorm", sequence_parallel=True), 24)
+    assert all(p.sequence_parallel for p in sequence.parameters())
+    assert not any(hasattr(p, "sequence_parallel") for p in ours.parameters())
     with pytest.raises(ValueError, match="LayerNorm and RMSNorm"):
         FusedNorm(SimpleNamespace(normalization="L2Norm"), 24)
 

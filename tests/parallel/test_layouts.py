@@ -1,0 +1,25 @@
+"""Nothing that validates fails later: every parallel layout validation accepts for a dense and an
+MoE model at 2, 4 and 8 CPU processes trains a step (layout_checks; one spawned group per world
+size), and the layouts it refuses include every context-parallel and split-expert one."""
+import json
+
+import pytest
+
+from layout_checks import layouts, train_accepted_layouts
+from process_group import run_in_processes
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_every_accepted_layout_trains_a_step(tmp_path, corpus_cache, world_size):
+    summary = tmp_path / "summary.json"
+    run_in_processes(world_size, train_accepted_layouts, str(tmp_path / "runs"), corpus_cache, str(summary),
+                     timeout=900)
+    result = json.loads(summary.read_text())
+    candidates = layouts(world_size, corpus_cache)
+    accepted = [name for name, _, problems in candidates if not problems]
+    assert result["accepted"] == accepted and result["refused"] == len(candidates) - len(accepted)
+    assert not any("-cp2-" in name or "-etp2-" in name for name in accepted), accepted
+    expected = [name for name in accepted if name.endswith("-pp1")]
+    assert sorted(result["trained"]) == sorted(expected), (result["trained"], expected)
+    # layouts composed of every supported axis are among them
+    assert f"moe-tp2-sp1-ep{world_size}-etp1-cp1-pp1" in expected
