@@ -18,7 +18,7 @@ _SAME_NAME = {
               "cross_entropy_fusion_impl"],
     "moe": ["num_experts"],
     "parallel": ["tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-                 "sequence_parallel"],
+                 "sequence_parallel", "virtual_pipeline_model_parallel_size"],
     "training": ["train_iters", "micro_batch_size", "global_batch_size", "seed", "lr", "min_lr",
                  "lr_warmup_iters", "lr_decay_style", "lr_decay_iters", "weight_decay", "adam_beta1",
                  "adam_beta2", "adam_eps", "clip_grad", "bf16", "fp16", "loss_scale", "initial_loss_scale",

@@ -26,6 +26,7 @@ from .schema import RunConfig
 TP_KEY = "parallel.tensor_model_parallel_size"
 PP_KEY = "parallel.pipeline_model_parallel_size"
 EP_KEY = "parallel.expert_model_parallel_size"
+VPP_KEY = "parallel.virtual_pipeline_model_parallel_size"
 
 # The MoE layer's own settings: each MoEOptions field and the YAML key it comes from. Their allowed
 # values, ranges and cross-field rules live in megatron_dmoe/moe/options.py, which the layer obeys;
@@ -100,6 +101,7 @@ RANGES = {
        if MOE_KEYS[field].startswith("moe.") and field not in ("num_experts", "ffn_hidden_size")},
     "parallel.tensor_model_parallel_size": (1, None, True, None),
     "parallel.pipeline_model_parallel_size": (1, None, True, None),
+    "parallel.virtual_pipeline_model_parallel_size": (1, None, True, None),
     "parallel.expert_model_parallel_size": (1, None, True, None),
     "training.train_iters": (1, None, True, None),
     "training.micro_batch_size": (1, None, True, None),
@@ -412,6 +414,8 @@ class _Checker:
             layers, pp = v("model.num_layers"), v(pp_key)
             self.problem("model.num_layers", f"{layers} is not divisible by {pp_key} ({pp}); use "
                          f"a multiple of {pp}")
+        elif ok(pp_key, VPP_KEY, "model.num_layers") and self.raw(VPP_KEY) is not None:
+            self._check_virtual_pipeline(v(pp_key), v(VPP_KEY), v("model.num_layers"))
         if ok(ep_key, "moe.num_experts") and v(ep_key) > 1:
             ep, experts = v(ep_key), v("moe.num_experts")
             if experts == 0:
@@ -459,6 +463,16 @@ class _Checker:
                          f"baseline) runs without expert parallelism, but {EP_KEY} is {ep}; set "
                          f"it to null (dropless) or {EP_KEY} to 1")
 
+    def _check_virtual_pipeline(self, pp: int, vpp: int, layers: int) -> None:
+        """The interleaved schedule: several model chunks per pipeline rank, each with whole layers."""
+        if pp == 1:
+            self.problem(VPP_KEY, f"{vpp} needs {PP_KEY} > 1 (it splits each pipeline rank's layers "
+                         f"into chunks); set it to null or raise {PP_KEY}")
+        elif layers % (pp * vpp):
+            self.problem(VPP_KEY, f"{vpp} x {PP_KEY} ({pp}) = {pp * vpp} model chunks do not divide "
+                         f"model.num_layers ({layers}); use a value whose product with {pp} divides "
+                         f"{layers}, or null")
+
     def check_world_size(self) -> None:
         v, ok = self.v, self.ok
         micro_key, global_key = "training.micro_batch_size", "training.global_batch_size"
@@ -490,6 +504,13 @@ class _Checker:
                 self.problem(global_key, f"{total} is not divisible by {micro_key} ({micro}) x "
                              f"data-parallel size ({data_parallel}) = {step}; use a multiple of "
                              f"{step}")
+            elif ok(pp_key, VPP_KEY) and self.raw(VPP_KEY) is not None and (total // step) % v(pp_key):
+                # megatron's interleaved schedule runs the micro-batches in groups of the pipeline size
+                self.problem(global_key, f"{total} gives {total // step} micro-batches per step "
+                             f"(/ ({micro_key} {micro} x data-parallel size {data_parallel})), which "
+                             f"the interleaved schedule ({VPP_KEY} {v(VPP_KEY)}) needs to be a "
+                             f"multiple of {pp_key} ({v(pp_key)}); use a multiple of "
+                             f"{step * v(pp_key)}")
         elif total % micro:
             self.problem(global_key, f"{total} is not divisible by {micro_key} ({micro}); use a "
                          f"multiple of {micro}")
@@ -526,16 +547,6 @@ class _Checker:
         if ok("training.device") and v("training.device") == "cuda" and not self.env.cuda:
             self.problem("training.device", "'cuda' but CUDA is not available here; use auto or "
                          "cpu")
-        if ok("training.use_distributed_optimizer", "training.device") \
-                and v("training.use_distributed_optimizer"):
-            if v("training.device") == "cpu":
-                self.problem("training.use_distributed_optimizer", "true needs CUDA, but "
-                             "training.device is cpu; set it to false")
-            elif not self.env.cuda:
-                self.problem("training.use_distributed_optimizer", "true needs CUDA "
-                             "(megatron-core's distributed optimizer allocates on the GPU), which "
-                             "is not available here; set it to false")
-
         self._check_cuda_graphs()
         self._check_ep_exchange()
         self._check_expert_wgrad_per_step()

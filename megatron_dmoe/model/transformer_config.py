@@ -86,6 +86,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         pipeline_dtype=dtype,
         tensor_model_parallel_size=par.tensor_model_parallel_size,
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size,
         expert_model_parallel_size=par.expert_model_parallel_size,
         sequence_parallel=par.sequence_parallel,
         use_cpu_initialization=not on_cuda,

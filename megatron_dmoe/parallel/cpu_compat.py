@@ -101,6 +101,7 @@ def apply_cpu_compat() -> None:
     mcore_random._set_cuda_rng_state = lambda *args, **kwargs: None
     mcore_random._CUDA_RNG_STATE_TRACKER = _make_cpu_rng_tracker_class()()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _redirect_pipeline_to_cpu()
     _applied = True
 
 
@@ -116,3 +117,62 @@ def seed_rng_trackers(seed: int) -> None:
     tracker.add(mcore_random._MODEL_PARALLEL_RNG_TRACKER_NAME, offset + ps.get_tensor_model_parallel_rank())
     expert_seed = seed + 1024 + 100 * ps.get_expert_model_parallel_rank() + ps.get_expert_tensor_parallel_rank()
     tracker.add(mcore_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, expert_seed)
+
+
+class _TorchOnCpu:
+    """`torch` as seen by megatron's pipeline schedules and point-to-point code on a CPU run:
+    tensors asked for on 'cuda' are made on the CPU, the current device is the CPU, and device
+    synchronisation is a no-op; everything else is torch itself."""
+
+    class _Cuda:
+        @staticmethod
+        def current_device():
+            return "cpu"
+
+        @staticmethod
+        def synchronize(*args, **kwargs):
+            return None
+
+        def __getattr__(self, name):
+            return getattr(torch.cuda, name)
+
+    cuda = _Cuda()
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def _tensor_cuda_is_identity():
+    """`tensor.cuda()` returns the tensor itself (a CPU run has no device to move to)."""
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+def _redirect_pipeline_to_cpu() -> None:
+    """Pipeline parallelism on gloo: megatron's schedules count tokens in a CUDA tensor, its
+    point-to-point exchange allocates receive buffers on the current CUDA device and synchronises
+    it, and the last stage's copy of tied embeddings is moved to CUDA before its first all-reduce."""
+    from megatron.core.models.common.language_module import language_module
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+
+    shim = _TorchOnCpu()
+    schedules.torch = shim
+    p2p_communication.torch = shim
+    module = language_module.LanguageModule
+    setup = module.setup_embeddings_and_output_layer
+
+    @functools.wraps(setup)
+    def setup_on_cpu(self, *args, **kwargs):
+        with _tensor_cuda_is_identity():
+            return setup(self, *args, **kwargs)
+
+    module.setup_embeddings_and_output_layer = setup_on_cpu

@@ -11,6 +11,7 @@ import os
 import random
 import socket
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -53,6 +54,7 @@ def init_distributed(
     pipeline_model_parallel_size: int = 1,
     expert_model_parallel_size: int = 1,
     timeout_minutes: int = 30,
+    virtual_pipeline_model_parallel_size: Optional[int] = None,
 ) -> DistEnv:
     """Initialise (or re-use) the default process group, then megatron's model-parallel groups."""
     import datetime
@@ -85,6 +87,7 @@ def init_distributed(
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
         expert_model_parallel_size=expert_model_parallel_size,
     )
     return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=torch_device)
