@@ -34,6 +34,7 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.model.attention import SDPAttention
+from megatron_dmoe.model.layer_seed import seeded_layer_class
 from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
 from megatron_dmoe.model.norm import FusedNorm
 from megatron_dmoe.moe.layer import MoELayer
@@ -121,7 +122,8 @@ def layer_spec(
             spec = _with_submodule(spec, self_attention=_with_submodule(attention, core_attention=SDPAttention))
     if moe:
         spec = _with_submodule(spec, mlp=moe_mlp_spec(moe_params))
-    return spec
+    # the same initial weights at any pipeline layout (model/layer_seed.py)
+    return dataclasses.replace(spec, module=seeded_layer_class(spec.module))
 
 
 def config_moe_layers(config: TransformerConfig) -> List[bool]:
