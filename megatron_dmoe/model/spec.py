@@ -122,8 +122,7 @@ def layer_spec(
             spec = _with_submodule(spec, self_attention=_with_submodule(attention, core_attention=SDPAttention))
     if moe:
         spec = _with_submodule(spec, mlp=moe_mlp_spec(moe_params))
-    # the same initial weights at any pipeline layout (model/layer_seed.py)
-    return dataclasses.replace(spec, module=seeded_layer_class(spec.module))
+    return spec
 
 
 def config_moe_layers(config: TransformerConfig) -> List[bool]:
@@ -158,6 +157,8 @@ def block_spec(
         )
         for moe in (False, True)
     }
+    # the same initial weights at any pipeline layout (model/layer_seed.py)
+    kinds = {moe: dataclasses.replace(spec, module=seeded_layer_class(spec.module)) for moe, spec in kinds.items()}
     pattern = config_moe_layers(config)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     count = get_num_layers_to_build(config, vp_stage=vp_stage)

@@ -101,12 +101,7 @@ def _forget_group_state() -> None:
 
 def seed_everything(seed: int, env: DistEnv, cuda_graphs: bool = False) -> None:
     """Megatron-LM's seeding: one seed per pipeline stage, named streams for TP/EP regions.
-    cuda_graphs: use megatron's graph-safe CUDA generators (its CUDA-graph layers require them).
-    Transformer layers are initialised from the run's seed and their own number
-    (model/layer_seed.py), whatever stage builds them."""
-    from megatron_dmoe.model.layer_seed import set_layer_init_seed
-
-    set_layer_init_seed(seed)
+    cuda_graphs: use megatron's graph-safe CUDA generators (its CUDA-graph layers require them)."""
     seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     random.seed(seed)
     np.random.seed(seed)

@@ -16,6 +16,7 @@ from megatron.core import parallel_state as ps
 
 from megatron_dmoe.config import RunConfig, save_config
 from megatron_dmoe.model.gpt import build_model_chunks, padded_vocab_size
+from megatron_dmoe.model.layer_seed import set_layer_init_seed
 from megatron_dmoe.moe import MoERunState, update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.training.checkpoint import (
@@ -89,6 +90,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     say(f"data: {describe_data(cfg, data)}")
 
     seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
+    set_layer_init_seed(tr.seed)  # each layer's weights from its number: the same at any pipeline layout
     run_state = MoERunState()  # what the model's MoE layers share: metrics, deferred weight grads, exchanges
     # one chunk per virtual pipeline stage (one without the interleaved schedule)
     model = build_model_chunks(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda, run_state=run_state)

@@ -177,6 +177,18 @@ CASES = {
         {**TP2, "model.hidden_size": 192, "model.num_attention_heads": 6,
          "parallel.tensor_model_parallel_size": 3}, None, EVERYTHING, "model.seq_length",
         ["128 is not divisible by parallel.tensor_model_parallel_size (3)", "multiple of 3"]),
+    "virtual_pipeline_without_pipeline": (
+        {"parallel.virtual_pipeline_model_parallel_size": 2}, None, BARE_CPU,
+        "parallel.virtual_pipeline_model_parallel_size",
+        ["needs parallel.pipeline_model_parallel_size > 1", "set it to null"]),
+    "virtual_pipeline_chunks_do_not_divide_layers": (
+        {"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2,
+         "parallel.virtual_pipeline_model_parallel_size": 3}, 2, BARE_CPU,
+        "parallel.virtual_pipeline_model_parallel_size", ["6 model chunks do not divide model.num_layers (4)"]),
+    "interleaved_micro_batches_not_a_multiple_of_pipeline": (
+        {"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2,
+         "parallel.virtual_pipeline_model_parallel_size": 2, "training.global_batch_size": 24}, 2, BARE_CPU,
+        "training.global_batch_size", ["3 micro-batches per step", "use a multiple of 16"]),
     "transformer_engine_missing": (
         {"model.transformer_impl": "transformer_engine"}, None, BARE_CPU, "model.transformer_impl",
         ["cannot be imported", "use auto or local"]),
@@ -326,6 +338,8 @@ VALID = {
         {"parallel.expert_model_parallel_size": 4, "moe.num_experts": 2,
          "training.micro_batch_size": 4}, 4, BARE_CPU),
     "tp_with_apex": (TP2, 2, APEX_ONLY),
+    "interleaved_pipeline": ({"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2,
+                              "parallel.virtual_pipeline_model_parallel_size": 2}, 2, BARE_CPU),
     "tensor_and_expert_parallel": (
         {**TP2, "parallel.expert_model_parallel_size": 2, "training.global_batch_size": 32}, 8,
         EVERYTHING),
