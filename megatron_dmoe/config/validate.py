@@ -547,16 +547,6 @@ class _Checker:
         if ok("training.device") and v("training.device") == "cuda" and not self.env.cuda:
             self.problem("training.device", "'cuda' but CUDA is not available here; use auto or "
                          "cpu")
-        if ok("training.use_distributed_optimizer", "training.device") \
-                and v("training.use_distributed_optimizer"):
-            if v("training.device") == "cpu":
-                self.problem("training.use_distributed_optimizer", "true needs CUDA, but "
-                             "training.device is cpu; set it to false")
-            elif not self.env.cuda:
-                self.problem("training.use_distributed_optimizer", "true needs CUDA "
-                             "(megatron-core's distributed optimizer allocates on the GPU), which "
-                             "is not available here; set it to false")
-
         self._check_cuda_graphs()
         self._check_ep_exchange()
         self._check_expert_wgrad_per_step()

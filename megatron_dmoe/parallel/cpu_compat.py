@@ -102,6 +102,7 @@ def apply_cpu_compat() -> None:
     mcore_random._CUDA_RNG_STATE_TRACKER = _make_cpu_rng_tracker_class()()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _redirect_pipeline_to_cpu()
+    _redirect_optimizers_to_cpu()
     _applied = True
 
 
@@ -119,10 +120,25 @@ def seed_rng_trackers(seed: int) -> None:
     tracker.add(mcore_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, expert_seed)
 
 
+def _host_device(device):
+    """'cuda' (any form) -> 'cpu'; other devices as given."""
+    if device is None or isinstance(device, int):
+        return "cpu" if isinstance(device, int) else device
+    return "cpu" if torch.device(device).type == "cuda" else device
+
+
+def _made_on_host(factory):
+    @functools.wraps(factory)
+    def make(*args, device=None, **kwargs):
+        return factory(*args, device=_host_device(device), **kwargs)
+
+    return make
+
+
 class _TorchOnCpu:
-    """`torch` as seen by megatron's pipeline schedules and point-to-point code on a CPU run:
-    tensors asked for on 'cuda' are made on the CPU, the current device is the CPU, and device
-    synchronisation is a no-op; everything else is torch itself."""
+    """`torch` as seen by megatron's pipeline schedules, point-to-point code and optimizers on a
+    CPU run: tensors asked for on 'cuda' are made on the CPU, the current device is the CPU, and
+    device synchronisation is a no-op; everything else is torch itself."""
 
     class _Cuda:
         @staticmethod
@@ -137,10 +153,10 @@ class _TorchOnCpu:
             return getattr(torch.cuda, name)
 
     cuda = _Cuda()
-
-    @staticmethod
-    def zeros(*args, device=None, **kwargs):
-        return torch.zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+    tensor = staticmethod(_made_on_host(torch.tensor))
+    zeros = staticmethod(_made_on_host(torch.zeros))
+    ones = staticmethod(_made_on_host(torch.ones))
+    empty = staticmethod(_made_on_host(torch.empty))
 
     def __getattr__(self, name):
         return getattr(torch, name)
@@ -176,3 +192,59 @@ def _redirect_pipeline_to_cpu() -> None:
             return setup(self, *args, **kwargs)
 
     module.setup_embeddings_and_output_layer = setup_on_cpu
+
+
+@contextlib.contextmanager
+def _host_tensors_named_as_cuda():
+    """`tensor.type()` names a host tensor as its CUDA twin ('torch.cuda.FloatTensor'): megatron's
+    optimizers sort parameters by that name."""
+    original = torch.Tensor.type
+
+    def cuda_name(self, *args, **kwargs):
+        name = original(self, *args, **kwargs)
+        if args or kwargs or self.is_cuda:
+            return name
+        return name.replace("torch.", "torch.cuda.", 1)
+
+    torch.Tensor.type = cuda_name
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original
+
+
+def _host_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """megatron's local multi_tensor_l2norm (the L2 norm of all tensors of the lists), on the host."""
+    norms = torch.stack([torch.linalg.vector_norm(t.float()) for tensors in tensor_lists for t in tensors])
+    return torch.linalg.vector_norm(norms).reshape(1), None
+
+
+def _redirect_optimizers_to_cpu() -> None:
+    """megatron-core's optimizers on gloo (the distributed optimizer): their scale, overflow and
+    norm tensors are made on 'cuda', and parameters are grouped by their CUDA type names. The
+    collectives they use (reduce-scatter and all-gather into flat tensors, coalesced) exist on gloo."""
+    from megatron.core import utils as mcore_utils
+    from megatron.core.optimizer import clip_grads, distrib_optimizer, grad_scaler, optimizer as mcore_optimizer
+
+    shim = _TorchOnCpu()
+    for module in (clip_grads, distrib_optimizer, grad_scaler, mcore_optimizer):
+        module.torch = shim
+    optimizer_class = distrib_optimizer.DistributedOptimizer
+    build_groups = optimizer_class._build_model_and_main_param_groups.__func__  # a classmethod
+    clip = clip_grads.clip_grad_by_total_norm_fp32
+
+    @functools.wraps(build_groups)
+    def build_groups_on_cpu(cls, *args, **kwargs):
+        with _host_tensors_named_as_cuda():
+            return build_groups(cls, *args, **kwargs)
+
+    @functools.wraps(clip)
+    def clip_on_cpu(*args, **kwargs):
+        with _host_tensors_named_as_cuda():
+            return clip(*args, **kwargs)
+
+    if getattr(clip_grads, "l2_norm_impl", None) is mcore_utils.local_multi_tensor_l2_norm:
+        clip_grads.l2_norm_impl = _host_l2_norm  # megatron's fallback returns its norm on 'cuda'
+    optimizer_class._build_model_and_main_param_groups = classmethod(build_groups_on_cpu)
+    clip_grads.clip_grad_by_total_norm_fp32 = clip_on_cpu
+    mcore_optimizer.clip_grad_by_total_norm_fp32 = clip_on_cpu  # imported by name there

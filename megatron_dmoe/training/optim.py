@@ -148,6 +148,10 @@ def _fuse_torch_adam(optimizer: MegatronOptimizer) -> None:
 
 def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
     config = optimizer_config(cfg)
+    if not on_cuda and config.use_distributed_optimizer:
+        # megatron's, on gloo through parallel/cpu_compat.py; parameters sharded over the
+        # data-parallel group, expert parameters over the expert-data-parallel group
+        return get_megatron_optimizer(config, model_chunks)
     if on_cuda:
         use_foreach_multi_tensor_ops()
         optimizer = get_megatron_optimizer(config, model_chunks)
