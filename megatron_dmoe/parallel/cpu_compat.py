@@ -246,5 +246,13 @@ def _redirect_optimizers_to_cpu() -> None:
     if getattr(clip_grads, "l2_norm_impl", None) is mcore_utils.local_multi_tensor_l2_norm:
         clip_grads.l2_norm_impl = _host_l2_norm  # megatron's fallback returns its norm on 'cuda'
     optimizer_class._build_model_and_main_param_groups = classmethod(build_groups_on_cpu)
+    gather_state = optimizer_class.get_parameter_state_dp_zero  # the reshardable checkpoint format
+
+    @functools.wraps(gather_state)
+    def gather_state_on_cpu(self, *args, **kwargs):
+        with _tensor_cuda_is_identity():
+            return gather_state(self, *args, **kwargs)
+
+    optimizer_class.get_parameter_state_dp_zero = gather_state_on_cpu
     clip_grads.clip_grad_by_total_norm_fp32 = clip_on_cpu
     mcore_optimizer.clip_grad_by_total_norm_fp32 = clip_on_cpu  # imported by name there

@@ -99,6 +99,20 @@ def _unwrap(chunk):
     return unwrap_model(chunk)
 
 
+def _optimizer_metadata(optimizer) -> Optional[dict]:
+    """How the distributed optimizer's state is laid out in a checkpoint: 'fully_reshardable' (one
+    tensor per parameter and state, as without the distributed optimizer), which loads at any
+    TP, PP, EP and DP size; the keys without the chained optimizers' prefixes (as Megatron-LM
+    saves). None for other optimizers: their state is already per parameter."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    if not any(isinstance(part, DistributedOptimizer) for part in parts):
+        return None
+    return {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
+            "singleton_local_shards": False}
+
+
 def _state_dict(model_chunks, optimizer, scheduler, progress: Progress, rng, is_loading: bool) -> dict:
     model_sd = {}
     for i, chunk in enumerate(model_chunks):
@@ -107,7 +121,9 @@ def _state_dict(model_chunks, optimizer, scheduler, progress: Progress, rng, is_
     state = dict(model_sd)
     if optimizer is not None:
         flat = model_sd["model"] if len(model_chunks) == 1 else model_sd
-        state["optimizer"] = optimizer.sharded_state_dict(flat, is_loading=is_loading)
+        metadata = _optimizer_metadata(optimizer)
+        extra = {} if metadata is None else {"metadata": metadata}
+        state["optimizer"] = optimizer.sharded_state_dict(flat, is_loading=is_loading, **extra)
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     state["progress"] = vars(progress).copy()
