@@ -191,6 +191,10 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
     saved = Progress(**common["progress"])
     same_layout = saved.world_size == dist.get_world_size()
     rng_template = _rng_state() if (optimizer is not None and same_layout) else None
+    if optimizer is not None:
+        from megatron_dmoe.training.optim import init_empty_adam_states
+
+        init_empty_adam_states(optimizer)
     template = _state_dict(model_chunks, optimizer, scheduler, saved, rng_template, is_loading=True)
     try:
         loaded = dist_checkpointing.load(template, str(path))
@@ -203,7 +207,10 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
     for i, chunk in enumerate(model_chunks):
         _unwrap(chunk).load_state_dict(loaded["model" if len(model_chunks) == 1 else f"model{i}"])
     if optimizer is not None:
+        from megatron_dmoe.training.optim import unshare_adam_steps
+
         optimizer.load_state_dict(loaded["optimizer"])
+        unshare_adam_steps(optimizer)
     if scheduler is not None:
         scheduler.load_state_dict(loaded["scheduler"])
     if rng_template is not None:
