@@ -23,7 +23,7 @@ from megatron.core.utils import get_model_config
 
 from megatron_dmoe.moe.global_aux_loss import reset_global_load_balance
 from megatron_dmoe.moe.run_state import MoERunState
-from megatron_dmoe.training.cuda_graphs import capture_layer_graphs, eager_layers
+from megatron_dmoe.training.cuda_graphs import capture_after_schedule, capture_layer_graphs, eager_layers
 
 Chunks = Union[torch.nn.Module, Sequence[torch.nn.Module]]
 
@@ -106,7 +106,8 @@ def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches
     config = get_model_config(chunks[0])
     # Megatron-LM's hook: the loss (and through the schedule the aux losses) times the fp16 scale
     config.grad_scale_func = optimizer.scale_loss
-    with run_state.wgrad.per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
+    with capture_after_schedule(chunks), \
+            run_state.wgrad.per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
         losses = _run_schedule(chunks, data, num_micro_batches, device, forward_only=False)
     for chunk in chunks:
         capture_layer_graphs(chunk, run_state.metrics)  # after the first step, with training.cuda_graphs
