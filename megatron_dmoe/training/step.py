@@ -125,6 +125,7 @@ def evaluate(model: Chunks, data: Iterator[dict], num_batches: int, num_micro_ba
         chunk.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(capture_after_schedule(chunks))  # nothing to capture from evaluation
         for chunk in chunks:
             stack.enter_context(eager_layers(chunk))
         for _ in range(num_batches):
