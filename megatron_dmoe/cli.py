@@ -227,6 +227,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         par.pipeline_model_parallel_size,
         par.expert_model_parallel_size,
         par.expert_tensor_parallel_size,
+        virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size,
     )
     failed = True
     try:

@@ -92,6 +92,8 @@ class MoEConfig:
 class ParallelConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    # model chunks per pipeline rank (the interleaved schedule); None = one chunk
+    virtual_pipeline_model_parallel_size: Optional[int] = None
     expert_model_parallel_size: int = 1
     # Ranks each expert's weights are split over (megatron-core's name). Only 1 is supported: the
     # experts are whole on every rank of a tensor-parallel group, each routing its sequence shard.

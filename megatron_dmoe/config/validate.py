@@ -30,7 +30,7 @@ EP_KEY = "parallel.expert_model_parallel_size"
 ETP_KEY = "parallel.expert_tensor_parallel_size"
 CP_KEY = "parallel.context_parallel_size"
 SP_KEY = "parallel.sequence_parallel"
-VPP_KEY = "parallel.virtual_pipeline_model_parallel_size"  # where the schema has it
+VPP_KEY = "parallel.virtual_pipeline_model_parallel_size"
 
 # The MoE layer's own settings: each MoEOptions field and the YAML key it comes from. Their allowed
 # values, ranges and cross-field rules live in megatron_dmoe/moe/options.py, which the layer obeys;
@@ -106,6 +106,7 @@ RANGES = {
        if MOE_KEYS[field].startswith("moe.") and field not in ("num_experts", "ffn_hidden_size")},
     "parallel.tensor_model_parallel_size": (1, None, True, None),
     "parallel.pipeline_model_parallel_size": (1, None, True, None),
+    "parallel.virtual_pipeline_model_parallel_size": (1, None, True, None),
     "parallel.expert_model_parallel_size": (1, None, True, None),
     "parallel.expert_tensor_parallel_size": (1, None, True, None),
     "parallel.context_parallel_size": (1, None, True, None),
@@ -420,6 +421,8 @@ class _Checker:
             layers, pp = v("model.num_layers"), v(pp_key)
             self.problem("model.num_layers", f"{layers} is not divisible by {pp_key} ({pp}); use "
                          f"a multiple of {pp}")
+        elif ok(pp_key, VPP_KEY, "model.num_layers") and self.raw(VPP_KEY) is not None:
+            self._check_virtual_pipeline(v(pp_key), v(VPP_KEY), v("model.num_layers"))
         if ok(ep_key, "moe.num_experts") and v(ep_key) > 1:
             ep, experts = v(ep_key), v("moe.num_experts")
             if experts == 0:
@@ -433,7 +436,6 @@ class _Checker:
             else:
                 self._check_expert_parallel_layout(ep, experts)
         self._check_tensor_parallel()
-        self._check_virtual_pipeline()
         if ok(CP_KEY) and v(CP_KEY) != 1:
             self.problem(CP_KEY, f"{v(CP_KEY)}: context parallelism is not supported; use 1")
         if ok(ETP_KEY) and v(ETP_KEY) != 1:
@@ -472,26 +474,6 @@ class _Checker:
             return True
         return not all(moe_layer_pattern(v("model.num_layers"), v("moe.layer_freq"), v("moe.first_dense_layers")))
 
-    def _virtual_pipeline_size(self) -> Optional[int]:
-        """parallel.virtual_pipeline_model_parallel_size when the schema has it and it is set."""
-        if VPP_KEY.split(".")[1] not in section_types()["parallel"] or not self.ok(VPP_KEY):
-            return None
-        value = self.v(VPP_KEY)
-        return value if isinstance(value, int) and value >= 1 else None
-
-    def _check_virtual_pipeline(self) -> None:
-        """Model chunks per pipeline rank: the layers split evenly over PP x VPP chunks."""
-        vpp = self._virtual_pipeline_size()
-        if vpp is None or vpp == 1 or not self.ok(PP_KEY, "model.num_layers"):
-            return
-        pp, layers = self.v(PP_KEY), self.v("model.num_layers")
-        if pp == 1:
-            self.problem(VPP_KEY, f"{vpp} needs {PP_KEY} > 1 (virtual stages interleave pipeline "
-                         f"ranks); use 1 or null")
-        elif layers % (pp * vpp):
-            self.problem("model.num_layers", f"{layers} is not divisible by {PP_KEY} ({pp}) x {VPP_KEY} "
-                         f"({vpp}) = {pp * vpp}; use a multiple of {pp * vpp}")
-
     def _check_expert_parallel_layout(self, ep: int, experts: int) -> None:
         """Rules of a valid EP layout: ffn shards when there are more ranks than experts, and
         no token-dropping baseline (it runs on local experts only)."""
@@ -509,6 +491,16 @@ class _Checker:
             self.problem(capacity_key, f"{_fmt(self.raw(capacity_key))} (the token-dropping "
                          f"baseline) runs without expert parallelism, but {EP_KEY} is {ep}; set "
                          f"it to null (dropless) or {EP_KEY} to 1")
+
+    def _check_virtual_pipeline(self, pp: int, vpp: int, layers: int) -> None:
+        """The interleaved schedule: several model chunks per pipeline rank, each with whole layers."""
+        if pp == 1:
+            self.problem(VPP_KEY, f"{vpp} needs {PP_KEY} > 1 (it splits each pipeline rank's layers "
+                         f"into chunks); set it to null or raise {PP_KEY}")
+        elif layers % (pp * vpp):
+            self.problem(VPP_KEY, f"{vpp} x {PP_KEY} ({pp}) = {pp * vpp} model chunks do not divide "
+                         f"model.num_layers ({layers}); use a value whose product with {pp} divides "
+                         f"{layers}, or null")
 
     def check_world_size(self) -> None:
         v, ok = self.v, self.ok
@@ -549,6 +541,13 @@ class _Checker:
                 self.problem(global_key, f"{total} is not divisible by {micro_key} ({micro}) x "
                              f"data-parallel size ({data_parallel}) = {step}; use a multiple of "
                              f"{step}")
+            elif ok(pp_key, VPP_KEY) and self.raw(VPP_KEY) is not None and (total // step) % v(pp_key):
+                # megatron's interleaved schedule runs the micro-batches in groups of the pipeline size
+                self.problem(global_key, f"{total} gives {total // step} micro-batches per step "
+                             f"(/ ({micro_key} {micro} x data-parallel size {data_parallel})), which "
+                             f"the interleaved schedule ({VPP_KEY} {v(VPP_KEY)}) needs to be a "
+                             f"multiple of {pp_key} ({v(pp_key)}); use a multiple of "
+                             f"{step * v(pp_key)}")
         elif total % micro:
             self.problem(global_key, f"{total} is not divisible by {micro_key} ({micro}); use a "
                          f"multiple of {micro}")
@@ -585,16 +584,6 @@ class _Checker:
         if ok("training.device") and v("training.device") == "cuda" and not self.env.cuda:
             self.problem("training.device", "'cuda' but CUDA is not available here; use auto or "
                          "cpu")
-        if ok("training.use_distributed_optimizer", "training.device") \
-                and v("training.use_distributed_optimizer"):
-            if v("training.device") == "cpu":
-                self.problem("training.use_distributed_optimizer", "true needs CUDA, but "
-                             "training.device is cpu; set it to false")
-            elif not self.env.cuda:
-                self.problem("training.use_distributed_optimizer", "true needs CUDA "
-                             "(megatron-core's distributed optimizer allocates on the GPU), which "
-                             "is not available here; set it to false")
-
         self._check_cuda_graphs()
         self._check_ep_exchange()
         self._check_expert_wgrad_per_step()

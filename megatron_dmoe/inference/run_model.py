@@ -76,6 +76,7 @@ def inference_config(cfg: RunConfig, device: str, expert_parallel: int = 1) -> R
     out.moe.expert_wgrad_per_step = False
     out.parallel.tensor_model_parallel_size = 1
     out.parallel.pipeline_model_parallel_size = 1
+    out.parallel.virtual_pipeline_model_parallel_size = None  # one process holds every layer
     out.parallel.sequence_parallel = False
     out.parallel.expert_model_parallel_size = expert_parallel
     out.training.use_distributed_optimizer = False  # no optimizer here

@@ -1,7 +1,7 @@
 """Build a megatron-core GPTModel whose MLPs are our MoE layer, from a resolved run configuration."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from megatron.core import parallel_state as ps
@@ -73,8 +73,10 @@ def build_gpt_model(
     on_cuda: bool,
     core_attention: str = "sdpa",
     run_state: Optional[MoERunState] = None,
+    vp_stage: Optional[int] = None,
 ) -> GPTModel:
-    """One model chunk for this pipeline stage (process groups must be initialised).
+    """One model chunk for this pipeline stage (process groups must be initialised); `vp_stage`
+    picks the chunk of this rank under the interleaved schedule (None without it).
 
     `vocab_size` is the tokenizer's; the embedding is padded as Megatron-LM pads it. The MoE layers
     share `run_state` (the training loop's), or one new state.
@@ -89,19 +91,30 @@ def build_gpt_model(
         use_transformer_engine=use_transformer_engine(cfg, on_cuda),
         core_attention=core_attention,
         moe_params=moe_params,
+        vp_stage=vp_stage,
     )
     model = GPTModelWithFusedLoss(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=padded_vocab_size(vocab_size, cfg),
         max_sequence_length=cfg.model.max_position_embeddings,
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
+        pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+        post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
         share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
         position_embedding_type=cfg.model.position_embedding_type,
         rotary_base=cfg.model.rotary_base,
         triton_cross_entropy=use_triton_cross_entropy(cfg, on_cuda),
+        vp_stage=vp_stage,
     )
     if on_cuda:
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def build_model_chunks(cfg: RunConfig, vocab_size: int, on_cuda: bool,
+                       run_state: Optional[MoERunState] = None) -> List[GPTModel]:
+    """This rank's model chunks: one per virtual pipeline stage (one without the interleaved
+    schedule), as Megatron-LM's get_model builds them."""
+    virtual = cfg.parallel.virtual_pipeline_model_parallel_size
+    stages = [None] if virtual is None else range(virtual)
+    return [build_gpt_model(cfg, vocab_size, on_cuda, run_state=run_state, vp_stage=stage) for stage in stages]

@@ -35,6 +35,7 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 from megatron_dmoe.compat import mcore as mcore_compat
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.model.attention import SDPAttention
+from megatron_dmoe.model.layer_seed import seeded_layer_class
 from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
 from megatron_dmoe.model.norm import FusedNorm
 from megatron_dmoe.moe.layer import MoELayer
@@ -160,6 +161,8 @@ def block_spec(
         )
         for moe in (False, True)
     }
+    # the same initial weights at any pipeline layout (model/layer_seed.py)
+    kinds = {moe: dataclasses.replace(spec, module=seeded_layer_class(spec.module)) for moe, spec in kinds.items()}
     pattern = config_moe_layers(config)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     count = get_num_layers_to_build(config, vp_stage=vp_stage)

@@ -88,6 +88,11 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         pipeline_dtype=dtype,
         tensor_model_parallel_size=par.tensor_model_parallel_size,
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size,
+        # gloo matches a batch's messages between two ranks in posting order, which swaps the
+        # interleaved schedule's activations and gradients; megatron's unbatched exchange orders
+        # them by rank parity
+        batch_p2p_comm=on_cuda,
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         sequence_parallel=par.sequence_parallel,

@@ -131,6 +131,8 @@ def apply_cpu_compat() -> None:
     mcore_random._set_cuda_rng_state = lambda *args, **kwargs: None
     mcore_random._CUDA_RNG_STATE_TRACKER = _make_cpu_rng_tracker_class()()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _redirect_pipeline_to_cpu()
+    _redirect_optimizers_to_cpu()
     _applied = True
 
 
@@ -146,3 +148,151 @@ def seed_rng_trackers(seed: int) -> None:
     tracker.add(mcore_random._MODEL_PARALLEL_RNG_TRACKER_NAME, offset + ps.get_tensor_model_parallel_rank())
     expert_seed = seed + 1024 + 100 * ps.get_expert_model_parallel_rank() + ps.get_expert_tensor_parallel_rank()
     tracker.add(mcore_random._EXPERT_PARALLEL_RNG_TRACKER_NAME, expert_seed)
+
+
+def _host_device(device):
+    """'cuda' (any form) -> 'cpu'; other devices as given."""
+    if device is None or isinstance(device, int):
+        return "cpu" if isinstance(device, int) else device
+    return "cpu" if torch.device(device).type == "cuda" else device
+
+
+def _made_on_host(factory):
+    @functools.wraps(factory)
+    def make(*args, device=None, **kwargs):
+        return factory(*args, device=_host_device(device), **kwargs)
+
+    return make
+
+
+class _TorchOnCpu:
+    """`torch` as seen by megatron's pipeline schedules, point-to-point code and optimizers on a
+    CPU run: tensors asked for on 'cuda' are made on the CPU, the current device is the CPU, and
+    device synchronisation is a no-op; everything else is torch itself."""
+
+    class _Cuda:
+        @staticmethod
+        def current_device():
+            return "cpu"
+
+        @staticmethod
+        def synchronize(*args, **kwargs):
+            return None
+
+        def __getattr__(self, name):
+            return getattr(torch.cuda, name)
+
+    cuda = _Cuda()
+    tensor = staticmethod(_made_on_host(torch.tensor))
+    zeros = staticmethod(_made_on_host(torch.zeros))
+    ones = staticmethod(_made_on_host(torch.ones))
+    empty = staticmethod(_made_on_host(torch.empty))
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def _tensor_cuda_is_identity():
+    """`tensor.cuda()` returns the tensor itself (a CPU run has no device to move to)."""
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+def _redirect_pipeline_to_cpu() -> None:
+    """Pipeline parallelism on gloo: megatron's schedules count tokens in a CUDA tensor, its
+    point-to-point exchange allocates receive buffers on the current CUDA device and synchronises
+    it, and the last stage's copy of tied embeddings is moved to CUDA before its first all-reduce."""
+    from megatron.core.models.common.language_module import language_module
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+
+    shim = _TorchOnCpu()
+    schedules.torch = shim
+    p2p_communication.torch = shim
+    module = language_module.LanguageModule
+    setup = module.setup_embeddings_and_output_layer
+
+    @functools.wraps(setup)
+    def setup_on_cpu(self, *args, **kwargs):
+        with _tensor_cuda_is_identity():
+            return setup(self, *args, **kwargs)
+
+    module.setup_embeddings_and_output_layer = setup_on_cpu
+
+
+@contextlib.contextmanager
+def _host_tensors_named_as_cuda():
+    """`tensor.type()` names a host tensor as its CUDA twin ('torch.cuda.FloatTensor'): megatron's
+    optimizers sort parameters by that name."""
+    original = torch.Tensor.type
+
+    def cuda_name(self, *args, **kwargs):
+        name = original(self, *args, **kwargs)
+        if args or kwargs or self.is_cuda:
+            return name
+        return name.replace("torch.", "torch.cuda.", 1)
+
+    torch.Tensor.type = cuda_name
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original
+
+
+def _host_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """megatron's local multi_tensor_l2norm (the L2 norm of all tensors of the lists), on the host."""
+    norms = torch.stack([torch.linalg.vector_norm(t.float()) for tensors in tensor_lists for t in tensors])
+    return torch.linalg.vector_norm(norms).reshape(1), None
+
+
+def _redirect_optimizers_to_cpu() -> None:
+    """megatron-core's optimizers on gloo (the distributed optimizer): their scale, overflow and
+    norm tensors are made on 'cuda', and parameters are grouped by their CUDA type names. The
+    collectives they use (reduce-scatter and all-gather into flat tensors, coalesced) exist on gloo."""
+    from megatron.core import utils as mcore_utils
+    from megatron.core.optimizer import clip_grads, distrib_optimizer, grad_scaler, optimizer as mcore_optimizer
+
+    shim = _TorchOnCpu()
+    for module in (clip_grads, distrib_optimizer, grad_scaler, mcore_optimizer):
+        module.torch = shim
+    optimizer_class = distrib_optimizer.DistributedOptimizer
+    build_groups = optimizer_class._build_model_and_main_param_groups.__func__  # a classmethod
+    clip = clip_grads.clip_grad_by_total_norm_fp32
+
+    @functools.wraps(build_groups)
+    def build_groups_on_cpu(cls, *args, **kwargs):
+        with _host_tensors_named_as_cuda():
+            return build_groups(cls, *args, **kwargs)
+
+    @functools.wraps(clip)
+    def clip_on_cpu(*args, **kwargs):
+        with _host_tensors_named_as_cuda():
+            return clip(*args, **kwargs)
+
+    if getattr(clip_grads, "l2_norm_impl", None) is mcore_utils.local_multi_tensor_l2_norm:
+        clip_grads.l2_norm_impl = _host_l2_norm  # megatron's fallback returns its norm on 'cuda'
+    optimizer_class._build_model_and_main_param_groups = classmethod(build_groups_on_cpu)
+    gather_state = optimizer_class.get_parameter_state_dp_zero  # the reshardable checkpoint format
+
+    @functools.wraps(gather_state)
+    def gather_state_on_cpu(self, *args, **kwargs):
+        with _tensor_cuda_is_identity():
+            return gather_state(self, *args, **kwargs)
+
+    optimizer_class.get_parameter_state_dp_zero = gather_state_on_cpu
+    set_states = optimizer_class._set_main_param_and_optimizer_states
+
+    @functools.wraps(set_states)
+    def set_saved_states(self, model_param, tensors):
+        # torch's Adam (no TE or apex) keeps its step count with each parameter's moments; the
+        # reshardable checkpoint has it in the parameter groups (load_state_dict restores it from
+        # there), so a per-parameter 'step' the checkpoint lacks keeps its restored value
+        return set_states(self, model_param, {**self._get_main_param_and_optimizer_states(model_param), **tensors})
+
+    optimizer_class._set_main_param_and_optimizer_states = set_saved_states
+    clip_grads.clip_grad_by_total_norm_fp32 = clip_on_cpu
+    mcore_optimizer.clip_grad_by_total_norm_fp32 = clip_on_cpu  # imported by name there

@@ -11,6 +11,7 @@ import os
 import random
 import socket
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -54,6 +55,7 @@ def init_distributed(
     expert_model_parallel_size: int = 1,
     expert_tensor_parallel_size: int = 1,
     timeout_minutes: int = 30,
+    virtual_pipeline_model_parallel_size: Optional[int] = None,
 ) -> DistEnv:
     """Initialise (or re-use) the default process group, then megatron's model-parallel groups."""
     import datetime
@@ -88,6 +90,7 @@ def init_distributed(
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
         pipeline_model_parallel_size=pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=virtual_pipeline_model_parallel_size,
         expert_model_parallel_size=expert_model_parallel_size,
         # megatron's default (None) is the tensor-parallel size; our experts are whole (1) unless asked
         expert_tensor_parallel_size=expert_tensor_parallel_size,

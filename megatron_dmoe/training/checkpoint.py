@@ -102,6 +102,20 @@ def _unwrap(chunk):
     return unwrap_model(chunk)
 
 
+def _optimizer_metadata(optimizer) -> Optional[dict]:
+    """How the distributed optimizer's state is laid out in a checkpoint: 'fully_reshardable' (one
+    tensor per parameter and state, as without the distributed optimizer), which loads at any
+    TP, PP, EP and DP size; the keys without the chained optimizers' prefixes (as Megatron-LM
+    saves). None for other optimizers: their state is already per parameter."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    if not any(isinstance(part, DistributedOptimizer) for part in parts):
+        return None
+    return {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
+            "singleton_local_shards": False}
+
+
 def _state_dict(model_chunks, optimizer, scheduler, progress: Progress, rng, is_loading: bool) -> dict:
     model_sd = {}
     for i, chunk in enumerate(model_chunks):
@@ -110,7 +124,9 @@ def _state_dict(model_chunks, optimizer, scheduler, progress: Progress, rng, is_
     state = dict(model_sd)
     if optimizer is not None:
         flat = model_sd["model"] if len(model_chunks) == 1 else model_sd
-        state["optimizer"] = optimizer.sharded_state_dict(flat, is_loading=is_loading)
+        metadata = _optimizer_metadata(optimizer)
+        extra = {} if metadata is None else {"metadata": metadata}
+        state["optimizer"] = optimizer.sharded_state_dict(flat, is_loading=is_loading, **extra)
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     state["progress"] = vars(progress).copy()
@@ -203,6 +219,10 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
     saved = Progress(**common["progress"])
     same_layout = saved.world_size == dist.get_world_size()
     rng_template = _rng_state() if (optimizer is not None and same_layout) else None
+    if optimizer is not None:
+        from megatron_dmoe.training.optim import init_empty_adam_states
+
+        init_empty_adam_states(optimizer)
     template = _state_dict(model_chunks, optimizer, scheduler, saved, rng_template, is_loading=True)
     try:
         with _quiet_loading():
@@ -216,7 +236,10 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
     for i, chunk in enumerate(model_chunks):
         _unwrap(chunk).load_state_dict(loaded["model" if len(model_chunks) == 1 else f"model{i}"])
     if optimizer is not None:
+        from megatron_dmoe.training.optim import unshare_adam_steps
+
         optimizer.load_state_dict(loaded["optimizer"])
+        unshare_adam_steps(optimizer)
     if scheduler is not None:
         scheduler.load_state_dict(loaded["scheduler"])
     if rng_template is not None:

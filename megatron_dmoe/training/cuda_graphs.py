@@ -45,6 +45,25 @@ def capture_layer_graphs(model: torch.nn.Module, moe_metrics=None) -> None:
             t.copy_(value)
 
 
+@contextlib.contextmanager
+def capture_after_schedule(chunks) -> Iterator[None]:
+    """megatron-core's forward-backward schedules capture the recorded layers themselves at the end
+    of a step (`create_cudagraphs`); inside this block they leave that to the caller, who captures
+    with `capture_layer_graphs` once the step's deferred expert weight gradients are done, so the
+    warm-up runs touch neither those nor the MoE metrics and module buffers."""
+    from megatron.core.pipeline_parallel import schedules
+
+    if not any(_uses_layer_graphs(chunk) for chunk in chunks):
+        yield
+        return
+    original = schedules.create_cudagraphs
+    schedules.create_cudagraphs = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        schedules.create_cudagraphs = original
+
+
 def release_layer_graphs() -> None:
     """Drop every captured graph and megatron's global capture record (before building another
     model in this process)."""

@@ -16,7 +16,8 @@ from megatron.core import parallel_state as ps
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.cuda_graphs_rules import resolve_cuda_graphs
-from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
+from megatron_dmoe.model.gpt import build_model_chunks, padded_vocab_size
+from megatron_dmoe.model.layer_seed import set_layer_init_seed
 from megatron_dmoe.moe import MoERunState, update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.training.checkpoint import (
@@ -31,6 +32,7 @@ from megatron_dmoe.training.flops import model_flops_per_token
 from megatron_dmoe.training.metrics import METRICS_FILE, MetricsLogger, moe_log_values
 from megatron_dmoe.training.model_setup import wrap_for_training
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
+from megatron_dmoe.training.pipeline_metrics import over_pipeline
 from megatron_dmoe.training.preemption import PreemptionWatcher
 from megatron_dmoe.training.run_dir import (
     checkpoint_root,
@@ -92,23 +94,25 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     say(f"data: {describe_data(cfg, data)}")
 
     seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
+    set_layer_init_seed(tr.seed)  # each layer's weights from its number: the same at any pipeline layout
     run_state = MoERunState()  # what the model's MoE layers share: metrics, deferred weight grads, exchanges
-    model = build_gpt_model(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda, run_state=run_state)
+    # one chunk per virtual pipeline stage (one without the interleaved schedule)
+    model = build_model_chunks(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda, run_state=run_state)
     say(f"model: {describe_model(model, cfg, env.device)}")
     model = wrap_for_training(model, tr.use_distributed_optimizer)
-    optimizer = build_optimizer(cfg, [model], env.on_cuda)
+    optimizer = build_optimizer(cfg, model, env.on_cuda)
     scheduler = build_scheduler(cfg, optimizer)
 
     progress = Progress(world_size=env.world_size)
     if resume and latest is not None:
-        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), [model], optimizer, scheduler)
+        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), model, optimizer, scheduler)
         progress.world_size = env.world_size
     elif cfg.checkpoint.load:
-        load_checkpoint(Path(cfg.checkpoint.load), [model])
+        load_checkpoint(Path(cfg.checkpoint.load), model)
     elif cfg.checkpoint.upcycle_from:
         from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
 
-        upcycle_dense_checkpoint(cfg, [model], optimizer)
+        upcycle_dense_checkpoint(cfg, model, optimizer)
     dist.barrier()  # every rank has loaded before the run directory changes
     if env.is_main:
         write_run_config(cfg, run_dir, overwrite, software_versions())
@@ -145,7 +149,8 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
     moe_metrics = run_state.metrics
     moe_metrics.megatron_tracker = False  # this loop logs the sums itself
-    model.train()
+    for chunk in model:
+        chunk.train()
     window_start, window_steps = time.perf_counter(), 0
     window_loss = torch.zeros((), device=env.device)  # summed on the device: no per-step sync
     try:
@@ -187,7 +192,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
                     # the peak of memory allocated on this GPU so far (captured graphs' pools included)
                     "peak_memory_gib": torch.cuda.max_memory_allocated(env.device) / 2**30 if env.on_cuda else None,
                 }
-                values.update(moe_log_values(moe_metrics.snapshot(group=ps.get_data_parallel_group())))
+                values.update(moe_log_values(over_pipeline(moe_metrics.snapshot(group=ps.get_data_parallel_group()))))
                 moe_metrics.reset()
                 result.losses.append(values["loss"])
                 window_start, window_steps = time.perf_counter(), 0
@@ -207,7 +212,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
             interval = cfg.checkpoint.save_interval
             save_due = (interval and step % interval == 0) or ((last or stop_signal) and interval != 0)
             if save_due:
-                path = save_checkpoint(ckpt_root, [model], optimizer, scheduler, progress, cfg.checkpoint.keep_last)
+                path = save_checkpoint(ckpt_root, model, optimizer, scheduler, progress, cfg.checkpoint.keep_last)
                 logger.message(f"saved checkpoint {path}")
                 window_start = time.perf_counter()
             if stop_signal:

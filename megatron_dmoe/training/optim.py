@@ -58,6 +58,29 @@ def _init_adam_state(optimizer: torch.optim.Optimizer, config=None) -> None:
                 state["exp_avg_sq"] = torch.zeros_like(p.data)
 
 
+def init_empty_adam_states(optimizer: MegatronOptimizer) -> None:
+    """Give torch's Adam under megatron's optimizers empty moments and step counts where it has no
+    state yet (a fresh optimizer about to load a checkpoint): megatron's distributed optimizer reads
+    the step count from the state of torch's Adam (without TE or apex) when it lays its checkpoint
+    state out, and has none before the first step."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if isinstance(inner, torch.optim.Optimizer) and not inner.state:
+            _init_adam_state(inner)
+
+
+def unshare_adam_steps(optimizer: MegatronOptimizer) -> None:
+    """After megatron's distributed optimizer loaded a checkpoint: without TE or apex it gives every
+    parameter the same step-count tensor, which torch's Adam then increments once per parameter;
+    each parameter gets its own copy."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if isinstance(inner, torch.optim.Optimizer):
+            for state in inner.state.values():
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].clone()
+
+
 class CpuOptimizer(FP32Optimizer):
     """megatron's FP32Optimizer without its CUDA allocations (loss scale and grad-norm buffers)."""
 
@@ -172,6 +195,10 @@ def _expert_duplicates_by_expert_tensor_group(optimizer: MegatronOptimizer) -> N
 
 def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
     config = optimizer_config(cfg)
+    if not on_cuda and config.use_distributed_optimizer:
+        # megatron's, on gloo through parallel/cpu_compat.py; parameters sharded over the
+        # data-parallel group, expert parameters over the expert-data-parallel group
+        return get_megatron_optimizer(config, model_chunks)
     if on_cuda:
         use_foreach_multi_tensor_ops()
         optimizer = get_megatron_optimizer(config, model_chunks)

@@ -46,7 +46,10 @@ def parameter_counts(model, cfg: RunConfig, device: torch.device) -> Tuple[int, 
     stages. A token passes through top_k of num_experts experts in each MoE layer.
     """
     split = replicated = expert = 0
-    for param in model.parameters():
+    chunks = [model] if isinstance(model, torch.nn.Module) else model  # or its virtual-stage chunks
+    for param in (p for chunk in chunks for p in chunk.parameters()):
+        if getattr(param, "shared", False):
+            continue  # the last pipeline stage's copy of tied embeddings
         if is_expert_parallel(param):
             expert += param.numel()
         elif is_tensor_parallel(param):

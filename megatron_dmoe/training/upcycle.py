@@ -152,7 +152,8 @@ def upcycle_dense_checkpoint(cfg: RunConfig, model_chunks: List[torch.nn.Module]
     for chunk in model_chunks:
         model = _unwrap(chunk)
         on_cuda = next(model.parameters()).is_cuda
-        dense = build_gpt_model(_dense_config(cfg), vocab_size=model.vocab_size, on_cuda=on_cuda)
+        dense = build_gpt_model(_dense_config(cfg), vocab_size=model.vocab_size, on_cuda=on_cuda,
+                                vp_stage=getattr(model, "vp_stage", None))
         try:
             load_checkpoint(path, [dense])
         except CheckpointError:

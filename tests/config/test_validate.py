@@ -189,17 +189,23 @@ CASES = {
         {**TP2, "model.hidden_size": 192, "model.num_attention_heads": 6,
          "parallel.tensor_model_parallel_size": 3}, None, EVERYTHING, "model.seq_length",
         ["128 is not divisible by parallel.tensor_model_parallel_size (3)", "multiple of 3"]),
+    "virtual_pipeline_without_pipeline": (
+        {"parallel.virtual_pipeline_model_parallel_size": 2}, None, BARE_CPU,
+        "parallel.virtual_pipeline_model_parallel_size",
+        ["needs parallel.pipeline_model_parallel_size > 1", "set it to null"]),
+    "virtual_pipeline_chunks_do_not_divide_layers": (
+        {"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2,
+         "parallel.virtual_pipeline_model_parallel_size": 3}, 2, BARE_CPU,
+        "parallel.virtual_pipeline_model_parallel_size", ["6 model chunks do not divide model.num_layers (4)"]),
+    "interleaved_micro_batches_not_a_multiple_of_pipeline": (
+        {"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2,
+         "parallel.virtual_pipeline_model_parallel_size": 2, "training.global_batch_size": 24}, 2, BARE_CPU,
+        "training.global_batch_size", ["3 micro-batches per step", "use a multiple of 16"]),
     "transformer_engine_missing": (
         {"model.transformer_impl": "transformer_engine"}, None, BARE_CPU, "model.transformer_impl",
         ["cannot be imported", "use auto or local"]),
     "cuda_missing": ({"training.device": "cuda"}, None, BARE_CPU, "training.device",
                      ["CUDA is not available", "use auto or cpu"]),
-    "distributed_optimizer_without_cuda": (
-        {"training.use_distributed_optimizer": True}, None, BARE_CPU,
-        "training.use_distributed_optimizer", ["needs CUDA", "set it to false"]),
-    "distributed_optimizer_on_cpu_device": (
-        {"training.use_distributed_optimizer": True, "training.device": "cpu"}, None, EVERYTHING,
-        "training.use_distributed_optimizer", ["training.device is cpu", "set it to false"]),
     "bf16_without_cuda": (
         {"training.bf16": True}, None, BARE_CPU, "training.bf16", ["needs CUDA", "fp32"]),
     "fp16_on_cpu_device": (
@@ -345,6 +351,10 @@ VALID = {
     "tp2_ep2_dp2_pp2": ({**TP2, "parallel.expert_model_parallel_size": 4,
                          "parallel.pipeline_model_parallel_size": 2, "training.global_batch_size": 16},
                         8, BARE_CPU),
+    "distributed_optimizer_on_cpu": ({"training.use_distributed_optimizer": True,
+                                      "parallel.expert_model_parallel_size": 2}, 2, BARE_CPU),
+    "interleaved_pipeline": ({"model.num_layers": 4, "parallel.pipeline_model_parallel_size": 2,
+                              "parallel.virtual_pipeline_model_parallel_size": 2}, 2, BARE_CPU),
     "tensor_and_expert_parallel": (
         {**TP2, "parallel.expert_model_parallel_size": 2, "training.global_batch_size": 32}, 8,
         EVERYTHING),
