@@ -2,9 +2,11 @@
 
 For a world size, the candidate layouts are all combinations of the parallel keys (tensor,
 sequence, expert, expert-tensor, context, pipeline) for a dense model and an MoE model (a dense
-first layer, then MoE). Validation decides which are accepted; each accepted one with pipeline size
-1 trains one step through the training loop, in the same processes (megatron's groups are rebuilt
-per layout). Pipeline layouts are listed but not run: the training step runs no pipeline schedule.
+first layer, then MoE). Validation decides which are accepted; each accepted one trains one step
+through the training loop, in the same processes (megatron's groups are rebuilt per layout), with
+the distributed optimizer wherever there is more than one data-parallel rank to shard over.
+Pipeline layouts train at 2 and 4 processes; at 8 (64 gloo groups per layout on two cores) they are
+validated only, and the interleaved schedule is covered by test_pipeline_training.
 """
 import itertools
 import json
@@ -31,6 +33,7 @@ AXES = {
     "context_parallel_size": ("cp", (1, 2)),
     "pipeline_model_parallel_size": ("pp", (1, 2)),
 }
+TRAINED_PIPELINES_UP_TO = 4  # world size
 
 
 def layouts(world_size, cache_dir):
@@ -40,7 +43,8 @@ def layouts(world_size, cache_dir):
         layout = dict(zip(AXES, values))
         dp = world_size // (layout["tensor_model_parallel_size"] * layout["pipeline_model_parallel_size"]) or 1
         overrides = MODEL + KINDS[kind] + [f"parallel.{k}={str(v).lower()}" for k, v in layout.items()] + [
-            f"training.global_batch_size={2 * dp}", f"data.cache_dir={cache_dir}"]
+            f"training.global_batch_size={2 * dp}", f"data.cache_dir={cache_dir}",
+            f"training.use_distributed_optimizer={str(dp > 1).lower()}"]
         cfg = resolve(load_config(None, overrides))
         name = "-".join([kind] + [f"{AXES[k][0]}{int(v)}" for k, v in layout.items()])
         out.append((name, cfg, find_problems(cfg, world_size, env=CPU)))
@@ -48,7 +52,7 @@ def layouts(world_size, cache_dir):
 
 
 def train_accepted_layouts(run_root, cache_dir, summary_file):
-    """Train one step of every accepted layout without pipeline parallelism; rank 0 writes a summary
+    """Train one step of every accepted layout; rank 0 writes a summary
     {accepted: [names], trained: {name: loss}, refused: count} to `summary_file`."""
     import torch.distributed as dist
 
@@ -60,10 +64,11 @@ def train_accepted_layouts(run_root, cache_dir, summary_file):
             continue
         accepted.append(name)
         par = cfg.parallel
-        if par.pipeline_model_parallel_size > 1:
+        if par.pipeline_model_parallel_size > 1 and world > TRAINED_PIPELINES_UP_TO:
             continue
         env = init_distributed("cpu", par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
-                               par.expert_model_parallel_size, par.expert_tensor_parallel_size)
+                               par.expert_model_parallel_size, par.expert_tensor_parallel_size,
+                               virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size)
         run_dir = Path(run_root) / name
         train(cfg, env, run_dir, resume=False)
         if env.is_main:
