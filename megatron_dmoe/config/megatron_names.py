@@ -15,7 +15,7 @@ _SAME_NAME = {
               "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by", "position_embedding_type",
               "rotary_base", "normalization", "hidden_dropout", "attention_dropout", "init_method_std",
               "untie_embeddings_and_output_weights", "transformer_impl", "cross_entropy_loss_fusion",
-              "cross_entropy_fusion_impl"],
+              "cross_entropy_fusion_impl", "use_cpu_initialization"],
     "moe": ["num_experts"],
     "parallel": ["tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                  "expert_tensor_parallel_size", "sequence_parallel", "context_parallel_size",
@@ -56,7 +56,8 @@ MEGATRON_KEYS: Dict[str, str] = {
     **_RENAMED,
 }
 # flags that take no value (store_true in Megatron-LM): `--bf16` is training.bf16=true
-SWITCHES = {"untie_embeddings_and_output_weights", "cross_entropy_loss_fusion", "sequence_parallel", "bf16",
+SWITCHES = {"untie_embeddings_and_output_weights", "use_cpu_initialization", "cross_entropy_loss_fusion",
+            "sequence_parallel", "bf16",
             "fp16", "use_distributed_optimizer", "moe_router_pre_softmax", "moe_router_enable_expert_bias",
             "moe_shared_expert_gate"}
 # switches that set a key to a value: `--swiglu` is model.activation=swiglu

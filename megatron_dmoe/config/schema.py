@@ -35,6 +35,9 @@ class ModelConfig:
     transformer_impl: str = "auto"  # auto | local | transformer_engine
     cross_entropy_loss_fusion: bool = False  # a fused vocabulary cross-entropy (CUDA)
     cross_entropy_fusion_impl: str = "auto"  # auto | triton | native: ours (tensor-parallel 1) or megatron's
+    # initialise every weight whole on the CPU, then split it: the same initial model at any tensor-
+    # or pipeline-parallel layout (CPU runs always do); on GPUs each rank otherwise draws its own shard
+    use_cpu_initialization: bool = False
 
 
 @dataclass

@@ -96,7 +96,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         sequence_parallel=par.sequence_parallel,
-        use_cpu_initialization=not on_cuda,
+        use_cpu_initialization=not on_cuda or m.use_cpu_initialization,
         # whole layers (an empty scope), forward and backward; validation limits where this applies
         # `is True`: an unresolved `auto` (a model built outside dmoe-train) runs eagerly
         cuda_graph_impl="local" if tr.cuda_graphs is True and on_cuda else "none",

@@ -3,7 +3,7 @@ the same global batch and seed give one GPU's per-step losses and grad norms, fo
 parallelism with sequence parallelism, pipeline parallelism (also interleaved) and expert
 parallelism with the distributed optimizer; fp32 within 1e-4, bf16 within 2e-2. With
 `training.cuda_graphs: true` where a layout allows capture, the captured run matches its eager one
-(losses to fp32 noise, grad norms within 1 %, as test_ep_nccl's graph test)."""
+(losses within 1e-4, grad norms within 1 %, as test_ep_nccl's graph test)."""
 import pytest
 import torch
 
@@ -20,9 +20,11 @@ LAYOUTS = {
     "ep2-distopt": [f"{EP_KEY}=2", "training.use_distributed_optimizer=true"],
 }
 DTYPES = {"fp32": (["training.bf16=false"], 1e-4), "bf16": (["training.bf16=true"], 2e-2)}
-# four layers (two virtual stages of one layer per pipeline rank), four micro-batches at one GPU
-BASE = ["model.num_layers=4", "training.micro_batch_size=2", "training.global_batch_size=8",
-        "moe.backend=sparse", "checkpoint.save_interval=0", "training.cuda_graphs=false"]
+# four layers (two virtual stages of one layer per pipeline rank), four micro-batches at one GPU;
+# weights initialised whole on the CPU, so every layout starts from the same model
+BASE = ["model.use_cpu_initialization=true", "model.num_layers=4", "training.micro_batch_size=2",
+        "training.global_batch_size=8", "moe.backend=sparse", "checkpoint.save_interval=0",
+        "training.cuda_graphs=false"]
 
 
 def _needs_two_gpus():
@@ -51,5 +53,5 @@ def test_two_gpu_layouts_with_layer_graphs_match_eager(tmp_path, corpus_cache, n
     train(2, tmp_path / "graphs", *args, "training.cuda_graphs=true", device="cuda")
     eager, graphs = records(tmp_path / "eager"), records(tmp_path / "graphs")
     assert sorted(eager) == sorted(graphs) == [1, 2, 3, 4, 5]
-    assert_same_steps(eager, graphs, eager, keys=("loss",), rel=1e-5)
+    assert_same_steps(eager, graphs, eager, keys=("loss",), rel=1e-4)
     assert_same_steps(eager, graphs, eager, keys=("grad_norm",), rel=1e-2)
