@@ -52,6 +52,11 @@ def plan_runs(spec: SweepSpec, runs_dir: os.PathLike,
     return planned
 
 
+# settings whose `auto` is resolved when a run starts (its config.yaml records the outcome): `auto`
+# asks for whatever the earlier run resolved it to
+RESOLVED_AT_START = {("training", "cuda_graphs")}
+
+
 def _existing_config_problems(run: PlannedRun) -> List[Problem]:
     path = run.run_dir / CONFIG_FILE
     if not path.exists():
@@ -64,7 +69,7 @@ def _existing_config_problems(run: PlannedRun) -> List[Problem]:
     old, new = config_to_dict(existing), config_to_dict(run.config)
     changed = [f"{section}.{key}: {format_value(old[section][key])} -> {format_value(value)}"
                for section, values in new.items() for key, value in values.items()
-               if old[section][key] != value]
+               if old[section][key] != value and not (value == "auto" and (section, key) in RESOLVED_AT_START)]
     if not changed:
         return []
     shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
