@@ -198,7 +198,9 @@ def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda
     if not on_cuda and config.use_distributed_optimizer:
         # megatron's, on gloo through parallel/cpu_compat.py; parameters sharded over the
         # data-parallel group, expert parameters over the expert-data-parallel group
-        return get_megatron_optimizer(config, model_chunks)
+        optimizer = get_megatron_optimizer(config, model_chunks)
+        _expert_duplicates_by_expert_tensor_group(optimizer)
+        return optimizer
     if on_cuda:
         use_foreach_multi_tensor_ops()
         optimizer = get_megatron_optimizer(config, model_chunks)
