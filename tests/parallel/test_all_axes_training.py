@@ -1,0 +1,20 @@
+"""Every axis at once on CPU (gloo, fp32): TP 2 with SP x PP 2 x DP 2, the experts over EP 2 (folded
+over the tensor and data ranks), with the distributed optimizer, in 8 processes, logs one process's
+losses and grad norms for 10 steps."""
+from ep_runs import EP_KEY, assert_same_steps, records, train
+from train_helpers import SMALL
+
+STEPS = list(range(1, 11))
+TP2_SP = ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"]
+
+
+def test_tp2_pp2_dp2_ep2_with_the_distributed_optimizer_trains_like_one_process(tmp_path, corpus_cache):
+    args = SMALL + ["training.micro_batch_size=2", "training.train_iters=10", "training.eval_interval=0",
+                    f"data.cache_dir={corpus_cache}", "training.use_distributed_optimizer=true"]
+    train(1, tmp_path / "one", *args, "checkpoint.save_interval=0")
+    train(8, tmp_path / "all", *args, *TP2_SP, "parallel.pipeline_model_parallel_size=2", f"{EP_KEY}=2",
+          "checkpoint.save_interval=0")
+    one, every = records(tmp_path / "one"), records(tmp_path / "all")
+    assert sorted(one) == sorted(every) == STEPS
+    assert_same_steps(one, every, STEPS)
+
