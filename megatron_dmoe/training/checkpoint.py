@@ -200,9 +200,12 @@ def _prune(root: Path, keep_last: int, keep: int) -> None:
 @contextlib.contextmanager
 def _quiet_loading():
     """torch's and megatron-core's deprecation notices about their own internals (load_state_dict,
-    ShardedTensor) on every load: nothing a user can act on."""
+    ShardedTensor) on every load, and torch's notes when megatron-core 0.19 reads a checkpoint's
+    common state through torch.distributed.checkpoint in one process: nothing a user can act on."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        warnings.filterwarnings("ignore", message="The argument order of load has been changed")
         yield
 
 

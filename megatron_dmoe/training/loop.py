@@ -94,10 +94,15 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     say(f"data: {describe_data(cfg, data)}")
 
     seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
-    set_layer_init_seed(tr.seed)  # each layer's weights from its number: the same at any pipeline layout
     run_state = MoERunState()  # what the model's MoE layers share: metrics, deferred weight grads, exchanges
-    # one chunk per virtual pipeline stage (one without the interleaved schedule)
-    model = build_model_chunks(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda, run_state=run_state)
+    # each layer's weights from its number: the same at any pipeline layout; only while this run's
+    # model is built (a later model in the same process is not seeded by this run)
+    set_layer_init_seed(tr.seed)
+    try:
+        # one chunk per virtual pipeline stage (one without the interleaved schedule)
+        model = build_model_chunks(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda, run_state=run_state)
+    finally:
+        set_layer_init_seed(None)
     say(f"model: {describe_model(model, cfg, env.device)}")
     model = wrap_for_training(model, tr.use_distributed_optimizer)
     optimizer = build_optimizer(cfg, model, env.on_cuda)
