@@ -6,6 +6,8 @@ from typing import Optional
 
 import torch
 
+from ..aux_loss import AuxLossScaler
+
 
 class MoEPath(abc.ABC):
     """One way of running an MoELayer, fixed when the layer is built: no per-call choice.
@@ -21,6 +23,30 @@ class MoEPath(abc.ABC):
 
     def use_run_state(self, state) -> None:
         """The run's shared state (expert exchanges, ...), for a path that keeps some of it."""
+
+
+class DispatchedPath(MoEPath):
+    """A path whose experts run on dispatched rows: route, dispatch, the aux losses riding on the
+    experts' input, the shared experts issued while the rows move, the experts, the combine."""
+
+    def __init__(self, dispatcher):
+        self.dispatcher = dispatcher
+
+    @abc.abstractmethod
+    def run_experts(self, layer, rows: torch.Tensor, tokens_per_expert, state) -> torch.Tensor:
+        """The experts' outputs for the dispatched `rows` (in the dispatcher's order)."""
+
+    def forward(self, layer, x, valid, num_sequences):
+        routing = layer.router(x, valid)
+        rows, tokens_per_expert, state = self.dispatcher.dispatch(x, routing.indices, routing.weights)
+        aux_loss = layer.aux_losses(routing, valid, num_sequences)
+        if aux_loss is not None:
+            # the experts' input is not modified in place, so it is returned as is (a view)
+            rows = AuxLossScaler.apply(rows, aux_loss, False)
+        # issued while the exchange (if any) is in flight, before anything waits on its result
+        shared = layer.shared_experts.start(x) if layer.shared_experts is not None else None
+        y = self.dispatcher.combine(self.run_experts(layer, rows, tokens_per_expert, state), state)
+        return y if shared is None else y + layer.shared_experts.finish(shared)
 
 
 class UnavailablePath(MoEPath):
