@@ -250,8 +250,8 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float, prog
 
     group = ps.get_expert_model_parallel_group()
     layout = ExpertLayout(args.experts, args.ffn, ep, ps.get_expert_model_parallel_rank())
-    dispatcher = ExpertParallelDispatcher(layout, group, exchange)
-    dispatcher.rows_consumed_at_once = True  # as with the sparse experts: the combine reads them next
+    # as with the sparse experts: the combine reads the received rows next
+    dispatcher = ExpertParallelDispatcher(layout, group, exchange, rows_consumed_at_once=True)
     if exchange == "symmetric":
         from megatron_dmoe.parallel.symmetric_exchange import SymmetricExchanges
 
