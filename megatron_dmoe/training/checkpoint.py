@@ -31,7 +31,9 @@ from megatron.core.tensor_parallel import get_cuda_rng_tracker
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_dmoe.compat import mcore as mcore_compat
+from megatron_dmoe.compat.distopt_state import fix_reshardable_offsets
 from megatron_dmoe.training.checkpoint_writer import InProcessSaveStrategy
+from megatron_dmoe.training.optimizer_switch import load_switched_optimizer_state, saved_with_distributed_optimizer
 from megatron_dmoe.training.write_errors import causes, free_space, write_failure
 
 LATEST = "latest"
@@ -112,6 +114,7 @@ def _optimizer_metadata(optimizer) -> Optional[dict]:
     parts = getattr(optimizer, "chained_optimizers", [optimizer])
     if not any(isinstance(part, DistributedOptimizer) for part in parts):
         return None
+    fix_reshardable_offsets()
     return {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
             "singleton_local_shards": False}
 
@@ -226,7 +229,11 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
         from megatron_dmoe.training.optim import init_empty_adam_states
 
         init_empty_adam_states(optimizer)
-    template = _state_dict(model_chunks, optimizer, scheduler, saved, rng_template, is_loading=True)
+    saved_distributed = saved_with_distributed_optimizer(common.get("optimizer"))
+    # the distributed optimizer switched on or off since the save: its state is read separately
+    switched = optimizer is not None and saved_distributed != (_optimizer_metadata(optimizer) is not None)
+    template = _state_dict(model_chunks, None if switched else optimizer, scheduler, saved, rng_template,
+                           is_loading=True)
     try:
         with _quiet_loading():
             loaded = dist_checkpointing.load(template, str(path))
@@ -238,7 +245,10 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
                               "configuration the run was saved with (its config.yaml)") from err
     for i, chunk in enumerate(model_chunks):
         _unwrap(chunk).load_state_dict(loaded["model" if len(model_chunks) == 1 else f"model{i}"])
-    if optimizer is not None:
+    if switched:
+        load_switched_optimizer_state(path, model_chunks, [_unwrap(c).sharded_state_dict() for c in model_chunks],
+                                      optimizer, saved_distributed, common["optimizer"])
+    elif optimizer is not None:
         from megatron_dmoe.training.optim import unshare_adam_steps
 
         optimizer.load_state_dict(loaded["optimizer"])

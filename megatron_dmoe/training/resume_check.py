@@ -23,7 +23,7 @@ MAY_CHANGE = {
     "training.train_iters", "training.time_limit_minutes", "training.micro_batch_size", "training.eval_interval",
     "training.eval_iters", "training.recompute_granularity", "training.cuda_graphs",
     "training.device", "training.clip_grad", "training.adam_beta1", "training.adam_beta2",
-    "training.adam_eps", "training.loss_scale", "training.initial_loss_scale",
+    "training.adam_eps", "training.loss_scale", "training.initial_loss_scale", "training.use_distributed_optimizer",
     "data.cache_dir", "data.num_workers",
 }
 

@@ -65,6 +65,51 @@ def _checkpoint_round_trip_without_helper_processes() -> None:
         assert torch.equal(loaded[key], value), key
 
 
+def _distopt_checkpoint_state_is_each_parameters_own() -> None:
+    """The distributed optimizer's reshardable checkpoint state over a buffer of several buckets
+    whose ends are padded: after an Adam step, each parameter's saved main weight is that parameter
+    (megatron-core packs the buckets without their end padding, then slices at padded offsets)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_dmoe.parallel.cpu_compat import apply_cpu_compat
+    from megatron_dmoe.training.checkpoint import _optimizer_metadata
+
+    apply_cpu_compat()
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, use_cpu_initialization=True)
+
+    class Tiny(MegatronModule):
+        def __init__(self):
+            super().__init__(config)
+            # 27, 33 and 39 elements with biases: no bucket ends on the 128-element padding
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(8, n) for n in (3, 11, 13, 7))
+
+        def forward(self, x):
+            return sum(layer(x).sum() for layer in self.layers)
+
+    torch.manual_seed(0)
+    # megatron-core splits a buffer into buckets of `bucket_size` only when gradients are reduced in
+    # overlap with backward (training splits off the tied embedding's bucket under pipelines)
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True,
+                                               overlap_grad_reduce=True, bucket_size=40)
+    model = DistributedDataParallel(config, ddp_config, Tiny())
+    assert len(model.buffers[0].buckets) > 1
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=0.1, use_distributed_optimizer=True),
+                                       [model])
+    model.zero_grad_buffer()
+    model(torch.randn(5, 8)).backward()
+    model.finish_grad_sync()
+    optimizer.step()
+    model_sd = model.module.sharded_state_dict()
+    state = optimizer.sharded_state_dict(model_sd, metadata=_optimizer_metadata(optimizer))
+    saved = {t.key: t.data for t in state["param_state"].values() for t in t.values()}
+    for name, param in model.module.named_parameters():
+        assert torch.equal(saved[f"optimizer.state.param.{name}"], param.detach()), name
+
+
 def patched_internals() -> None:
     _grad_sync_matches_float64()
     _checkpoint_round_trip_without_helper_processes()
+    _distopt_checkpoint_state_is_each_parameters_own()
