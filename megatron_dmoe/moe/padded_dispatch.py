@@ -50,7 +50,7 @@ class PaddedDispatcher(TokenDispatcher):
     def plan(self, indices: torch.Tensor, weights: torch.Tensor) -> PaddedState:
         """Where each routed copy goes (topology, positions, counts), on the device."""
         import dmoe_kernels as dk
-        from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
+        from dmoe_kernels.permutation.ops import expert_histogram, positions_from_histogram
 
         if self.block_size is None:
             raise ValueError(
@@ -66,7 +66,7 @@ class PaddedDispatcher(TokenDispatcher):
         return PaddedState(topo, positions, counts, weights)
 
     def dispatch(self, x, indices, weights):
-        from dmoe_kernels.permute_functional import permute
+        from dmoe_kernels.permutation.functional import permute
 
         state = self.plan(indices, weights)
         topo = state.topology
@@ -74,7 +74,7 @@ class PaddedDispatcher(TokenDispatcher):
         return x_pad, state.counts, state
 
     def combine(self, y_pad, state: PaddedState):
-        from dmoe_kernels.permute_functional import unpermute
+        from dmoe_kernels.permutation.functional import unpermute
 
         return unpermute(y_pad, state.positions, state.topology.expert_offsets, state.counts, state.weights)
 

@@ -74,8 +74,8 @@ def _kernels_importable() -> Optional[str]:
 
 
 def _interpreter_active() -> bool:
-    from dmoe_kernels import permute_kernel
     from dmoe_kernels.launch import interpreted
+    from dmoe_kernels.permutation.kernels import permute as permute_kernel
 
     return interpreted(permute_kernel.reduce_kernel)
 
@@ -261,7 +261,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
     def forward(ctx, x, w1, v1, w2, weights, aux_loss, topology, positions, counts, activation, memory_optimized,
                 owners, stash):
         from dmoe_kernels import ops
-        from dmoe_kernels.permute_ops import expand, reduce
+        from dmoe_kernels.permutation.ops import expand, reduce
 
         E, f, h = w1.shape
         x_pad = expand(x, positions, topology.shape[0], topology.expert_offsets, counts)
@@ -276,7 +276,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
     def backward(ctx, dy):
         from dmoe_kernels import activation as act, ops
         from dmoe_kernels.launch import bind_device
-        from dmoe_kernels.permute_ops import expand, reduce
+        from dmoe_kernels.permutation.ops import expand, reduce
 
         from ..aux_loss import aux_loss_gradient
 
@@ -374,7 +374,7 @@ class SparseBackend(ExpertBackend):
         rank): one kernel writes each row to its expert's block-padded group, one brings the
         outputs back in arrival order."""
         import dmoe_kernels as dk
-        from dmoe_kernels.permute_functional import permute, unpermute
+        from dmoe_kernels.permutation.functional import permute, unpermute
 
         from .arrival import arrival_positions
 

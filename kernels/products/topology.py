@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from .launch import cdiv, check_launchable, direct, next_power_of_2
+from ..launch import cdiv, check_launchable, direct, next_power_of_2
 
 BLOCK_SIZES = (16, 32, 64, 128)
 
@@ -225,8 +225,8 @@ class Topology:
 
 
 def _expert_arrays_triton(tokens_per_expert: torch.Tensor, F: int, bs: int, max_rows: int) -> dict:
-    """Index arrays of the dMoE topology from two Triton launches (see topology_kernel.py)."""
-    from . import topology_kernel
+    """Index arrays of the dMoE topology from two Triton launches (see kernels/topology.py)."""
+    from .kernels import topology as topology_kernel
 
     check_launchable(topology_kernel.expert_index_kernel, tokens_per_expert.device)
     device = tokens_per_expert.device
