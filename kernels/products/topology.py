@@ -216,12 +216,6 @@ class Topology:
             **arrays,
         )
 
-    def to_mask(self) -> torch.Tensor:
-        """Boolean block mask [block_rows, block_cols] (copies nnz to the host; for tests)."""
-        n = int(self.nnz.item())
-        mask = torch.zeros(self.block_rows, self.block_cols, dtype=torch.bool, device=self.device)
-        mask[self.row_indices[:n].long(), self.column_indices[:n].long()] = True
-        return mask
 
 
 def _expert_arrays_triton(tokens_per_expert: torch.Tensor, F: int, bs: int, max_rows: int) -> dict:

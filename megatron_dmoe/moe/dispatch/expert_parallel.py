@@ -33,10 +33,10 @@ import torch
 from megatron_dmoe.parallel.all_to_all import differentiable_all_to_all, exchange_counts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
-from .dispatcher import TokenDispatcher, sort_by_expert, weighted_sum
-from .experts.arrival import compact_offsets
-from .options import EP_EXCHANGES
-from .router import count_assignments
+from ..experts.arrival import compact_offsets
+from ..options import EP_EXCHANGES
+from ..router import count_assignments
+from .base import TokenDispatcher, sort_by_expert, weighted_sum
 
 
 @dataclass
