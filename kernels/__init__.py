@@ -3,33 +3,50 @@
 The folder is ``kernels/`` in the repository; it is imported as ``dmoe_kernels`` (a different
 package named ``kernels`` exists on the package registry). It depends on torch and triton only.
 
-  Topology                  blocked-CSR metadata with a transposed view (topology.py)
-  Topology.for_experts      the dMoE pattern from tokens-per-expert counts, built on the device
-  Topology.from_mask        any pattern, from a boolean block mask
-  sdd, dsd, dds             differentiable products (functional.py)
-  ops.sdd, ops.dsd, ops.dds the same products without autograd (ops.py)
-  reference                 pure-torch versions of every op (reference.py)
-  permute, unpermute        fused Triton permutation into / out of the expert-grouped, block-padded
-                            buffer, differentiable (permute_functional.py); permute_ops has the same
-  permute_ops               kernels without autograd and the routing positions computed on the device
-                            (permute_ops.py; references in permute_reference.py)
-  launch                    what every launch shares: device checks, program counts, TMA readiness
-  activation                GELU / SwiGLU on sparse data over the existing blocks (activation.py)
-  regroup                   sum_m S_m^T @ B_m over micro-batches as one product, rows regrouped by
-                            expert (regroup.py): weight gradients accumulated once per step
-  fused_route               softmax top-k routing with the load-balancing loss's column sums, one
-                            kernel (and the sums' reduction) forward, one backward
-                            (router_functional.py); router_ops has the kernels without autograd
-  balance_loss              the load-balancing loss from those column sums, one launch each way
+One folder per family of kernels, each laid out alike:
+
+  <family>/kernels.py       the @triton.jit code (a kernels/ package, one module per kernel,
+                            where a family has several)
+  <family>/ops.py           their launchers: argument checks, configs, launches; no autograd
+  <family>/functional.py    the differentiable versions (torch.autograd.Function)
+  reference.py              pure-torch versions of the ops, the tests' ground truth
+  launch.py                 what every launch shares: device checks, program counts, TMA readiness,
+                            the direct launcher
+
+  products/                 sdd, dsd, dds on a blocked-CSR Topology (products/topology.py, built on
+                            the device for dMoE by Topology.for_experts) with tuned configs
+                            (products/tuning.py)
+  activations/              GELU / SwiGLU on sparse data over the existing blocks
+  permutation/              tokens into / out of the expert-grouped, block-padded buffer (permute,
+                            unpermute), the routing positions computed on the device, and the
+                            micro-batches' rows regrouped by expert (weight gradients accumulated
+                            once per step: summed_transposed_products)
+  router/                   softmax top-k routing with the load-balancing loss's column sums, one
+                            kernel each way (fused_route), and balance_loss from those sums
+  norms/                    fused LayerNorm / RMSNorm
+  loss/                     fused language-model cross-entropy
+  exchange/                 rows stored into peer GPUs' symmetric memory (expert parallelism)
+
+Exported here: Topology, max_padded_rows, padded_expert_offsets, sdd, dsd, dds, permute, unpermute,
+fused_route, balance_loss, SddConfig, DsdConfig, the modules reference and launch, and these names
+for the families' launcher modules: ops (products.ops), activation (activations.ops), permute_ops and
+regroup (permutation.ops), router_ops (router.ops); permute_reference is reference.
 
 See README.md in this folder for an example.
 """
-from . import activation, launch, ops, permute_ops, permute_reference, reference, regroup, router_ops
-from .functional import dds, dsd, sdd
-from .permute_functional import permute, unpermute
-from .router_functional import balance_loss, fused_route
-from .topology import Topology, max_padded_rows, padded_expert_offsets
-from .tuning import DsdConfig, SddConfig
+from . import launch, reference
+from .activations import ops as activation
+from .permutation import ops as permute_ops
+from .permutation.functional import permute, unpermute
+from .products import ops
+from .products.functional import dds, dsd, sdd
+from .products.topology import Topology, max_padded_rows, padded_expert_offsets
+from .products.tuning import DsdConfig, SddConfig
+from .router import ops as router_ops
+from .router.functional import balance_loss, fused_route
+
+permute_reference = reference
+regroup = permute_ops
 
 __all__ = [
     "Topology",

@@ -245,7 +245,7 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float, prog
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from megatron_dmoe.moe.ep_dispatcher import ExpertParallelDispatcher
+    from megatron_dmoe.moe.dispatch.expert_parallel import ExpertParallelDispatcher
     from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
     group = ps.get_expert_model_parallel_group()

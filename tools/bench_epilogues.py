@@ -23,7 +23,7 @@ import torch
 import dmoe_kernels as dk
 from bench_moe import CASES, TOY_CASES, case_activation, time_ms
 from dmoe_kernels import activation as act, ops
-from dmoe_kernels.tuning import sdd_config
+from dmoe_kernels.products.tuning import sdd_config
 
 
 def _case(name, toy):

@@ -239,7 +239,7 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
     to (1 + e)^-skew instead of T*k/E each (the busiest expert's load over the mean is reported).
 
     Per step: the same gradient over `micro_batches` micro-batches as ONE product over their rows
-    regrouped by expert (dmoe_kernels.regroup; main_grad read and written once), reported per
+    regrouped by expert (dmoe_kernels.permutation.ops; main_grad read and written once), reported per
     micro-batch next to the fused per-micro-batch time, with the regrouping (row sources and gathers) alone."""
     T, d, f, E, k = CASES[name]
     Tk = (tokens or T) * k

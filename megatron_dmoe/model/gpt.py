@@ -53,7 +53,7 @@ class GPTModelWithFusedLoss(GPTModel):
         """labels [b, s], logits [s, b, V] -> loss [b, s] (fp32)."""
         if not self.triton_cross_entropy:
             return super().compute_language_model_loss(labels, logits)
-        from megatron_dmoe.model.cross_entropy import fused_cross_entropy  # triton: Linux only
+        from dmoe_kernels.loss.functional import fused_cross_entropy  # triton: Linux only
 
         # the logits feed nothing but this loss: their storage takes the gradient
         loss = fused_cross_entropy(logits, labels.transpose(0, 1), inplace_backward=True)

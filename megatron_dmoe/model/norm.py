@@ -8,7 +8,7 @@ program takes a run of rows, writes their input gradients and sums its rows' wei
 gradients in fp32 registers; the per-program partial sums (a few hundred rows of width N) are then
 added by torch. No atomics, so the result does not depend on scheduling.
 
-The kernels live in norm_kernels.py, imported on first use (triton is a Linux-only dependency).
+The kernels live in dmoe_kernels.norms, imported on first use (triton is a Linux-only dependency).
 torch's own LayerNorm backward spends most of its time on the weight and bias gradients (on an H200,
 77 us per [16384, 768] bf16 call, where reading x and dy once takes about 12 us): 15 ms of a 304 ms
 GPT Small training step. On CPU tensors the module uses torch's functional norms; the kernels run
@@ -36,7 +36,7 @@ def fused_norm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         raise ValueError(f"fused_norm: weight {tuple(weight.shape)} and bias "
                          f"{None if bias is None else tuple(bias.shape)} must be [{x.shape[-1]}] "
                          f"for x {tuple(x.shape)}")
-    from megatron_dmoe.model.norm_kernels import FusedNormFunction  # triton: Linux only
+    from dmoe_kernels.norms.functional import FusedNormFunction  # triton: Linux only
 
     return FusedNormFunction.apply(x, weight, bias, float(eps), rms)
 

@@ -3,7 +3,7 @@
 MoE settings go into megatron's own `moe_*` fields, so the same layer reads the same values whether
 it is built by our GPT builder or by Megatron-LM's `pretrain_gpt.py` from its command-line flags.
 Settings megatron has no field for (expert backend, block size, memory-optimised experts, weight
-renormalisation) travel as the MoE layer spec's params: see `spec.moe_layer_params`.
+renormalisation) travel as the MoE layer spec's params: see `gpt.moe_layer_params`.
 """
 from __future__ import annotations
 

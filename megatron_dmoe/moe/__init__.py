@@ -1,7 +1,8 @@
 """The dropless MoE layer: router, aux losses, token dispatch, expert MLP backends, metrics."""
 from .aux_loss import AuxLossScaler, load_balancing_loss, z_loss
-from .capacity import CapacityDispatcher, expert_capacity
-from .dispatcher import DroplessDispatcher, TokenDispatcher
+from .dispatch.base import TokenDispatcher
+from .dispatch.capacity import CapacityDispatcher, expert_capacity
+from .dispatch.dropless import DroplessDispatcher
 from .expert_bias import update_expert_biases
 from .experts import ExpertMLP
 from .global_aux_loss import GlobalLoadBalance, reset_global_load_balance

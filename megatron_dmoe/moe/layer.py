@@ -12,7 +12,7 @@ rank's share of the loss covering its own tokens (see `_aux_loss`).
 
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
-(megatron_dmoe.moe.ep_dispatcher).
+(megatron_dmoe.moe.dispatch.expert_parallel).
 
 Which of these runs is one object, the layer's `path` (megatron_dmoe.moe.paths), chosen when the
 layer is built from its configuration and its weights' device and dtype.

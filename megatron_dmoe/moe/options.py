@@ -14,7 +14,7 @@ ACTIVATIONS = ("gelu", "swiglu")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 DROP_POLICIES = ("probs", "position")
 BACKENDS = ("auto", "sparse", "grouped", "reference")
-BLOCK_SIZES = (16, 32, 64, 128)  # the block-sparse kernels' (dmoe_kernels.topology)
+BLOCK_SIZES = (16, 32, 64, 128)  # the block-sparse kernels' (dmoe_kernels.products.topology)
 EP_EXCHANGES = ("auto", "nccl", "symmetric")
 # what the load-balancing loss's expert fractions are counted over (megatron-core: aux_loss,
 # seq_aux_loss, global_aux_loss; see AUX_LOSS_TYPES_MEGATRON)
@@ -25,7 +25,7 @@ GROUP_SCORES = ("sum", "max")
 # how the router's softmax and top-k run: auto (the fused Triton kernels for fp32 CUDA logits where
 # the options allow them, else torch), fused (always; an error where they cannot), torch
 ROUTER_IMPLS = ("auto", "fused", "torch")
-FUSED_ROUTER_MAX_EXPERTS = 256  # dmoe_kernels.router_ops.MAX_EXPERTS
+FUSED_ROUTER_MAX_EXPERTS = 256  # dmoe_kernels.router.ops.MAX_EXPERTS
 AUX_LOSS_TYPES_MEGATRON = {"aux_loss": "micro_batch", "seq_aux_loss": "sequence", "global_aux_loss": "global"}
 
 # field: allowed values
@@ -261,7 +261,7 @@ class MoEOptions:
     backend: str = "auto"  # auto | sparse | grouped | reference (auto: sparse on CUDA, reference on CPU)
     block_size: int = 128  # block size of the sparse backend: one of BLOCK_SIZES
     memory_optimized: bool = False  # keep only the expert input and pre-activation; recompute the rest
-    ep_exchange: str = "auto"  # expert parallelism: auto | nccl | symmetric (see parallel/expert_dispatcher.py)
+    ep_exchange: str = "auto"  # expert parallelism: auto | nccl | symmetric (see moe/dispatch/expert_parallel.py)
     init_method_std: float = 0.02
     shared_expert_ffn_hidden_size: int = 0  # width of an MLP every token runs besides its experts; 0 = none
     shared_expert_gate: bool = False  # the shared MLP's output times sigmoid(x . g) per token

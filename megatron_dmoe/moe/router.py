@@ -190,7 +190,7 @@ class TopKRouter(torch.nn.Module):
         logits = router_logits(x, self.weight)
         colsum = None
         if self.uses_fused(logits):
-            from dmoe_kernels.router_functional import fused_route  # imports triton
+            from dmoe_kernels.router.functional import fused_route  # imports triton
 
             indices, weights, scores, colsum = fused_route(
                 logits, opts.top_k, opts.renormalize, opts.topk_scaling_factor, valid

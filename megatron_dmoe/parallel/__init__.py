@@ -4,11 +4,12 @@ distributed.py      torch.distributed and megatron-core's process groups for a r
 expert_groups.py    the expert-parallel (EP) and expert-data-parallel groups an MoE layer uses
 expert_layout.py    which experts (or expert FFN shards) each EP rank holds, in global terms
 all_to_all.py       variable-split all-to-all with autograd (NCCL, gloo)
-symmetric_exchange.py  rows stored straight into the peers' symmetric memory (push_kernels.py)
+symmetric_exchange.py  rows stored straight into the peers' symmetric memory (the kernels:
+                    dmoe_kernels.exchange)
 cpu_compat.py       megatron-core's CUDA assumptions redirected for CPU runs
 param_roles.py      parameter roles (expert-parallel, main_grad_only, ...): the attributes on a
                     Parameter that megatron-core's DDP and our code read, set and read by name here
 
-The MoE dispatcher that uses these exchanges is megatron_dmoe/moe/ep_dispatcher.py: nothing here
+The MoE dispatcher that uses these exchanges is megatron_dmoe/moe/dispatch/expert_parallel.py: nothing here
 imports megatron_dmoe.moe.
 """

@@ -38,114 +38,15 @@ Only for ranks of one host (CUDA peer mappings); the dispatcher falls back to NC
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:  # the launchers import triton, a Linux-only dependency: imported where they run
+    from dmoe_kernels.exchange.ops import ExchangePlan
+
 ROW_ALIGN = 256
-
-
-@dataclass
-class ExchangePlan:
-    """Where rows go, on the device (int64), plus the host-known bounds of the exchange's sizes."""
-
-    send_starts: torch.Tensor  # [R + 1]: my sorted rows for rank d are [send_starts[d], send_starts[d+1])
-    dest_base: torch.Tensor  # [R]: first row of my rows in rank d's to_experts buffer
-    recv_starts: torch.Tensor  # [R + 1]: rows from rank s in my to_experts buffer
-    return_base: torch.Tensor  # [R]: first row, in rank s's sorted order, of the rows s sent me
-    counts_by_source: torch.Tensor  # int32 [R, local experts]: rows received per source and expert
-    tokens_per_expert: torch.Tensor  # int64 [local experts]: rows received per local expert
-    offsets: torch.Tensor  # int32 [V + 1]: group starts of my copies in virtual-expert order
-    counts: torch.Tensor  # int32 [V]: my copies per virtual expert
-    send_rows: int = -1  # host: rows I send (= my routed copies, T*K)
-    recv_rows: int = -1  # host: bound on the rows I receive (>= ranks * T*K); the real count is on the device
-
-
-def exchange_plan(inbox: torch.Tensor, me: int, local_experts: int) -> ExchangePlan:
-    """Offsets of the exchange from the count matrix inbox int32 [R, V] (row s: rank s's counts per
-    virtual expert; rank d owns virtual experts [d * local_experts, (d + 1) * local_experts)), in
-    one kernel launch."""
-    from dmoe_kernels.launch import direct, next_power_of_2
-
-    from .push_kernels import exchange_plan_kernel
-
-    ranks, V = inbox.shape
-    device = inbox.device
-    packed = torch.empty(4 * ranks + 2, dtype=torch.int64, device=device)
-    counts_by_source = torch.empty(ranks, local_experts, dtype=torch.int32, device=device)
-    tokens_per_expert = torch.empty(local_experts, dtype=torch.int64, device=device)
-    offsets = torch.empty(V + 1, dtype=torch.int32, device=device)
-    counts = torch.empty(V, dtype=torch.int32, device=device)
-    direct(exchange_plan_kernel)[(1,)](
-        inbox, packed, counts_by_source, tokens_per_expert, offsets, counts, me, ranks, local_experts,
-        R_P2=next_power_of_2(ranks), L_P2=next_power_of_2(local_experts), V_P2=next_power_of_2(V),
-    )
-    send_starts, dest_base, recv_starts, return_base = packed.split([ranks + 1, ranks, ranks + 1, ranks])
-    return ExchangePlan(send_starts, dest_base, recv_starts, return_base, counts_by_source, tokens_per_expert,
-                        offsets, counts)
-
-
-def post_counts(counts: torch.Tensor, inbox_ptrs: torch.Tensor, me: int) -> None:
-    """counts [V] (any integer dtype and stride) into row `me` of every rank's int32 inbox
-    (inbox_ptrs: their addresses)."""
-    from dmoe_kernels.launch import direct
-
-    from .push_kernels import post_counts_kernel
-
-    direct(post_counts_kernel)[(inbox_ptrs.numel(),)](
-        counts, counts.stride(0), inbox_ptrs, me, counts.numel(), BLOCK=1024
-    )
-
-
-def _launch_shape(src: torch.Tensor, programs: Optional[int]):
-    """(programs, BLOCK_H, warps) of a push kernel; by default two programs per multiprocessor."""
-    from dmoe_kernels.launch import multiprocessors, next_power_of_2
-
-    if programs is None:
-        programs = 2 * multiprocessors(src.device)
-    block_h = min(1024, next_power_of_2(src.shape[1]))
-    return programs, block_h, (8 if block_h >= 512 else 4)
-
-
-def push_rows(
-    src: torch.Tensor, starts: torch.Tensor, dest_base: torch.Tensor, dest_ptrs: torch.Tensor,
-    capacity: int, me: int, programs_per_destination: Optional[int] = None,
-) -> None:
-    """Rows [starts[d], starts[d+1]) of src to rank d's buffer (address dest_ptrs[d], rows of
-    src.shape[1] elements) from row dest_base[d] on."""
-    from dmoe_kernels.launch import direct
-
-    from .push_kernels import push_rows_kernel
-
-    ranks = dest_ptrs.numel()
-    src = src if src.stride(1) == 1 else src.contiguous()
-    programs, block_h, warps = _launch_shape(src, None if programs_per_destination is None
-                                             else programs_per_destination * ranks)
-    per_destination = max(1, programs // ranks)
-    direct(push_rows_kernel)[(ranks * per_destination,)](
-        src, starts, dest_base, dest_ptrs, capacity, me, ranks, src.shape[1], src.stride(0),
-        BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
-    )
-
-
-def push_copies(
-    x: torch.Tensor, experts: torch.Tensor, positions: torch.Tensor, plan: ExchangePlan, dest_ptrs: torch.Tensor,
-    capacity: int, local_experts: int, programs: Optional[int] = None,
-) -> None:
-    """Each routed copy (t, j) of x[t] (experts/positions [T, K]: virtual expert and sorted position)
-    to its expert's rank, at arrival row dest_base[d] + position - send_starts[d]."""
-    from dmoe_kernels.launch import direct
-
-    from .push_kernels import push_copies_kernel
-
-    x = x if x.stride(1) == 1 else x.contiguous()
-    programs, block_h, warps = _launch_shape(x, programs)
-    direct(push_copies_kernel)[(programs,)](
-        x, experts, positions, plan.send_starts, plan.dest_base, dest_ptrs, capacity, experts.numel(), local_experts,
-        x.shape[1], x.stride(0),
-        K=experts.shape[1], BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
-    )
 
 
 @dataclass
@@ -184,6 +85,8 @@ class SymmetricExchange:
 
     def plan(self, counts: torch.Tensor) -> ExchangePlan:
         """Post this rank's counts, wait for everyone's, and compute the offsets on the device."""
+        from dmoe_kernels.exchange.ops import exchange_plan, post_counts
+
         post_counts(counts, self.inbox_ptrs, self.me)
         self.barrier(channel=0)
         return exchange_plan(self.inbox, self.me, self.local_experts)
@@ -227,6 +130,8 @@ class SymmetricExchange:
         self.reserve("to_sources", hidden, dtype, plan.send_rows)
         buf = self.reserve("to_experts", hidden, dtype, self.ranks * plan.send_rows)
         plan.recv_rows = buf.capacity  # a bound for every rank's T, not only this one's
+        from dmoe_kernels.exchange.ops import push_copies
+
         push_copies(x, experts, positions, plan, buf.ptrs, buf.capacity, self.local_experts, self.push_programs)
         self.barrier(channel=1)
         return buf.tensor[: plan.recv_rows]
@@ -237,6 +142,8 @@ class SymmetricExchange:
     def to_experts(self, src: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
         """Rows in this rank's sorted order -> arrival order on the expert ranks; returns the view
         [plan.recv_rows, H] of this rank's buffer (sized by the dispatch)."""
+        from dmoe_kernels.exchange.ops import push_rows
+
         buf = self.buffer("to_experts", src.shape[1], src.dtype)
         push_rows(src, plan.send_starts, plan.dest_base, buf.ptrs, buf.capacity, self.me, self._per_destination())
         self.barrier(channel=1)
@@ -245,6 +152,8 @@ class SymmetricExchange:
     def to_sources(self, src: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
         """Rows in arrival order -> back to their senders, at the row each had in the sender's sorted
         order; returns the view [plan.send_rows, H] of this rank's buffer."""
+        from dmoe_kernels.exchange.ops import push_rows
+
         buf = self.buffer("to_sources", src.shape[1], src.dtype)
         push_rows(src, plan.recv_starts, plan.return_base, buf.ptrs, buf.capacity, self.me, self._per_destination())
         self.barrier(channel=1)
@@ -322,7 +231,7 @@ class _ToExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         from dmoe_kernels.launch import bind_device
-        from dmoe_kernels.permute_ops import reduce
+        from dmoe_kernels.permutation.ops import reduce
 
         (positions,) = ctx.saved_tensors
         bind_device(grad)  # autograd's worker thread

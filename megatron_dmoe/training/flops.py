@@ -62,13 +62,6 @@ def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> f
     return float(TRAINING_FLOPS_PER_FORWARD_FLOP * forward)
 
 
-def achieved_tflops_per_gpu(flops_per_token: float, tokens_per_s: float, num_gpus: int) -> float:
-    """Model TFLOP/s each device delivers when the whole job processes ``tokens_per_s``."""
-    if num_gpus <= 0:
-        raise ValueError(f"num_gpus must be positive, got {num_gpus}")
-    return flops_per_token * tokens_per_s / num_gpus / 1e12
-
-
 def mfu(tflops_per_gpu: float, peak_tflops: float) -> float:
     """Model FLOPs utilisation as a fraction (0.42 = 42 %) of the device's peak TFLOP/s."""
     if not peak_tflops > 0:

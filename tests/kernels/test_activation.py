@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import dmoe_kernels as dk
-from dmoe_kernels.activation import activation_backward, activation_forward
+from dmoe_kernels.activations.ops import activation_backward, activation_forward
 
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
 

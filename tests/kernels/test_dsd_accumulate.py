@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import dmoe_kernels as dk
-from dmoe_kernels import dsd_tma_kernel as dsd_tma_module, dsdt_tma_kernel as dsdt_tma_module, reference as ref
+from dmoe_kernels import reference as ref
+from dmoe_kernels.products.kernels import dsd_tma as dsd_tma_module, dsdt_tma as dsdt_tma_module
 
 N_DENSE = 40  # TMA-ready rows for fp32 and fp16, and not a multiple of block_n=32: the N edge is masked
 # By out's dtype: the reference takes the rounded operands, so an fp32 out differs only by fp32

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import dmoe_kernels as dk
-from dmoe_kernels import permute_ops as P, permute_reference as R
-from dmoe_kernels.permute_functional import permute, unpermute
+from dmoe_kernels import reference as R
+from dmoe_kernels.permutation import ops as P
+from dmoe_kernels.permutation.functional import permute, unpermute
 
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3}
 

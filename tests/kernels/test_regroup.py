@@ -6,7 +6,7 @@ import torch
 
 import dmoe_kernels as dk
 from dmoe_kernels import reference as ref
-from dmoe_kernels.regroup import gather_block_rows, regroup_by_expert, summed_transposed_products
+from dmoe_kernels.permutation.ops import gather_block_rows, regroup_by_expert, summed_transposed_products
 
 BS, F, H, E = 16, 2, 40, 4
 

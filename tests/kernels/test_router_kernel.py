@@ -9,8 +9,8 @@ import zlib
 import pytest
 import torch
 
-from dmoe_kernels import router_ops
-from dmoe_kernels.router_functional import fused_route
+from dmoe_kernels.router import ops as router_ops
+from dmoe_kernels.router.functional import fused_route
 
 T = 77
 
@@ -111,7 +111,7 @@ def test_fused_route_ties_nan_and_bad_arguments(device):
 
 @pytest.mark.parametrize("E,counts_dtype", [(8, torch.int64), (60, torch.int32), (256, torch.int64)])
 def test_balance_loss_value_gradient_and_running_sums(E, counts_dtype, device):
-    from dmoe_kernels.router_functional import balance_loss
+    from dmoe_kernels.router.functional import balance_loss
 
     colsum = torch.rand(E, device=device, dtype=torch.float32).requires_grad_()
     counts = torch.randint(0, 50, (E,), device=device, dtype=counts_dtype)

@@ -31,7 +31,7 @@ def _case(device, dtype, f=64, counts=(20, 0, 3, 26)):
 def _no_separate_passes(monkeypatch, topo, x, dtype):
     """Where the persistent kernel applies (the interpreter, Hopper), the epilogue must do the work:
     the separate activation pass fails the test if called."""
-    from dmoe_kernels.tuning import sdd_config
+    from dmoe_kernels.products.tuning import sdd_config
 
     if not sdd_config(topo.block_size, topo.blocks_per_row, x.shape[1], x.device, dtype).persistent:
         return

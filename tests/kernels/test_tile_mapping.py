@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dmoe_kernels.tile_mapping import grouped_tile
+from dmoe_kernels.products.kernels.tile_mapping import grouped_tile
 
 # (rows, cols, GROUP_M): rows a multiple of GROUP_M or not, fewer rows than GROUP_M, one row/column.
 SHAPES = [(1, 1, 1), (5, 3, 2), (7, 4, 4), (8, 3, 4), (3, 5, 8), (10, 1, 3), (6, 2, 1)]

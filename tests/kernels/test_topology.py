@@ -144,7 +144,7 @@ def test_from_mask_errors():
 
 def test_block_sizes_match_the_moe_rules():
     """moe/options.py keeps its own copy (it must import without triton); the two must agree."""
-    from dmoe_kernels import topology
+    from dmoe_kernels.products import topology
     from megatron_dmoe.moe.options import BLOCK_SIZES
 
     assert sorted(BLOCK_SIZES) == sorted(topology.BLOCK_SIZES)

@@ -1,10 +1,11 @@
-"""The fused language-model cross-entropy (model/cross_entropy.py) against a float64 torch
+"""The fused language-model cross-entropy (dmoe_kernels.loss) against a float64 torch
 reference: losses and logit gradients, on CPU through Triton's interpreter (fp32, fp16) and in
 bf16 on a GPU; and inside the GPT model, against megatron-core's own loss."""
 import pytest
 import torch
 
-from megatron_dmoe.model.cross_entropy import BLOCK_V, fused_cross_entropy, reference_cross_entropy
+from dmoe_kernels import reference as ref
+from dmoe_kernels.loss.functional import BLOCK_V, fused_cross_entropy
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def _check(logits, labels, inplace_backward=False, grad_tol=None):
     g = torch.Generator().manual_seed(labels.numel())
     weights = torch.rand(labels.shape, generator=g).to(logits.device)
     wide = logits.detach().double().requires_grad_()
-    expected = reference_cross_entropy(wide, labels)
+    expected = ref.cross_entropy(wide, labels)
     (expected * weights.double()).sum().backward()
     x = logits.detach().clone().requires_grad_()
     leaf_values = x.detach().clone()

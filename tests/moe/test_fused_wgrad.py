@@ -8,8 +8,8 @@ On CPU the kernels run through Triton's interpreter (fp32, fp16)."""
 import pytest
 import torch
 
+from megatron_dmoe.moe.dispatch.padded import PaddedDispatcher
 from megatron_dmoe.moe.experts.sparse import sparse_expert_mlp, sparse_experts_combine
-from megatron_dmoe.moe.padded_dispatch import PaddedDispatcher
 from megatron_dmoe.parallel import param_roles
 from moe_reference import make_config
 
@@ -26,12 +26,21 @@ def _routing(seed):
     return torch.randn(T, HIDDEN, generator=g), indices, weights
 
 
+def _permute(x, state):
+    """x [T, h] into the padded buffer of a `plan` (what the layer's fused function does first)."""
+    from dmoe_kernels import permute
+
+    topo = state.topology
+    return permute(x, state.positions, topo.shape[0], topo.expert_offsets, state.counts)
+
+
 def _problem(seed, activation, dtype, device="cpu", kind="expert_mlp"):
     """The input of one call (the padded buffer for expert_mlp, the tokens for combine), routing
     state and weights (w1, v1 or None, w2)."""
     x, indices, weights = _routing(seed)
     x = x.to(device, dtype)
-    x_pad, _, state = PaddedDispatcher(E, FFN, block_size=BS).dispatch(x, indices.to(device), weights.to(device, dtype))
+    state = PaddedDispatcher(E, FFN, block_size=BS).plan(indices.to(device), weights.to(device, dtype))
+    x_pad = _permute(x, state)
     g = torch.Generator().manual_seed(seed + 1)
     w1, v1, w2 = (0.3 * torch.randn(E, FFN, HIDDEN, generator=g) for _ in range(3))
     v1 = v1 if activation == "swiglu" else None

@@ -152,11 +152,12 @@ def test_backend_choice_and_errors():
         MoELayer(make_config(HIDDEN, 48, 4, 2), backend="sparse")
 
 
-def test_padded_dispatcher_combine_equals_the_fused_path():
-    """dispatch -> experts -> combine (separate functions) against the layer's one function for the
+def test_separate_permutation_and_combine_equal_the_fused_path():
+    """permute -> experts -> unpermute (separate functions) against the layer's one function for the
     permutation, experts and combine."""
+    from dmoe_kernels import permute, unpermute
+    from megatron_dmoe.moe.dispatch.padded import PaddedDispatcher, padded_experts_combine
     from megatron_dmoe.moe.experts.sparse import sparse_expert_mlp
-    from megatron_dmoe.moe.padded_dispatch import PaddedDispatcher, padded_experts_combine
 
     config = make_config(HIDDEN, 32, 5, 2, activation="swiglu", dtype=torch.float32)
     layer = MoELayer(config, backend="sparse", block_size=16)
@@ -172,10 +173,12 @@ def test_padded_dispatcher_combine_equals_the_fused_path():
         if fused:
             y = padded_experts_combine(layer.experts, xs, dispatcher.plan(routing.indices, w))
         else:
-            x_pad, counts, state = dispatcher.dispatch(xs, routing.indices, w)
-            assert torch.equal(counts, torch.bincount(routing.indices.flatten(), minlength=5))
-            e = layer.experts
-            y = dispatcher.combine(sparse_expert_mlp(x_pad, e.w1, e.v1, e.w2, state.topology, "swiglu"), state)
+            state = dispatcher.plan(routing.indices, w)
+            assert torch.equal(state.counts, torch.bincount(routing.indices.flatten(), minlength=5))
+            topo, e = state.topology, layer.experts
+            x_pad = permute(xs, state.positions, topo.shape[0], topo.expert_offsets, state.counts)
+            y_pad = sparse_expert_mlp(x_pad, e.w1, e.v1, e.w2, topo, "swiglu")
+            y = unpermute(y_pad, state.positions, topo.expert_offsets, state.counts, state.weights)
         y.square().sum().backward()
         results.append([y, xs.grad, w.grad] + [p.grad.clone() for p in layer.experts.parameters()])
     for a, b in zip(*results):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megatron_dmoe.moe.ep_dispatcher import expand_to_virtual_experts
+from megatron_dmoe.moe.dispatch.expert_parallel import expand_to_virtual_experts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
 LAYOUTS = [(8, 1), (8, 2), (8, 4), (4, 4), (2, 4), (1, 4), (2, 8)]  # (experts, EP)

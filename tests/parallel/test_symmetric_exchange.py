@@ -9,11 +9,11 @@ multi-GPU exchange is checked against the single-process layer in test_ep_nccl.p
 import pytest
 import torch
 
-from dmoe_kernels.permute_ops import expert_histogram, padded_positions, positions_from_histogram
-from megatron_dmoe.moe.ep_dispatcher import ExpertParallelDispatcher
+from dmoe_kernels.exchange.ops import exchange_plan, post_counts, push_copies, push_rows
+from dmoe_kernels.permutation.ops import expert_histogram, padded_positions, positions_from_histogram
+from megatron_dmoe.moe.dispatch.expert_parallel import ExpertParallelDispatcher
 from megatron_dmoe.moe.experts.arrival import compact_offsets
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
-from megatron_dmoe.parallel.symmetric_exchange import exchange_plan, post_counts, push_copies, push_rows
 
 
 def _addresses(buffers):

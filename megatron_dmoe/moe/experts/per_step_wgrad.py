@@ -5,7 +5,7 @@ a write of the whole buffer (4 bytes x 2 per parameter) for a product whose redu
 expert's few hundred tokens, so the kernel is bound by the buffer, not by its FLOPs. Inside
 `WgradStash.per_step()`, the sparse experts' backward keeps the product's operands
 instead (`stash`), and on leaving the block all micro-batches' operands go through ONE product per
-weight, over their rows regrouped by expert (dmoe_kernels.regroup): main_grad is read and written
+weight, over their rows regrouped by expert (dmoe_kernels.permutation.ops): main_grad is read and written
 once per step, and each reduction is as long as all micro-batches' tokens.
 
 The price is memory: each micro-batch's activation (or its gradient) and the expert input (or
@@ -87,7 +87,7 @@ class WgradStash:
 
 
 def _flush(pending: Dict[int, Tuple[torch.Tensor, List, List, List]], stash: WgradStash) -> None:
-    from dmoe_kernels.regroup import summed_transposed_products
+    from dmoe_kernels.permutation.ops import summed_transposed_products
 
     while pending:  # one weight at a time, releasing its operands before the next
         _, (weight, datas, topologies, dense) = pending.popitem()

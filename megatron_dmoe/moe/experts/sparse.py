@@ -1,7 +1,7 @@
 """`sparse` backend: the expert MLP as block-sparse products on the dMoE topology (dmoe_kernels).
 
 Rows come grouped by expert and padded per expert to whole blocks (the padded buffer of
-`moe/padded_dispatch.py`); the hidden activation is block-sparse data on the topology built from
+`moe/dispatch/padded.py`); the hidden activation is block-sparse data on the topology built from
 the counts on the device. With expert weights viewed as [E*f, h]:
 
   forward   h1 = SDD(x, w1^T) [, h2 = SDD(x, v1^T)];  a = act(h1 [, h2]);  y = DSD(a, w2)
@@ -74,8 +74,8 @@ def _kernels_importable() -> Optional[str]:
 
 
 def _interpreter_active() -> bool:
-    from dmoe_kernels import permute_kernel
     from dmoe_kernels.launch import interpreted
+    from dmoe_kernels.permutation.kernels import permute as permute_kernel
 
     return interpreted(permute_kernel.reduce_kernel)
 
@@ -190,6 +190,34 @@ def _hidden(x, w1, v1, topology, activation):
     return h1, h2, act.activation_forward(activation, h1, h2, topology.nnz)
 
 
+def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, activation_backward):
+    """The backward both autograd functions below share, from the first seven saved tensors (x, w1,
+    v1, w2, h1, h2, a) -> (dx over the padded rows, dw1, dv1, dw2):
+
+      dw2 = DSD^T(a, g_out)      a recomputed when memory-optimised; g_out = output_grad_rows(),
+                                 called only when dw2 is needed
+      da  = SDD(g, w2^T)         g = unweighted_grad_rows()
+      d_h1, d_h2 = activation_backward(da)   (d_h1 may overwrite da)
+      dx, dw1, dv1 through the up-projection(s)
+    """
+    from dmoe_kernels import activation as act, ops
+
+    x, w1, v1, w2, h1, h2, a = saved
+    topo, owners = ctx.topology, ctx.owners
+    need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
+    E, f, h = w1.shape
+    dw2 = None
+    if need_w2 or owners[2] is not None:
+        if a is None:  # memory-optimised: recompute the activation instead of having kept it
+            a = act.activation_forward(ctx.activation, h1, h2, topo.nnz)
+        dw2 = _weight_grad(a, topo, output_grad_rows(), w2, owners[2], ctx.stash)
+    del a
+    da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
+    d_h1, d_h2 = activation_backward(da)
+    dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, ctx.stash)
+    return dx, dw1, dv1, dw2
+
+
 class _SparseExpertMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized, owners, stash):
@@ -204,26 +232,17 @@ class _SparseExpertMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        from dmoe_kernels import activation as act, ops
+        from dmoe_kernels import activation as act
         from dmoe_kernels.launch import bind_device
 
-        x, w1, v1, w2, h1, h2, a = ctx.saved_tensors
-        topo, activation = ctx.topology, ctx.activation
-        E, f, h = w1.shape
         bind_device(dy)
         dy = dy.contiguous()
-        need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
-        owners = ctx.owners
-        dw2 = None
-        if need_w2 or owners[2] is not None:
-            if a is None:  # memory-optimised: recompute the activation instead of having kept it
-                a = act.activation_forward(activation, h1, h2, topo.nnz)
-            dw2 = _weight_grad(a, topo, dy, w2, owners[2], ctx.stash)
-        del a
-        da = ops.sdd(dy, w2.reshape(E * f, h).t(), topo)
-        d_h1, d_h2 = act.activation_backward(activation, da, h1, h2, topo.nnz)  # d_h1 reuses da
-        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners,
-                                            ctx.stash)
+        nnz = ctx.topology.nnz
+        h1, h2 = ctx.saved_tensors[4:6]
+        dx, dw1, dv1, dw2 = _expert_mlp_backward(
+            ctx, ctx.saved_tensors, lambda: dy, lambda: dy,
+            lambda da: act.activation_backward(ctx.activation, da, h1, h2, nnz),
+        )
         return dx, dw1, dv1, dw2, None, None, None, None, None
 
 
@@ -261,7 +280,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
     def forward(ctx, x, w1, v1, w2, weights, aux_loss, topology, positions, counts, activation, memory_optimized,
                 owners, stash):
         from dmoe_kernels import ops
-        from dmoe_kernels.permute_ops import expand, reduce
+        from dmoe_kernels.permutation.ops import expand, reduce
 
         E, f, h = w1.shape
         x_pad = expand(x, positions, topology.shape[0], topology.expert_offsets, counts)
@@ -274,36 +293,42 @@ class _SparseExpertsCombine(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        from dmoe_kernels import activation as act, ops
+        from dmoe_kernels import activation as act
         from dmoe_kernels.launch import bind_device
-        from dmoe_kernels.permute_ops import expand, reduce
+        from dmoe_kernels.permutation.ops import expand, reduce
 
         from ..aux_loss import aux_loss_gradient
 
-        x_pad, w1, v1, w2, h1, h2, a, weights, positions, counts, aux_loss = ctx.saved_tensors
-        topo, activation = ctx.topology, ctx.activation
-        E, f, h = w1.shape
+        saved = ctx.saved_tensors
+        h1, h2 = saved[4:6]
+        weights, positions, counts, aux_loss = saved[7:]
+        topo = ctx.topology
         rows, offsets = topo.shape[0], topo.expert_offsets
         bind_device(dy)
-        need_x, need_w1, need_v1, need_w2, need_weights = ctx.needs_input_grad[:5]
-        owners = ctx.owners
-        dw2 = None
+        need_weights = ctx.needs_input_grad[4]
         # each padded row's router weight (0 on padding rows), for the activation's backward
         row_weights = torch.empty(rows, dtype=weights.dtype, device=weights.device)
-        if need_w2 or owners[2] is not None:
-            if a is None:  # memory-optimised: recompute the activation instead of having kept it
-                a = act.activation_forward(activation, h1, h2, topo.nnz)
-            # the weighted copies of dy write the row weights in the same launch
-            dy_weighted = expand(dy, positions, rows, offsets, counts, scale=weights, scale_rows=row_weights)
-            dw2 = _weight_grad(a, topo, dy_weighted, w2, owners[2], ctx.stash)
-            del dy_weighted
-        else:
-            row_weights.zero_().index_put_((positions.reshape(-1),), weights.reshape(-1))
-        del a  # the activation's backward recomputes it for the router-weight gradient
-        da = ops.sdd(expand(dy, positions, rows, offsets, counts), w2.reshape(E * f, h).t(), topo)
-        d_h1, d_h2, row_dot = act.activation_backward_weighted(activation, da, h1, h2, row_weights, topo)
-        dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x_pad, w1, v1, need_x, need_w1, need_v1, owners,
-                                            ctx.stash)
+        row_weights_written = []
+
+        def weighted_grad_rows():  # the weighted copies of dy write the row weights in the same launch
+            row_weights_written.append(True)
+            return expand(dy, positions, rows, offsets, counts, scale=weights, scale_rows=row_weights)
+
+        row_dot = []
+
+        def activation_backward(da):
+            if not row_weights_written:
+                row_weights.zero_().index_put_((positions.reshape(-1),), weights.reshape(-1))
+            # the activation is recomputed here for the router-weight gradient
+            d_h1, d_h2, dot = act.activation_backward_weighted(ctx.activation, da, h1, h2, row_weights, topo)
+            row_dot.append(dot)
+            return d_h1, d_h2
+
+        dx, dw1, dv1, dw2 = _expert_mlp_backward(
+            ctx, saved[:7], weighted_grad_rows, lambda: expand(dy, positions, rows, offsets, counts),
+            activation_backward,
+        )
+        row_dot = row_dot[0]
         d_weights = None
         if dx is not None:  # back to token order; the router-weight gradient in the same launch
             if need_weights:
@@ -365,7 +390,7 @@ class SparseBackend(ExpertBackend):
     def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
         """Rows grouped by expert WITHOUT padding: copied into a padded buffer and back by the fused
         permutation kernels. The layer without expert parallelism permutes straight into the
-        padded buffer instead (padded_dispatch.py)."""
+        padded buffer instead (moe/dispatch/padded.py)."""
         return self.mlp_in_arrival_order(x, tokens_per_expert.view(1, -1), w1, v1, w2, activation, memory_optimized,
                                          wgrad_stash)
 
@@ -374,7 +399,7 @@ class SparseBackend(ExpertBackend):
         rank): one kernel writes each row to its expert's block-padded group, one brings the
         outputs back in arrival order."""
         import dmoe_kernels as dk
-        from dmoe_kernels.permute_functional import permute, unpermute
+        from dmoe_kernels.permutation.functional import permute, unpermute
 
         from .arrival import arrival_positions
 

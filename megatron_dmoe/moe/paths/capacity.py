@@ -1,5 +1,5 @@
 """The token-dropping baseline (GShard / Switch style): a capacity buffer per expert, batched
-matmuls over [E, capacity, h], dropped assignments adding nothing (moe/capacity.py)."""
+matmuls over [E, capacity, h], dropped assignments adding nothing (moe/dispatch/capacity.py)."""
 from __future__ import annotations
 
 from .base import DispatchedPath

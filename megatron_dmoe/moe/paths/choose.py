@@ -2,9 +2,9 @@
 dtype (the experts' backend depends on both)."""
 from __future__ import annotations
 
-from ..capacity import CapacityDispatcher
-from ..dispatcher import DroplessDispatcher
-from ..padded_dispatch import PaddedDispatcher
+from ..dispatch.capacity import CapacityDispatcher
+from ..dispatch.dropless import DroplessDispatcher
+from ..dispatch.padded import PaddedDispatcher
 from .base import MoEPath, UnavailablePath
 from .capacity import CapacityPath
 from .expert_parallel import ExpertParallelPath
@@ -29,7 +29,7 @@ def choose_path(layer) -> MoEPath:
     sparse = backend.name == "sparse"
     if groups.size > 1:
         # imported here: the expert-parallel dispatcher pulls in the process-group machinery
-        from ..ep_dispatcher import ExpertParallelDispatcher
+        from ..dispatch.expert_parallel import ExpertParallelDispatcher
 
         # the sparse experts copy received rows into their padded buffer before anything else runs
         dispatcher = ExpertParallelDispatcher(experts.layout, groups.group, opts.ep_exchange,

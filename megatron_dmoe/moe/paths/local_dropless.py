@@ -1,9 +1,9 @@
 """Every expert on this rank, grouped_mm or reference experts: rows sorted by expert, the experts'
-backend on them, the weighted combine (moe/dispatcher.py); each its own autograd function, the aux
+backend on them, the weighted combine (moe/dispatch/dropless.py); each its own autograd function, the aux
 losses riding on the experts' input."""
 from __future__ import annotations
 
-from ..dispatcher import DroplessDispatcher
+from ..dispatch.dropless import DroplessDispatcher
 from .base import DispatchedPath
 
 

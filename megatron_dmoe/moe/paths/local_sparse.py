@@ -1,9 +1,9 @@
 """Every expert on this rank, block-sparse kernels: the router, the block-padded plan, and one
 autograd function for the permutation, the experts, the weighted combine and the aux losses'
-gradient (moe/padded_dispatch.py, moe/experts/sparse.py)."""
+gradient (moe/dispatch/padded.py, moe/experts/sparse.py)."""
 from __future__ import annotations
 
-from ..padded_dispatch import PaddedDispatcher, padded_experts_combine
+from ..dispatch.padded import PaddedDispatcher, padded_experts_combine
 from .base import MoEPath
 
 

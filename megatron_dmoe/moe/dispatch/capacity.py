@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .dispatcher import TokenDispatcher, weighted_sum
-from .router import count_assignments
+from ..router import count_assignments
+from .base import TokenDispatcher, weighted_sum
 
 
 def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:

@@ -33,10 +33,10 @@ import torch
 from megatron_dmoe.parallel.all_to_all import differentiable_all_to_all, exchange_counts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
-from .dispatcher import TokenDispatcher, sort_by_expert, weighted_sum
-from .experts.arrival import compact_offsets
-from .options import EP_EXCHANGES
-from .router import count_assignments
+from ..experts.arrival import compact_offsets
+from ..options import EP_EXCHANGES
+from ..router import count_assignments
+from .base import TokenDispatcher, sort_by_expert, weighted_sum
 
 
 @dataclass
@@ -135,8 +135,8 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
         offsets = None
         if x.is_cuda:
-            from dmoe_kernels.permute_functional import permute
-            from dmoe_kernels.permute_ops import padded_positions
+            from dmoe_kernels.permutation.functional import permute
+            from dmoe_kernels.permutation.ops import padded_positions
 
             offsets = compact_offsets(counts)
             positions = padded_positions(virtual, counts, offsets)  # sorted row of each copy (counting sort)
@@ -152,7 +152,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
         return x_recv, received.sum(0), state
 
     def _dispatch_symmetric(self, x, virtual, virtual_weights):
-        from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
+        from dmoe_kernels.permutation.ops import expert_histogram, positions_from_histogram
         from megatron_dmoe.parallel.symmetric_exchange import send_to_experts
 
         exchange = self._symmetric
@@ -179,7 +179,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
         else:
             y_sorted = differentiable_all_to_all(y_recv, state.send_splits, state.recv_splits, self.group)
         if state.offsets is not None:
-            from dmoe_kernels.permute_functional import unpermute
+            from dmoe_kernels.permutation.functional import unpermute
 
             # the rows the weights' gradient needs are copied out of the buffer by the same pass
             return unpermute(y_sorted, state.positions, state.offsets, state.counts, state.weights,

@@ -1,5 +1,5 @@
 """The softmax top-k router without autograd: one launch forward (plus the column sums' reduction),
-one launch backward. The kernels are in router_kernel.py; autograd in router_functional.py.
+one launch backward. The kernels are in kernels.py; autograd in functional.py.
 
   route_forward(logits, top_k, renormalize=False, scale=1.0, valid=None)
       -> indices [T, k] int64, weights [T, k], scores [T, E], colsum [E] (all fp32 but indices)
@@ -19,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from . import router_kernel as _kernels
-from .launch import cdiv, check_launchable, direct, next_power_of_2
+from ..launch import cdiv, check_launchable, direct, next_power_of_2
+from . import kernels as _kernels
 
 MAX_EXPERTS = 256  # one program holds [BLOCK_T, next_pow2(E)] in registers
 _TILE_ELEMENTS = 4096  # elements of a program's tile: 32 per thread at 4 warps

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from .launch import cdiv, check_launchable, direct, next_power_of_2
+from ..launch import cdiv, check_launchable, direct, next_power_of_2
 
 BLOCK_SIZES = (16, 32, 64, 128)
 
@@ -216,17 +216,11 @@ class Topology:
             **arrays,
         )
 
-    def to_mask(self) -> torch.Tensor:
-        """Boolean block mask [block_rows, block_cols] (copies nnz to the host; for tests)."""
-        n = int(self.nnz.item())
-        mask = torch.zeros(self.block_rows, self.block_cols, dtype=torch.bool, device=self.device)
-        mask[self.row_indices[:n].long(), self.column_indices[:n].long()] = True
-        return mask
 
 
 def _expert_arrays_triton(tokens_per_expert: torch.Tensor, F: int, bs: int, max_rows: int) -> dict:
-    """Index arrays of the dMoE topology from two Triton launches (see topology_kernel.py)."""
-    from . import topology_kernel
+    """Index arrays of the dMoE topology from two Triton launches (see kernels/topology.py)."""
+    from .kernels import topology as topology_kernel
 
     check_launchable(topology_kernel.expert_index_kernel, tokens_per_expert.device)
     device = tokens_per_expert.device

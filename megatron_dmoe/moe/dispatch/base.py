@@ -1,17 +1,15 @@
-"""Token dispatch (permute tokens into expert-grouped rows) and combine (un-permute and weight).
+"""What every token dispatcher is: dispatch (permute tokens into expert-grouped rows) and combine
+(un-permute and weight), plus the helpers they share.
 
-The layer talks to a `TokenDispatcher` only, so an expert-parallel dispatcher (all-to-all between
-the permutation and the experts) can replace the local one without touching the layer.
+An MoE path (moe/paths/) talks to a `TokenDispatcher` only, so an expert-parallel dispatcher
+(all-to-all between the permutation and the experts) can replace the local one without touching it.
 """
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 import torch
-
-from .router import count_assignments
 
 
 class TokenDispatcher(abc.ABC):
@@ -53,26 +51,3 @@ def sort_by_expert(indices: torch.Tensor):
     positions = torch.empty_like(order)
     positions[order] = torch.arange(order.numel(), device=order.device)
     return order, positions.view(indices.shape)
-
-
-@dataclass
-class DroplessState:
-    inverse_order: torch.Tensor  # [T*k]: row of x_perm that holds assignment (t, j)
-    weights: torch.Tensor  # [T, k]
-
-
-class DroplessDispatcher(TokenDispatcher):
-    """Every assignment is kept: x_perm [T*k, h] holds the rows grouped by expert, in expert order
-    and, within an expert, in token order."""
-
-    def __init__(self, num_experts: int):
-        self.num_experts = num_experts
-
-    def dispatch(self, x, indices, weights):
-        order, positions = sort_by_expert(indices)
-        x_perm = x.index_select(0, order // indices.shape[1])
-        tokens_per_expert = count_assignments(indices, self.num_experts)
-        return x_perm, tokens_per_expert, DroplessState(positions.reshape(-1), weights)
-
-    def combine(self, y_perm, state: DroplessState):
-        return weighted_sum(y_perm.index_select(0, state.inverse_order), state.weights)

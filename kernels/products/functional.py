@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ..launch import bind_device
 from . import ops
-from .launch import bind_device
 from .topology import Topology
 
 

@@ -1,4 +1,4 @@
-"""Differentiable dMoE permutation on the fused kernels of permute_ops.py.
+"""Differentiable dMoE permutation on the fused kernels of ops.py.
 
   permute(x, pos, rows, expert_offsets, counts)            x [T, H] -> padded buffer [rows, H]
   unpermute(y_pad, pos, expert_offsets, counts, weights)   padded buffer -> y [T, H]
@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from . import permute_ops as _ops
-from .launch import bind_device
+from ..launch import bind_device
+from . import ops as _ops
 
 
 class _Permute(torch.autograd.Function):

@@ -18,100 +18,12 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import triton
-import triton.language as tl
 
-from .launch import cdiv, check_launchable, direct
+from ..launch import cdiv, check_launchable, direct
+from . import kernels as _kernels
 
 ACTIVATIONS = ("gelu", "swiglu")
 _BLOCK = 1024
-
-
-@triton.jit
-def gelu(x):
-    """Exact (erf) GELU of fp32 x; also the forward product's epilogue's (sdd_tma_kernel)."""
-    return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # 1 / sqrt(2)
-
-
-@triton.jit
-def gelu_grad(x):
-    """d gelu(x) / dx of fp32 x."""
-    cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
-    return cdf + x * tl.exp(-0.5 * x * x) * 0.3989422804014327  # 1 / sqrt(2 pi)
-
-
-@triton.jit
-def _activation_forward_kernel(h1_ptr, h2_ptr, out_ptr, nnz_ptr, block_elements,
-                               SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
-    n = tl.load(nnz_ptr).to(tl.int64) * block_elements
-    start = tl.program_id(0).to(tl.int64) * BLOCK
-    if start >= n:
-        return
-    offs = start + tl.arange(0, BLOCK)
-    mask = offs < n
-    a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if SWIGLU:
-        b = tl.load(h2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y = a * tl.sigmoid(a) * b
-    else:
-        y = gelu(a)
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr, block_elements,
-                                SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
-    n = tl.load(nnz_ptr).to(tl.int64) * block_elements
-    start = tl.program_id(0).to(tl.int64) * BLOCK
-    if start >= n:
-        return
-    offs = start + tl.arange(0, BLOCK)
-    mask = offs < n
-    g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    a = tl.load(h1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if SWIGLU:
-        b = tl.load(h2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        sig = tl.sigmoid(a)
-        d1 = g * b * sig * (1.0 + a * (1.0 - sig))
-        tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty), mask=mask)
-    else:
-        d1 = g * gelu_grad(a)
-    tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, row_weight_ptr, row_dot_ptr, nnz_ptr,
-                              blocks_per_row,
-                              SWIGLU: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr):
-    # ROWS rows of one [BS, BS] block per program. Block b sits in block row b // F, as the
-    # (b % F)-th block of that row (the dMoE topology's regular layout). The activation for the
-    # row dots is recomputed from h (rounded to the data's dtype, as the kept one is) rather than
-    # read: one pass over the hidden layer fewer.
-    chunks: tl.constexpr = BS // ROWS
-    b = tl.program_id(0) // chunks
-    if b >= tl.load(nnz_ptr):
-        return
-    r = (tl.program_id(0) % chunks) * ROWS + tl.arange(0, ROWS)
-    c = tl.arange(0, BS)
-    offs = b.to(tl.int64) * (BS * BS) + r[:, None] * BS + c[None, :]
-    row = (b // blocks_per_row).to(tl.int64) * BS + r
-    g = tl.load(grad_ptr + offs).to(tl.float32)
-    a = tl.load(h1_ptr + offs).to(tl.float32)
-    if SWIGLU:
-        v = tl.load(h2_ptr + offs).to(tl.float32)
-        sig = tl.sigmoid(a)
-        act = a * sig * v
-    else:
-        act = gelu(a)
-    act = act.to(grad_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(row_dot_ptr + row * blocks_per_row + b % blocks_per_row, tl.sum(g * act, axis=1))
-    g = g * tl.load(row_weight_ptr + row)[:, None].to(tl.float32)
-    if SWIGLU:
-        d1 = g * v * sig * (1.0 + a * (1.0 - sig))
-        tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty))
-    else:
-        d1 = g * gelu_grad(a)
-    tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty))
 
 
 def _check(name: str, nnz: torch.Tensor, *tensors: Optional[torch.Tensor]) -> None:
@@ -146,7 +58,7 @@ def activation_forward(name: str, h1: torch.Tensor, h2: Optional[torch.Tensor], 
     _check(name, nnz, h1, h2)
     out = torch.empty_like(h1)
     swiglu = name == "swiglu"
-    _launch(_activation_forward_kernel, h1, h1, h2 if swiglu else h1, out, nnz, swiglu=swiglu)
+    _launch(_kernels.activation_forward_kernel, h1, h1, h2 if swiglu else h1, out, nnz, swiglu=swiglu)
     return out
 
 
@@ -157,7 +69,7 @@ def activation_backward(
     _check(name, nnz, grad, h1, h2)
     swiglu = name == "swiglu"
     d2 = torch.empty_like(grad) if swiglu else None
-    _launch(_activation_backward_kernel, grad, grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, nnz,
+    _launch(_kernels.activation_backward_kernel, grad, grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, nnz,
             swiglu=swiglu)
     return grad, d2
 
@@ -191,9 +103,9 @@ def activation_backward_weighted(
     row_dot = torch.empty(rows, F, dtype=torch.float32, device=grad.device)
     bs = topology.block_size
     if topology.max_blocks:
-        check_launchable(_weighted_backward_kernel, grad.device)
+        check_launchable(_kernels.weighted_backward_kernel, grad.device)
         rows_per_program = max(1, min(bs, 2048 // bs))
-        direct(_weighted_backward_kernel)[(topology.max_blocks * (bs // rows_per_program),)](
+        direct(_kernels.weighted_backward_kernel)[(topology.max_blocks * (bs // rows_per_program),)](
             grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, row_weights.contiguous(), row_dot,
             topology.nnz, F, SWIGLU=swiglu, BS=bs, ROWS=rows_per_program, num_warps=4,
         )

@@ -2,12 +2,11 @@
 buffer that the `sparse` backend computes on, and come back weighted, by two fused kernels.
 
 plan: count the routed copies per expert, build the dMoE topology from the counts on the device
-and find each copy's padded row (a counting sort by expert), all on the device. dispatch: plan,
-then one kernel writes every copy to its row and zeroes the padding rows. The layer plans only and
-hands the tokens to `padded_experts_combine`: the permutation, the experts and the weighted
-combine in one autograd function (one kernel sums each token's weighted copies; backward gets the
-router-weight gradient without keeping the expert output, and sums dx back in the same launch).
-`combine` alone un-permutes expert outputs computed elsewhere. Every buffer is sized by the bound
+and find each copy's padded row (a counting sort by expert), all on the device. The path then hands
+the tokens to `padded_experts_combine`: the permutation (one kernel writes every copy to its row
+and zeroes the padding rows), the experts and the weighted combine in one autograd function (one
+kernel sums each token's weighted copies; backward gets the router-weight gradient without keeping
+the expert output, and sums dx back in the same launch). Every buffer is sized by the bound
 T*k + E*(block-1) rows: no count comes back to the host.
 """
 from __future__ import annotations
@@ -16,9 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .dispatcher import TokenDispatcher
-from .experts.sparse import block_size_for, sparse_experts_combine
-from .options import BLOCK_SIZES
+from ..experts.sparse import block_size_for, sparse_experts_combine
+from ..options import BLOCK_SIZES
 
 
 @dataclass
@@ -29,8 +27,9 @@ class PaddedState:
     weights: torch.Tensor  # [T, k]
 
 
-class PaddedDispatcher(TokenDispatcher):
-    """dispatch -> (padded buffer [rows, h], copies per expert [E], PaddedState).
+class PaddedDispatcher:
+    """plan -> PaddedState: where each routed copy goes in the padded buffer; the permutation itself
+    runs inside `padded_experts_combine`.
 
     block_size: the preferred block size. With strict=True (backend='sparse' chosen by name) it
     must divide ffn_hidden_size; otherwise the largest supported size that divides it is used.
@@ -50,7 +49,7 @@ class PaddedDispatcher(TokenDispatcher):
     def plan(self, indices: torch.Tensor, weights: torch.Tensor) -> PaddedState:
         """Where each routed copy goes (topology, positions, counts), on the device."""
         import dmoe_kernels as dk
-        from dmoe_kernels.permute_ops import expert_histogram, positions_from_histogram
+        from dmoe_kernels.permutation.ops import expert_histogram, positions_from_histogram
 
         if self.block_size is None:
             raise ValueError(
@@ -65,25 +64,12 @@ class PaddedDispatcher(TokenDispatcher):
         positions = positions_from_histogram(indices, cumulative, topo.expert_offsets)
         return PaddedState(topo, positions, counts, weights)
 
-    def dispatch(self, x, indices, weights):
-        from dmoe_kernels.permute_functional import permute
-
-        state = self.plan(indices, weights)
-        topo = state.topology
-        x_pad = permute(x, state.positions, topo.shape[0], topo.expert_offsets, state.counts)
-        return x_pad, state.counts, state
-
-    def combine(self, y_pad, state: PaddedState):
-        from dmoe_kernels.permute_functional import unpermute
-
-        return unpermute(y_pad, state.positions, state.topology.expert_offsets, state.counts, state.weights)
-
 
 def padded_experts_combine(experts, x: torch.Tensor, state: PaddedState, aux_loss=None) -> torch.Tensor:
     """y [T, h] from the tokens x [T, h] and a `plan`: the permutation into the padded buffer, the
     expert MLPs of an `ExpertMLP` on it (block-sparse kernels) and the weighted combine, in one
-    autograd function that needs no saved expert output (the layer's path; `combine` serves expert
-    outputs computed elsewhere). aux_loss: the layer's aux losses, which get their gradient there."""
+    autograd function that needs no saved expert output. aux_loss: the layer's aux losses, which get
+    their gradient there."""
     opts = experts.options
     return sparse_experts_combine(
         x, experts.w1, experts.v1, experts.w2, state.weights, state.topology, state.positions, state.counts,

@@ -18,15 +18,8 @@ from typing import Optional, Tuple
 import torch
 import triton.language as tl
 
-from . import (
-    activation,
-    dsd_kernel as _dsd_module,
-    dsd_tma_kernel as _dsd_tma_module,
-    dsdt_tma_kernel as _dsdt_tma_module,
-    sdd_kernel as _sdd_module,
-    sdd_tma_kernel as _sdd_tma_module,
-)
-from .launch import (
+from ..activations import ops as activation
+from ..launch import (
     cdiv,
     check_launchable,
     direct,
@@ -34,6 +27,13 @@ from .launch import (
     persistent_programs,
     tma_descriptor,
     tma_ready,
+)
+from .kernels import (
+    dsd as _dsd_module,
+    dsd_tma as _dsd_tma_module,
+    dsdt_tma as _dsdt_tma_module,
+    sdd as _sdd_module,
+    sdd_tma as _sdd_tma_module,
 )
 from .topology import Topology
 from .tuning import DsdConfig, SddConfig, dsd_config, sdd_config
@@ -102,7 +102,7 @@ def _sdd_checks(op: str, a: torch.Tensor, b: torch.Tensor, topology: Topology) -
 
 
 def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None) -> bool:
-    """Launch the persistent TMA kernel (with act: its GELU epilogue, see sdd_tma_kernel) when it
+    """Launch the persistent TMA kernel (with act: its GELU epilogue, see kernels/sdd_tma.py) when it
     applies to these operands; False (nothing launched) when it does not."""
     K, regular, nb = a.shape[1], topology.blocks_per_row, cfg.blocks_per_program
     b_kmajor = tma_ready(b, transposed=True)

@@ -1,4 +1,4 @@
-"""Copy block rows from several tensors into one, regrouped by expert (see regroup.py).
+"""Copy block rows from several tensors into one, regrouped by expert (see ../ops.py, "Regrouping").
 
 Output-driven: program (r, chunk) copies `BLOCK` elements of output row r from row
 source_row[r] of tensor source_tensor[r], whose address comes from a table (the tensors are

@@ -1,4 +1,4 @@
-"""Differentiable softmax top-k routing on the fused kernels of router_ops.py.
+"""Differentiable softmax top-k routing on the fused kernels of ops.py.
 
   fused_route(logits, top_k, renormalize=False, scale=1.0, valid=None)
       -> (indices [T, k] int64, weights [T, k], scores [T, E], colsum [E])
@@ -18,8 +18,8 @@ from typing import Optional
 
 import torch
 
-from . import router_ops as _ops
-from .launch import bind_device
+from ..launch import bind_device
+from . import ops as _ops
 
 
 class _FusedRoute(torch.autograd.Function):
@@ -46,7 +46,7 @@ class _FusedRoute(torch.autograd.Function):
 
 def fused_route(logits: torch.Tensor, top_k: int, renormalize: bool = False, scale: float = 1.0,
                 valid: Optional[torch.Tensor] = None):
-    """(indices, weights, scores, colsum) of fp32 logits [T, E] (see router_ops.route_forward)."""
+    """(indices, weights, scores, colsum) of fp32 logits [T, E] (see ops.route_forward)."""
     return _FusedRoute.apply(logits, int(top_k), bool(renormalize), float(scale), valid)
 
 
@@ -66,5 +66,5 @@ class _BalanceLoss(torch.autograd.Function):
 
 def balance_loss(colsum: torch.Tensor, counts: torch.Tensor, scale: float, record=None) -> torch.Tensor:
     """scale * <counts, colsum>, differentiable in colsum (fused_route's fourth output), one launch
-    each way; record: running sums updated by the forward (see router_ops.balance_loss)."""
+    each way; record: running sums updated by the forward (see ops.balance_loss)."""
     return _BalanceLoss.apply(colsum, counts, float(scale), record)

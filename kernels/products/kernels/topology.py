@@ -1,6 +1,6 @@
 """Triton kernels that build the dMoE topology from tokens-per-expert counts in two launches.
 
-The torch-op version in topology.py takes some twenty small launches, which cost more host time
+The torch-op version in ../topology.py takes some twenty small launches, which cost more host time
 than the GPU needs. Here one program computes the per-expert prefix sums (clamped so that wrong
 counts can never index past the buffers), then a grid fills every index array: each position finds
 its expert by a binary search over those prefix sums.

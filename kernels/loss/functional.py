@@ -19,47 +19,11 @@ rank); vocabulary-parallel logits keep megatron's. Labels must lie in [0, V): th
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from dmoe_kernels.launch import bind_device, direct
+from ..launch import bind_device, direct
+from . import kernels as _kernels
 
 BLOCK_V = 4096  # vocabulary entries per chunk of a row
-
-
-@triton.jit
-def _cross_entropy_forward_kernel(logits_ptr, labels_ptr, loss_ptr, lse_ptr, V, stride_row, BLOCK_V: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = logits_ptr + row * stride_row
-    label = tl.load(labels_ptr + row).to(tl.int64)
-    running_max = -float("inf")
-    running_sum = 0.0
-    target = 0.0
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(base + offs, mask=offs < V, other=-float("inf")).to(tl.float32)
-        new_max = tl.maximum(running_max, tl.max(x, 0))
-        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), 0)
-        running_max = new_max
-        target += tl.sum(tl.where(offs == label, x, 0.0), 0)
-    lse = running_max + tl.log(running_sum)
-    tl.store(lse_ptr + row, lse)
-    tl.store(loss_ptr + row, lse - target)
-
-
-@triton.jit
-def _cross_entropy_backward_kernel(logits_ptr, labels_ptr, lse_ptr, dloss_ptr, V, stride_row, BLOCK_V: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = logits_ptr + row * stride_row
-    label = tl.load(labels_ptr + row).to(tl.int64)
-    lse = tl.load(lse_ptr + row)
-    g = tl.load(dloss_ptr + row)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        mask = offs < V
-        x = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
-        grad = (tl.exp(x - lse) - tl.where(offs == label, 1.0, 0.0)) * g
-        tl.store(base + offs, grad.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch_options(device: torch.device) -> dict:
@@ -73,7 +37,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
         loss = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         if n:
-            direct(_cross_entropy_forward_kernel)[(n,)](
+            direct(_kernels.cross_entropy_forward_kernel)[(n,)](
                 logits, labels, loss, lse, vocab, logits.stride(0), BLOCK_V=BLOCK_V, **_launch_options(logits.device)
             )
         ctx.save_for_backward(logits, labels, lse)
@@ -87,7 +51,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
         bind_device(logits)  # autograd's worker thread
         grad = logits if ctx.inplace_backward else logits.clone()
         if n:
-            direct(_cross_entropy_backward_kernel)[(n,)](
+            direct(_kernels.cross_entropy_backward_kernel)[(n,)](
                 grad, labels, lse, dloss.float().contiguous(), vocab, grad.stride(0),
                 BLOCK_V=BLOCK_V, **_launch_options(logits.device),
             )
@@ -109,12 +73,4 @@ def fused_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, inplace_back
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     loss = _FusedCrossEntropy.apply(flat, labels.reshape(-1).contiguous(), inplace_backward)
-    return loss.view(labels.shape)
-
-
-def reference_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The same loss in plain torch, in fp32 or wider, for tests and for devices without Triton."""
-    vocab = logits.shape[-1]
-    wide = logits if logits.dtype == torch.float64 else logits.float()
-    loss = torch.nn.functional.cross_entropy(wide.reshape(-1, vocab), labels.reshape(-1).long(), reduction="none")
     return loss.view(labels.shape)

@@ -27,7 +27,7 @@ first) measured no faster than the pointer epilogue.
 import triton
 import triton.language as tl
 
-from .dsd_tma_kernel import add_tile_to_output, halves
+from .dsd_tma import add_tile_to_output, halves
 from .tile_mapping import grouped_tile
 
 

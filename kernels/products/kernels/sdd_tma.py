@@ -14,8 +14,8 @@ docs/kernels.md, "Fused epilogues".)
 import triton
 import triton.language as tl
 
-from .activation import gelu
-from .dsd_tma_kernel import halves
+from ...activations.kernels import gelu
+from .dsd_tma import halves
 from .tile_mapping import grouped_tile
 
 

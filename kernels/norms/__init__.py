@@ -1,0 +1,5 @@
+"""Fused LayerNorm / RMSNorm over rows.
+
+  kernels.py    the @triton.jit code
+  functional.py autograd: FusedNormFunction (launches the kernels)
+"""
