@@ -30,7 +30,7 @@ ROUTER_IMPLS = ("auto", "fused", "torch")
 # megatron-core's moe_router_load_balancing_type -> aux_loss_type
 AUX_LOSS_TYPES_MEGATRON = {"aux_loss": "micro_batch", "seq_aux_loss": "sequence", "global_aux_loss": "global"}
 
-_REQUIRED = object()  # an option without a default (MoEOptions needs it)
+REQUIRED = object()  # an option without a default (MoEOptions needs it)
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class MoESetting:
     choices: Optional[Tuple[Any, ...]] = None
     limits: Optional[Limits] = None  # the range the layer allows
     integer: bool = False  # a number that must be an integer
-    default: Any = _REQUIRED  # MoEOptions' default
+    default: Any = REQUIRED  # MoEOptions' default
     key_limits: Optional[Limits] = None  # where the YAML key allows more than the layer
 
     @property

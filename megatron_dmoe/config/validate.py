@@ -279,7 +279,7 @@ class _Checker:
                          f"is {v(TP_KEY)} (the logits are split over the vocabulary); use auto or native")
 
     def check_moe(self) -> None:
-        """The MoE layer's rules (moe/options.py) on the values the layer will get."""
+        """The MoE layer's rules (config/moe_rules.py) on the values the layer will get."""
         v, ok = self.v, self.ok
         if not ok("moe.num_experts") or v("moe.num_experts") == 0:
             return  # a dense model: the router keys are unused
