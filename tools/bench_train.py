@@ -216,7 +216,7 @@ def plan_runs(args, device_type: str, world_size: int) -> list:
     refusal being the configuration check's message for a combination it refuses, else None. A
     config that cannot be read at all (no such file, a malformed override) stops here."""
     from megatron_dmoe.config import ConfigError, validate
-    from megatron_dmoe.config.cuda_graphs_rules import resolve_cuda_graphs
+    from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 
     plan = []
     for name, graphs in model_runs(args):

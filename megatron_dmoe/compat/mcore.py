@@ -66,6 +66,11 @@ _NOTICES = {
 }
 
 
+# megatron-core warns at import, four times, that Transformer Engine and apex are not installed (and
+# its layer specs that apex is not): both are optional here and nothing needs them
+_IMPORT_WARNINGS = ("Transformer Engine and Apex are not installed", "Apex is not installed")
+
+
 class _DropNotice:
     def __init__(self, start: str):
         self.start = start
@@ -75,13 +80,17 @@ class _DropNotice:
 
 
 def quiet_notices() -> None:
-    """Drop megatron-core's release notices listed above (idempotent; needs no megatron import)."""
+    """Drop megatron-core's release notices and import-time warnings listed above (idempotent; needs
+    no megatron import: call it before megatron-core is first imported, wherever that happens)."""
     import logging
+    import warnings
 
     for name, start in _NOTICES.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNotice) for f in logger.filters):
             logger.addFilter(_DropNotice(start))
+    for message in _IMPORT_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 
 def checkpoint_format_problem(path) -> Optional[str]:

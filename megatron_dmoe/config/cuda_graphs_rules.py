@@ -1,17 +1,13 @@
 """Where the transformer layers can be captured as CUDA graphs (`training.cuda_graphs`).
 
 One set of rules serves two uses: `validate` refuses `true` where capture would be incorrect, and
-`resolve_cuda_graphs` turns `auto` (the default) into true or false once, at start-up: false with
-one note naming the reason. Captured layers must issue the same work every step without the host
-reading device values.
+model/cuda_graphs_auto.py turns `auto` (the default) into true or false once, at start-up: false
+with one note naming the reason. Captured layers must issue the same work every step without the
+host reading device values.
 """
 from __future__ import annotations
 
-import copy
-import os
-from typing import Any, List, Mapping, Optional, Tuple
-
-from .schema import RunConfig
+from typing import Any, List, Mapping, Tuple
 
 KEY = "training.cuda_graphs"
 EP_KEY = "parallel.expert_model_parallel_size"
@@ -52,56 +48,3 @@ def capture_refusals(values: Mapping[str, Any], cuda: bool) -> List[Refusal]:
         found.append(("moe.backend: reference reads the expert counts on the host",
                       f"use sparse, grouped or auto {STRICT_FIX}"))
     return found
-
-
-def _auto_only_refusal(cfg: RunConfig, world_size: int, local_world_size: int) -> Optional[str]:
-    """Reasons that make `auto` run eagerly although `true` is allowed (the user chose otherwise)."""
-    moe, par = cfg.moe, cfg.parallel
-    if moe.num_experts > 0 and moe.expert_wgrad_per_step:
-        return ("moe.expert_wgrad_per_step: true defers the expert weight gradients to the step's end, "
-                "which captured layers cannot (they accumulate per micro-batch)")
-    if (moe.num_experts > 0 and par.expert_model_parallel_size > 1 and moe.ep_exchange == "auto"
-            and world_size > local_world_size):
-        return (f"the run spans hosts ({world_size} processes, {local_world_size} per host), where "
-                "moe.ep_exchange: auto may take the NCCL exchange, which reads its split sizes on the host")
-    if moe.num_experts > 0 and moe.backend == "auto":
-        from megatron_dmoe.moe.experts.backends import resolve_backend
-
-        dtype = _params_dtype(cfg)
-        shards = max(1, par.expert_model_parallel_size // moe.num_experts)
-        backend = resolve_backend("auto", "cuda", dtype, cfg.model.hidden_size, moe.ffn_hidden_size // shards)
-        if backend.name == "reference":
-            return "moe.backend: auto picks the reference experts here, which read the expert counts on the host"
-    return None
-
-
-def _params_dtype(cfg: RunConfig):
-    import torch
-
-    return torch.bfloat16 if cfg.training.bf16 else torch.float16 if cfg.training.fp16 else torch.float32
-
-
-def resolve_cuda_graphs(cfg: RunConfig, cuda: bool, world_size: Optional[int] = None,
-                        local_world_size: Optional[int] = None) -> Tuple[RunConfig, List[str]]:
-    """``cfg`` with `training.cuda_graphs: auto` replaced by true or false, and the note saying why
-    when false; a config that says true or false comes back as it is. `cfg` is resolved and valid."""
-    if cfg.training.cuda_graphs != "auto":
-        return cfg, []
-    world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
-    local_world_size = local_world_size if local_world_size is not None else \
-        int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    values = {key: _value(cfg, key) for key in RULE_KEYS}
-    refusals = capture_refusals(values, cuda)
-    why = refusals[0][0] if refusals else (_auto_only_refusal(cfg, world_size, local_world_size))
-    out = copy.deepcopy(cfg)
-    out.training.cuda_graphs = why is None
-    # a run without CUDA has no graphs to miss: saying so on every CPU run would be noise
-    on_cuda = cuda and values["training.device"] != "cpu"
-    notes = [] if why is None or not on_cuda else [
-        f"note: training.cuda_graphs: auto runs the layers eagerly here: {why} (training.cuda_graphs=false)"]
-    return out, notes
-
-
-def _value(cfg: RunConfig, dotted: str) -> Any:
-    section, key = dotted.split(".")
-    return getattr(getattr(cfg, section), key)

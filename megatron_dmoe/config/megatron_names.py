@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Optional, Sequence, Tuple
 
-# Megatron-LM argument (its dest, flag without the dashes) -> our key, where they differ only by section
+from .moe_settings import MOE_SETTINGS
+
+# Megatron-LM argument (its dest, flag without the dashes) -> our key, where they differ only by
+# section; the MoE settings' come from config/moe_settings.py
 _SAME_NAME = {
-    "model": ["num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+    "model": ["num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
               "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by", "position_embedding_type",
-              "rotary_base", "normalization", "hidden_dropout", "attention_dropout", "init_method_std",
+              "rotary_base", "normalization", "hidden_dropout", "attention_dropout",
               "untie_embeddings_and_output_weights", "transformer_impl", "cross_entropy_loss_fusion",
               "cross_entropy_fusion_impl", "use_cpu_initialization"],
-    "moe": ["num_experts"],
     "parallel": ["tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                  "expert_tensor_parallel_size", "sequence_parallel", "context_parallel_size",
                  "virtual_pipeline_model_parallel_size"],
@@ -29,46 +31,28 @@ _SAME_NAME = {
     "checkpoint": ["save_interval", "load"],
     "logging": ["log_interval"],
 }
-# ... and those whose name differs here
-_RENAMED = {
-    "moe_router_topk": "moe.top_k",
-    "moe_layer_freq": "moe.layer_freq",
-    "moe_ffn_hidden_size": "moe.ffn_hidden_size",
-    "moe_router_score_function": "moe.router_score_function",
-    "moe_router_pre_softmax": "moe.router_pre_softmax",
-    "moe_router_topk_scaling_factor": "moe.router_topk_scaling_factor",
-    "moe_input_jitter_eps": "moe.input_jitter_eps",
-    "moe_aux_loss_coeff": "moe.aux_loss_coeff",
-    "moe_z_loss_coeff": "moe.z_loss_coeff",
-    "moe_router_enable_expert_bias": "moe.router_enable_expert_bias",
-    "moe_router_bias_update_rate": "moe.router_bias_update_rate",
-    "moe_expert_capacity_factor": "moe.expert_capacity_factor",
-    "moe_token_drop_policy": "moe.token_drop_policy",
-    "num_moe_experts": "moe.num_experts",  # megatron-core's TransformerConfig field
-    "moe_shared_expert_intermediate_size": "moe.shared_expert_ffn_hidden_size",
-    "moe_shared_expert_gate": "moe.shared_expert_gate",
-    "moe_router_num_groups": "moe.router_num_groups",
-    "moe_router_group_topk": "moe.router_group_topk",
-    "moe_upcycling_granularity": "moe.upcycle_granularity",
-}
-MEGATRON_KEYS: Dict[str, str] = {
-    **{name: f"{section}.{name}" for section, names in _SAME_NAME.items() for name in names},
-    **_RENAMED,
-}
-# flags that take no value (store_true in Megatron-LM): `--bf16` is training.bf16=true
-SWITCHES = {"untie_embeddings_and_output_weights", "use_cpu_initialization", "cross_entropy_loss_fusion",
-            "sequence_parallel", "bf16",
-            "fp16", "use_distributed_optimizer", "moe_router_pre_softmax", "moe_router_enable_expert_bias",
-            "moe_shared_expert_gate"}
-# switches that set a key to a value: `--swiglu` is model.activation=swiglu
-VALUE_SWITCHES = {"swiglu": ("model.activation", "swiglu"), "disable_bias_linear": ("model.add_bias_linear", "false")}
-# flags that take several values (nargs='*')
-LISTS = {"data_path"}
 
 
 def flag_name(flag: str) -> str:
     """'--micro-batch-size' -> 'micro_batch_size'."""
     return flag.lstrip("-").replace("-", "_")
+
+
+_MOE_FLAGS = [s for s in MOE_SETTINGS if s.flag]
+MEGATRON_KEYS: Dict[str, str] = {
+    **{name: f"{section}.{name}" for section, names in _SAME_NAME.items() for name in names},
+    **{flag_name(s.flag): s.key for s in _MOE_FLAGS},
+    # megatron-core's TransformerConfig field, where its name differs from the flag (num_moe_experts)
+    **{s.megatron: s.key for s in _MOE_FLAGS if s.megatron},
+}
+# flags that take no value (store_true in Megatron-LM): `--bf16` is training.bf16=true
+SWITCHES = {"untie_embeddings_and_output_weights", "use_cpu_initialization", "cross_entropy_loss_fusion",
+            "sequence_parallel", "bf16", "fp16", "use_distributed_optimizer",
+            *(flag_name(s.flag) for s in _MOE_FLAGS if s.switch)}
+# switches that set a key to a value: `--swiglu` is model.activation=swiglu
+VALUE_SWITCHES = {"swiglu": ("model.activation", "swiglu"), "disable_bias_linear": ("model.add_bias_linear", "false")}
+# flags that take several values (nargs='*')
+LISTS = {"data_path"}
 
 
 def megatron_match(name: str, section: Optional[str] = None) -> Optional[Tuple[str, str]]:

@@ -59,7 +59,7 @@ class MoEConfig:
     expert_capacity_factor: Optional[float] = None  # None = dropless; a number = token dropping
     token_drop_policy: str = "probs"  # probs | position, with expert_capacity_factor
     backend: str = "auto"  # auto | sparse | grouped | reference
-    block_size: int = 128  # block size of the sparse backend: 16 | 32 | 64 | 128 (moe/options.py)
+    block_size: int = 128  # block size of the sparse backend: 16 | 32 | 64 | 128 (config/moe_settings.py)
     memory_optimized: bool = False  # recompute the activation in backward
     # Expert weight gradients once per step over all micro-batches, not once per micro-batch (sparse
     # backend): main_grad read and written once; keeps every micro-batch's expert operands until then.

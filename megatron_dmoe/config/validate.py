@@ -13,16 +13,16 @@ import os
 import warnings
 from typing import Any, List, Optional
 
-from megatron_dmoe.data import tokenizers
-from megatron_dmoe.moe import options as moe_options
-
+from . import moe_rules, tokenizer_types as tokenizers
 from .cuda_graphs_rules import RULE_KEYS, capture_refusals
 from .environment import Environment
 from .errors import ConfigError, ConfigWarning, Problem
 from .fields import check_type, default_of, did_you_mean, section_class, section_types
 from .moe_layers import moe_layer_pattern
+from .moe_settings import MOE_SETTINGS, OPTION_KEYS
 from .resolve import DERIVED_FROM, resolve
 from .schema import RunConfig
+from .value_text import fmt, range_text
 
 TP_KEY = "parallel.tensor_model_parallel_size"
 PP_KEY = "parallel.pipeline_model_parallel_size"
@@ -33,38 +33,9 @@ SP_KEY = "parallel.sequence_parallel"
 VPP_KEY = "parallel.virtual_pipeline_model_parallel_size"
 
 # The MoE layer's own settings: each MoEOptions field and the YAML key it comes from. Their allowed
-# values, ranges and cross-field rules live in megatron_dmoe/moe/options.py, which the layer obeys;
+# values, ranges and cross-field rules are the layer's (config/moe_settings.py, config/moe_rules.py);
 # the checks below report them under these keys.
-MOE_KEYS = {
-    "hidden_size": "model.hidden_size",
-    "ffn_hidden_size": "moe.ffn_hidden_size",
-    "num_experts": "moe.num_experts",
-    "top_k": "moe.top_k",
-    "activation": "model.activation",
-    "score_function": "moe.router_score_function",
-    "pre_softmax": "moe.router_pre_softmax",
-    "renormalize": "moe.router_renormalize",
-    "topk_scaling_factor": "moe.router_topk_scaling_factor",
-    "input_jitter_eps": "moe.input_jitter_eps",
-    "aux_loss_coeff": "moe.aux_loss_coeff",
-    "z_loss_coeff": "moe.z_loss_coeff",
-    "expert_bias": "moe.router_enable_expert_bias",
-    "bias_update_rate": "moe.router_bias_update_rate",
-    "capacity_factor": "moe.expert_capacity_factor",
-    "token_drop_policy": "moe.token_drop_policy",
-    "backend": "moe.backend",
-    "block_size": "moe.block_size",
-    "memory_optimized": "moe.memory_optimized",
-    "ep_exchange": "moe.ep_exchange",
-    "init_method_std": "model.init_method_std",
-    "shared_expert_ffn_hidden_size": "moe.shared_expert_ffn_hidden_size",
-    "shared_expert_gate": "moe.shared_expert_gate",
-    "aux_loss_type": "moe.aux_loss_type",
-    "router_num_groups": "moe.router_num_groups",
-    "router_group_topk": "moe.router_group_topk",
-    "router_group_score": "moe.router_group_score",
-    "router_impl": "moe.router_impl",
-}
+MOE_KEYS = OPTION_KEYS
 
 # Allowed values of the enumerated keys (the `a | b` comments in schema.py).
 CHOICES = {
@@ -72,7 +43,7 @@ CHOICES = {
     "model.normalization": ("LayerNorm", "RMSNorm"),
     "model.transformer_impl": ("auto", "local", "transformer_engine"),
     "model.cross_entropy_fusion_impl": ("auto", "triton", "native"),
-    **{MOE_KEYS[field]: allowed for field, allowed in moe_options.CHOICES.items()},
+    **{s.key: s.choices for s in MOE_SETTINGS if s.choices},
     "training.lr_decay_style": ("cosine", "linear", "constant"),
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
@@ -84,7 +55,6 @@ CHOICES = {
 # Single-key ranges: (lowest, highest, lowest allowed?, highest allowed?); None = unbounded.
 RANGES = {
     "model.num_layers": (1, None, True, None),
-    "model.hidden_size": (1, None, True, None),
     "model.num_attention_heads": (1, None, True, None),
     "model.num_query_groups": (1, None, True, None),
     "model.ffn_hidden_size": (1, None, True, None),
@@ -95,15 +65,8 @@ RANGES = {
     "model.rotary_base": (0, None, False, None),
     "model.hidden_dropout": (0, 1, True, False),
     "model.attention_dropout": (0, 1, True, False),
-    "model.init_method_std": (0, None, False, None),
-    "moe.num_experts": (0, None, True, None),
-    "moe.layer_freq": (1, None, True, None),
-    "moe.first_dense_layers": (0, None, True, None),
-    "moe.ffn_hidden_size": (1, None, True, None),
-    "moe.upcycle_granularity": (1, None, True, None),
-    # the layer's own (moe/options.py); moe.num_experts may be 0 here (a dense model)
-    **{MOE_KEYS[field]: limits for field, limits in moe_options.RANGES.items()
-       if MOE_KEYS[field].startswith("moe.") and field not in ("num_experts", "ffn_hidden_size")},
+    # the MoE settings' (config/moe_settings.py: model.hidden_size, moe.*)
+    **{s.key: s.yaml_limits for s in MOE_SETTINGS if s.yaml_limits},
     "parallel.tensor_model_parallel_size": (1, None, True, None),
     "parallel.pipeline_model_parallel_size": (1, None, True, None),
     "parallel.virtual_pipeline_model_parallel_size": (1, None, True, None),
@@ -166,9 +129,6 @@ def find_warnings(cfg: RunConfig, world_size: Optional[int] = None, *,
     checker = _Checker(cfg, world_size, env)
     checker.run()
     return checker.warnings
-
-
-_fmt = moe_options.fmt  # a value as the user wrote it in YAML
 
 
 def _divisors(n: int) -> str:
@@ -270,8 +230,8 @@ class _Checker:
             if not self.ok(key) or self.raw(key) in allowed:
                 continue
             value = self.raw(key)
-            listed = ", ".join(a if isinstance(a, str) else _fmt(a) for a in allowed)
-            message = f"{_fmt(value)} is not allowed; use one of: {listed}"
+            listed = ", ".join(a if isinstance(a, str) else fmt(a) for a in allowed)
+            message = f"{fmt(value)} is not allowed; use one of: {listed}"
             close = isinstance(value, str) and did_you_mean(value, [a for a in allowed if isinstance(a, str)])
             if close:
                 message += f" (did you mean {close}?)"
@@ -285,8 +245,8 @@ class _Checker:
             too_low = low is not None and (value < low if low_in else value <= low)
             too_high = high is not None and (value > high if high_in else value >= high)
             if too_low or too_high:
-                self.problem(key, f"{_fmt(value)} is out of range; use "
-                                  f"{_range_text(low, high, low_in, high_in, value)}", bad=True)
+                self.problem(key, f"{fmt(value)} is out of range; use "
+                                  f"{range_text(low, high, low_in, high_in, value)}", bad=True)
 
     # --- cross-key checks ----------------------------------------------------------------------
     def check_model(self) -> None:
@@ -319,7 +279,7 @@ class _Checker:
                          f"is {v(TP_KEY)} (the logits are split over the vocabulary); use auto or native")
 
     def check_moe(self) -> None:
-        """The MoE layer's rules (moe/options.py) on the values the layer will get."""
+        """The MoE layer's rules (config/moe_rules.py) on the values the layer will get."""
         v, ok = self.v, self.ok
         if not ok("moe.num_experts") or v("moe.num_experts") == 0:
             return  # a dense model: the router keys are unused
@@ -334,7 +294,7 @@ class _Checker:
         sparse = ok("moe.backend", "training.device") and self._sparse_backend()
         precision_ok = ok("training.bf16", "training.fp16")
         element_bytes = (2 if v("training.bf16") or v("training.fp16") else 4) if precision_ok else None
-        for field, message in moe_options.option_problems(
+        for field, message in moe_rules.option_problems(
                 values, MOE_KEYS.get, sparse=sparse, ffn_shards=self._ffn_shards(v("moe.num_experts")),
                 element_bytes=element_bytes):
             self.problem(MOE_KEYS[field], message)
@@ -488,7 +448,7 @@ class _Checker:
                              f"{shards}")
         capacity_key = "moe.expert_capacity_factor"
         if ok(capacity_key) and self.raw(capacity_key) is not None:
-            self.problem(capacity_key, f"{_fmt(self.raw(capacity_key))} (the token-dropping "
+            self.problem(capacity_key, f"{fmt(self.raw(capacity_key))} (the token-dropping "
                          f"baseline) runs without expert parallelism, but {EP_KEY} is {ep}; set "
                          f"it to null (dropless) or {EP_KEY} to 1")
 
@@ -555,9 +515,9 @@ class _Checker:
     def check_training(self) -> None:
         v, ok = self.v, self.ok
         if ok("training.lr", "training.min_lr") and v("training.min_lr") > v("training.lr"):
-            self.problem("training.min_lr", f"{_fmt(v('training.min_lr'))} is larger than "
-                         f"training.lr ({_fmt(v('training.lr'))}); use a value from 0 to "
-                         f"{_fmt(v('training.lr'))}")
+            self.problem("training.min_lr", f"{fmt(v('training.min_lr'))} is larger than "
+                         f"training.lr ({fmt(v('training.lr'))}); use a value from 0 to "
+                         f"{fmt(v('training.lr'))}")
         warmup_key, decay_key = "training.lr_warmup_iters", "training.lr_decay_iters"
         # A warmup as long as a short run is fine (the rate is still rising when the run ends, as
         # Megatron-LM allows); the scheduler then decays after it, past the run's end.
@@ -632,7 +592,7 @@ class _Checker:
                          "use auto or nccl")
 
     def check_tokenizer(self) -> None:
-        """Megatron-LM's tokenizer types and the files each needs (data/tokenizers.py); the files
+        """Megatron-LM's tokenizer types and the files each needs (config/tokenizer_types.py); the files
         themselves are read where the data is built."""
         v, ok, key = self.v, self.ok, "data.tokenizer_type"
         if not ok(key, "data.data_path") or v(key) is None:
@@ -672,14 +632,6 @@ class _Checker:
                 self.problem("data.valid_data_path", "is set but data.data_path is empty: separate "
                              "validation data needs training data of the same tokenizer; set "
                              "data.data_path, or leave both unset for the built-in corpus")
-
-
-def _range_text(low, high, low_in, high_in, value) -> str:
-    kind = "an integer" if isinstance(value, int) else "a number"
-    if high is None:
-        return f"{kind} {'>=' if low_in else '>'} {_fmt(low)}"
-    return (f"{kind} with {_fmt(low)} {'<=' if low_in else '<'} value "
-            f"{'<=' if high_in else '<'} {_fmt(high)}")
 
 
 def _as_number(text: str) -> Optional[float]:

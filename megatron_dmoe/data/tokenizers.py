@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import types
@@ -27,41 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from megatron_dmoe.config.tokenizer_types import (  # noqa: F401 (validation reads them there)
+    EXTRA_MODULES,
+    FLAGS,
+    REQUIRED_KEYS,
+    SENTENCEPIECE_TYPES,
+    TOKENIZER_TYPES,
+    missing_module,
+)
 from megatron_dmoe.data.errors import DataError
 
-SENTENCEPIECE_TYPES = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", *SENTENCEPIECE_TYPES, "TikTokenizer",
-                   "NullTokenizer")
-# what each type needs: data keys (Megatron-LM flags) that must be set
-REQUIRED_KEYS = {
-    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
-    "HuggingFaceTokenizer": ("tokenizer_model",),
-    **{name: ("tokenizer_model",) for name in SENTENCEPIECE_TYPES},
-    "TikTokenizer": ("tokenizer_model",),
-    "NullTokenizer": ("vocab_size",),
-}
-# Python packages a type needs beyond this package's own dependencies, and how to get them
-EXTRA_MODULES = {
-    "GPT2BPETokenizer": ("transformers", "pip install 'megatron-dmoe[tokenizers]' (or transformers)"),
-    "HuggingFaceTokenizer": ("transformers", "pip install 'megatron-dmoe[tokenizers]' (or transformers)"),
-    "TikTokenizer": ("tiktoken", "pip install 'megatron-dmoe[tiktoken]' (or tiktoken)"),
-}
-FLAGS = {"tokenizer_model": "--tokenizer-model", "vocab_file": "--vocab-file", "merge_file": "--merge-file",
-         "vocab_size": "--vocab-size"}
 # huggingface's own "no limit" (transformers' VERY_LARGE_INTEGER): documents are longer than GPT-2's 1024
 _NO_LENGTH_LIMIT = int(1e30)
-
-
-def missing_module(tokenizer_type: str) -> Optional[str]:
-    """'transformers (install with ...)' when the type needs a package that cannot be imported."""
-    if tokenizer_type not in EXTRA_MODULES:
-        return None
-    module, how = EXTRA_MODULES[tokenizer_type]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else f"{module} ({how})"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
 
 from megatron_dmoe.config import RunConfig
+from megatron_dmoe.config.moe_settings import LAYER_PARAMS, value_of
 from megatron_dmoe.model.spec import block_spec, transformer_engine_available
 from megatron_dmoe.model.transformer_config import to_transformer_config
 from megatron_dmoe.moe.run_state import MoERunState
@@ -20,17 +21,8 @@ def padded_vocab_size(vocab_size: int, cfg: RunConfig) -> int:
 
 
 def moe_layer_params(cfg: RunConfig) -> dict:
-    """Settings of our MoE layer that megatron's TransformerConfig has no field for."""
-    moe = cfg.moe
-    return dict(
-        backend=moe.backend,
-        block_size=moe.block_size,
-        memory_optimized=moe.memory_optimized,
-        ep_exchange=moe.ep_exchange,
-        renormalize=moe.router_renormalize,
-        router_group_score=moe.router_group_score,
-        router_impl=moe.router_impl,
-    )
+    """Settings of our MoE layer that megatron's TransformerConfig has no field for (config/moe_settings.py)."""
+    return {s.option: value_of(cfg, s.key) for s in LAYER_PARAMS}
 
 
 def use_triton_cross_entropy(cfg: RunConfig, on_cuda: bool) -> bool:

@@ -15,7 +15,7 @@ from megatron.core.transformer import TransformerConfig
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.moe_layers import megatron_moe_layer_freq
-from megatron_dmoe.moe.options import AUX_LOSS_TYPES_MEGATRON
+from megatron_dmoe.config.moe_settings import AUX_LOSS_TYPES_MEGATRON, MOE_SETTINGS, value_of
 
 MEGATRON_LOAD_BALANCING = {ours: theirs for theirs, ours in AUX_LOSS_TYPES_MEGATRON.items()}
 
@@ -35,27 +35,16 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
     dtype = params_dtype(cfg)
     moe_kwargs = {}
     if moe.num_experts > 0:
-        moe_kwargs = dict(
-            num_moe_experts=moe.num_experts,
-            moe_router_topk=moe.top_k,
-            moe_ffn_hidden_size=moe.ffn_hidden_size,
+        # each moe.* key into its TransformerConfig field (config/moe_settings.py), converted where
+        # megatron-core says it otherwise: None for "none", the layer pattern, its balancing names
+        moe_kwargs = {s.megatron: value_of(cfg, s.key) for s in MOE_SETTINGS
+                      if s.megatron and s.key.startswith("moe.")}
+        moe_kwargs.update(
             moe_layer_freq=megatron_moe_layer_freq(m.num_layers, moe.layer_freq, moe.first_dense_layers),
-            moe_router_score_function=moe.router_score_function,
-            moe_router_pre_softmax=moe.router_pre_softmax,
-            moe_router_topk_scaling_factor=moe.router_topk_scaling_factor,
-            moe_aux_loss_coeff=moe.aux_loss_coeff,
             moe_z_loss_coeff=moe.z_loss_coeff or None,
-            moe_input_jitter_eps=moe.input_jitter_eps,
-            moe_router_enable_expert_bias=moe.router_enable_expert_bias,
-            moe_router_bias_update_rate=moe.router_bias_update_rate,
-            moe_expert_capacity_factor=moe.expert_capacity_factor,
-            moe_token_drop_policy=moe.token_drop_policy,
             moe_router_load_balancing_type=(
                 MEGATRON_LOAD_BALANCING[moe.aux_loss_type] if moe.aux_loss_coeff > 0 else "none"),
             moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size or None,
-            moe_shared_expert_gate=moe.shared_expert_gate,
-            moe_router_num_groups=moe.router_num_groups,
-            moe_router_group_topk=moe.router_group_topk,
         )
     recompute = {}
     if tr.recompute_granularity == "full":

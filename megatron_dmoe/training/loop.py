@@ -15,7 +15,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from megatron_dmoe.config import RunConfig
-from megatron_dmoe.config.cuda_graphs_rules import resolve_cuda_graphs
+from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 from megatron_dmoe.model.gpt import build_model_chunks, padded_vocab_size
 from megatron_dmoe.model.layer_seed import set_layer_init_seed
 from megatron_dmoe.moe import MoERunState, update_expert_biases

@@ -3,7 +3,7 @@ with one note naming the reason; true and false pass through; bad values are ref
 import pytest
 
 from megatron_dmoe.config import ConfigError, Environment, RunConfig, find_problems, resolve, validate
-from megatron_dmoe.config.cuda_graphs_rules import resolve_cuda_graphs
+from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 
 EVERYTHING = Environment(cuda=True, transformer_engine=True, apex=True)
 

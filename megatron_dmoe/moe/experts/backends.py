@@ -1,7 +1,7 @@
 """The expert MLP backends by name, and the choice behind backend='auto'.
 
 BACKEND_REGISTRY maps a name to the backend object that runs it, read-only: the names a
-configuration may give (with 'auto') are moe/options.py's BACKENDS, and a new backend is added
+configuration may give (with 'auto') are config/moe_settings.py's BACKENDS, and a new backend is added
 here, beside them."""
 from __future__ import annotations
 

@@ -1,0 +1,63 @@
+"""The run configuration loads and validates without megatron-core, triton or torch: a config is
+checked (by dmoe-train before it starts, by the sweep tools, by editors' checks) in the time it takes
+to read YAML. Each check runs in a fresh interpreter, where nothing else has imported them yet."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+HEAVY = ("megatron", "triton", "torch")
+
+
+def _run(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _imported(script: str) -> list:
+    """The heavy top-level modules in sys.modules after `script` (megatron_dmoe's own excluded)."""
+    done = _run(textwrap.dedent(script) + textwrap.dedent(f"""
+        import sys
+        print(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r})))
+    """))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return eval(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("config", [None, str(CONFIGS_DIR / "base.yaml")])
+def test_loading_and_validating_a_shipped_config_imports_nothing_heavy(config):
+    imported = _imported(f"""
+        from megatron_dmoe.config import Environment, find_warnings, load_config, resolve, validate
+        cfg = load_config({config!r})
+        validate(cfg, world_size=1, env=Environment(cuda=False, transformer_engine=False, apex=False))
+        validate(resolve(cfg), world_size=1, env=Environment(cuda=True, transformer_engine=True, apex=True))
+        find_warnings(cfg, world_size=1, env=Environment(cuda=False, transformer_engine=False, apex=False))
+    """)
+    assert imported == []
+
+
+def test_probing_the_machine_imports_torch_only():
+    # Environment.detect asks torch whether CUDA is there
+    imported = _imported("""
+        from megatron_dmoe.config import load_config, validate
+        validate(load_config(None), world_size=1)
+    """)
+    assert "megatron" not in imported and "triton" not in imported
+
+
+def test_megatron_core_imported_after_this_package_is_quiet():
+    """`import megatron_dmoe` no longer imports megatron-core, but still silences the notices it gives
+    when any module first imports it (Transformer Engine and apex are optional here)."""
+    done = _run("""
+        import megatron_dmoe
+        import sys
+        assert "megatron.core" not in sys.modules
+        import megatron.core
+        import megatron.core.optimizer
+        import megatron.core.models.gpt.gpt_layer_specs
+    """)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
