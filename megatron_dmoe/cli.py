@@ -127,8 +127,13 @@ def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
 def _check_run_dir(ns, cfg) -> Optional[str]:
     """Why the run directory cannot take this run (None when it can); reads, never writes."""
     from megatron_dmoe.config import load_config, resolve
-    from megatron_dmoe.training.resume_check import mismatch_message, resume_mismatches
-    from megatron_dmoe.training.run_dir import CONFIG_FILE, has_checkpoints, previous_run_files
+    from megatron_dmoe.training.run_dir import (
+        CONFIG_FILE,
+        has_checkpoints,
+        mismatch_message,
+        previous_run_files,
+        resume_mismatches,
+    )
 
     run_dir = ns.run_dir
     if run_dir is None:

@@ -8,6 +8,9 @@ value per expert), val_loss on evaluation steps, and on every record train_time_
 training steps since the run began, summed over resumed pieces; startup, evaluation and checkpoint
 saving left out) and tokens (training tokens consumed). Any other key passes through unchanged.
 Non-finite floats are written as NaN / Infinity, which Python's json module reads back.
+
+With pipeline parallelism each stage holds different MoE layers: `over_pipeline` gathers them
+into the whole model's MoE metrics before they are logged.
 """
 from __future__ import annotations
 
@@ -232,6 +235,33 @@ def moe_log_values(snapshot: Dict[str, Any]) -> Dict[str, Any]:
         if all(layers[n].get("load") is not None for n in numbers):
             values["expert_load"] = [list(layers[n]["load"]) for n in numbers]
     return values
+
+
+def over_pipeline(snapshot: Dict[str, Any]) -> Dict[str, Any]:
+    """A `MoEMetrics.snapshot()` of every pipeline stage's layers, on every stage: the per-layer
+    values are gathered over the pipeline group and the averages over layers formed again (the
+    snapshot as is without pipeline parallelism)."""
+    # here, not at the top: sweep summaries and plotting tools read metrics without megatron-core
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return snapshot
+    parts = [None] * ps.get_pipeline_model_parallel_world_size()
+    dist.all_gather_object(parts, snapshot.get("layers") or {}, group=ps.get_pipeline_model_parallel_group())
+    layers = {n: layer for part in parts for n, layer in part.items()}
+    if not layers:
+        return {}
+    merged: Dict[str, Any] = {"layers": layers}
+    for key in ("lb_loss", "z_loss"):
+        values = [layer[key] for layer in layers.values() if key in layer]
+        if values:
+            merged[key] = sum(values) / len(values)
+    imbalances = [layer["load_imbalance"] for layer in layers.values() if "load_imbalance" in layer]
+    if imbalances:
+        merged["load_imbalance"] = sum(imbalances) / len(imbalances)
+        merged["load_imbalance_max"] = max(imbalances)
+    return merged
 
 
 def _jsonable(value: Any, key: str) -> Any:

@@ -1,4 +1,12 @@
-"""The run directory: resolved config, checkpoints, metrics, TensorBoard events, plots."""
+"""The run directory: what a run writes there (resolved config, checkpoints, metrics,
+TensorBoard events, plots), whether a run may write or reuse it, and whether a resume's requested
+config fits the checkpoints saved in it.
+
+A checkpoint fixes the shapes of every weight and of the optimizer state, and megatron-core's
+learning-rate scheduler refuses a checkpoint whose schedule differs. Comparing the run's saved,
+resolved config.yaml with the requested one before a resume builds anything finds such a mismatch
+in a second and names the key, instead of a shape-mismatch traceback after the model is built.
+"""
 from __future__ import annotations
 
 import importlib.metadata
@@ -7,11 +15,11 @@ import platform
 import shutil
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from megatron_dmoe.config import RunConfig, save_config
+from megatron_dmoe.config import RunConfig, config_to_dict, save_config
 from megatron_dmoe.training.metrics import METRICS_FILE, TENSORBOARD_DIR
 from megatron_dmoe.training.write_errors import write_failure
 
@@ -113,3 +121,44 @@ def write_run_config(cfg: RunConfig, run_dir: Path, overwrite: bool, versions: d
         raise RunDirError(f"cannot write the run directory {run_dir}: {reason} "
                           f"({err.filename or run_dir}); make it writable or choose another "
                           "--run-dir") from err
+
+
+# Keys that may differ on resume: how long to train, how to evaluate, log and checkpoint, how the
+# work is laid out (dist_checkpointing reshards) and which kernels compute the same model.
+MAY_CHANGE_SECTIONS = ("parallel", "checkpoint", "logging")
+MAY_CHANGE = {
+    "model.hidden_dropout", "model.attention_dropout", "model.init_method_std",
+    "model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl",
+    "moe.backend", "moe.block_size", "moe.memory_optimized", "moe.expert_wgrad_per_step",
+    "moe.ep_exchange", "moe.aux_loss_coeff", "moe.z_loss_coeff", "moe.router_bias_update_rate",
+    "moe.input_jitter_eps",
+    "training.train_iters", "training.time_limit_minutes", "training.micro_batch_size", "training.eval_interval",
+    "training.eval_iters", "training.recompute_granularity", "training.cuda_graphs",
+    "training.device", "training.clip_grad", "training.adam_beta1", "training.adam_beta2",
+    "training.adam_eps", "training.loss_scale", "training.initial_loss_scale", "training.use_distributed_optimizer",
+    "data.cache_dir", "data.num_workers",
+}
+
+Mismatch = Tuple[str, Any, Any]  # (dotted key, saved value, requested value)
+
+
+def resume_mismatches(saved: RunConfig, requested: RunConfig) -> List[Mismatch]:
+    """Keys the run's checkpoints depend on whose values differ; both configs resolved."""
+    old, new = config_to_dict(saved), config_to_dict(requested)
+    found = []
+    for section, values in old.items():
+        if section in MAY_CHANGE_SECTIONS:
+            continue
+        for key, value in values.items():
+            dotted = f"{section}.{key}"
+            if dotted not in MAY_CHANGE and new[section][key] != value:
+                found.append((dotted, value, new[section][key]))
+    return found
+
+
+def mismatch_message(run_dir, mismatches: List[Mismatch]) -> str:
+    """One line: what differs, and what to do."""
+    differences = "; ".join(f"{key} was {saved!r}, now {requested!r}" for key, saved, requested in mismatches)
+    return (f"cannot resume {run_dir}: its checkpoints were saved with a different configuration "
+            f"({differences}); drop those overrides to continue the run (its config.yaml has the saved "
+            f"values), or start a new run with another --run-dir")

@@ -1,6 +1,6 @@
 """A resume that cannot load says which key differs, before anything is built or written."""
 from megatron_dmoe.config import load_config, resolve
-from megatron_dmoe.training.resume_check import resume_mismatches
+from megatron_dmoe.training.run_dir import resume_mismatches
 from train_helpers import small_args, snapshot
 
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from megatron_dmoe.training.preemption import PreemptionWatcher
+from megatron_dmoe.training.stops import PreemptionWatcher
 from train_helpers import small_args, snapshot
 
 

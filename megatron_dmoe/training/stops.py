@@ -1,5 +1,10 @@
-"""Turn SIGTERM (a scheduler's preemption notice) and Ctrl-C (SIGINT) into 'save a checkpoint,
-then exit cleanly'. A second Ctrl-C aborts at once, without saving."""
+"""What ends a run before training.train_iters: a stop signal (SIGTERM, Ctrl-C) or
+training.time_limit_minutes spent. Every rank gets the same answer, so all ranks stop, evaluate
+and save at the same step.
+
+SIGTERM (a scheduler's preemption notice) and Ctrl-C (SIGINT) mean 'save a checkpoint, then exit
+cleanly'. A second Ctrl-C aborts at once, without saving.
+"""
 from __future__ import annotations
 
 import signal
@@ -49,3 +54,19 @@ class PreemptionWatcher:
     def close(self) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+
+
+def time_limit_reached(train_time_s: float, limit_minutes: Optional[float],
+                       device: torch.device) -> bool:
+    """Whether `train_time_s` seconds of training reach `limit_minutes` (None: no limit).
+
+    Every rank gets the same answer (any rank's clock decides).
+    """
+    if limit_minutes is None:
+        return False
+    reached = train_time_s >= limit_minutes * 60
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return reached
+    flag = torch.tensor([1.0 if reached else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
