@@ -64,7 +64,7 @@ def evaluate_run(run: LoadedRun, data_path: Optional[List[str]] = None, progress
     eval_iters global batches). With data_path: every full micro-batch group of one pass over the
     datasets (the last, partial one, fewer than micro_batch_size x data-parallel samples, is left out).
     """
-    from megatron_dmoe.training.data_setup import run_loader
+    from megatron_dmoe.training.setup import run_loader
     from megatron_dmoe.training.step import evaluate
 
     cfg = run.cfg

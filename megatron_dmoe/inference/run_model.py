@@ -28,7 +28,7 @@ class LoadedRun:
     vocab_size: int  # the tokenizer's (or model.vocab_size), before padding
     iteration: int  # of the loaded checkpoint
     env: Any  # DistEnv
-    data: Any = None  # training.data_setup.RunData when asked for (with_data)
+    data: Any = None  # training.setup.RunData when asked for (with_data)
 
 
 def read_run_config(run_dir: Path) -> RunConfig:
@@ -113,7 +113,7 @@ def load_run(run_dir: Path, *, device: str = "auto", checkpoint: Optional[int] =
 
     Bad input raises UsageError before anything is built. Starts torch.distributed (one process
     without torchrun); the caller ends it with parallel.distributed.destroy_distributed.
-    with_data: also build the run's datasets (returned as .data, a training.data_setup.RunData).
+    with_data: also build the run's datasets (returned as .data, a training.setup.RunData).
     """
     from megatron_dmoe.data import DataError, build_tokenizer
 
@@ -126,7 +126,7 @@ def load_run(run_dir: Path, *, device: str = "auto", checkpoint: Optional[int] =
     from megatron_dmoe.model.gpt import build_gpt_model
     from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
     from megatron_dmoe.training.checkpoint import load_checkpoint
-    from megatron_dmoe.training.data_setup import prepare_run_data
+    from megatron_dmoe.training.setup import prepare_run_data
 
     env = init_distributed(cfg.training.device, 1, 1, expert_parallel)
     try:

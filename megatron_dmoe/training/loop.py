@@ -1,48 +1,27 @@
-"""Train a dMoE GPT from a resolved, validated run configuration.
-
-The order matters for users: everything that can fail because of their input (config, data files,
-tokenizer) fails before a model is built or a checkpoint is touched.
+"""Train a dMoE GPT from a resolved, validated run configuration: `set_up_run` (setup.py) builds
+the run, then the loop runs one step at a time, each step: train, log and evaluate when due,
+save when due, stop when asked or out of time.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from megatron_dmoe.config import RunConfig
-from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
-from megatron_dmoe.model.gpt import build_model_chunks, padded_vocab_size
-from megatron_dmoe.model.layer_seed import set_layer_init_seed
-from megatron_dmoe.moe import MoERunState, update_expert_biases
-from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
-from megatron_dmoe.training.checkpoint import (
-    Progress,
-    checkpoint_dir,
-    latest_iteration,
-    load_checkpoint,
-    save_checkpoint,
-)
-from megatron_dmoe.training.data_setup import RunData, prepare_run_data, run_loader
-from megatron_dmoe.training.flops import model_flops_per_token
-from megatron_dmoe.training.metrics import METRICS_FILE, MetricsLogger, moe_log_values
-from megatron_dmoe.training.model_setup import wrap_for_training
-from megatron_dmoe.training.optim import build_optimizer, build_scheduler
-from megatron_dmoe.training.pipeline_metrics import over_pipeline
-from megatron_dmoe.training.preemption import PreemptionWatcher
-from megatron_dmoe.training.run_dir import (
-    checkpoint_root,
-    previous_run_files,
-    software_versions,
-    write_run_config,
-)
-from megatron_dmoe.training.startup import describe_data, describe_device, describe_model
+from megatron_dmoe.model.gpt import padded_vocab_size
+from megatron_dmoe.moe import update_expert_biases
+from megatron_dmoe.parallel.distributed import DistEnv
+from megatron_dmoe.training.checkpoint import checkpoint_dir, save_checkpoint
+from megatron_dmoe.training.flops import mfu, model_flops_per_token
+from megatron_dmoe.training.metrics import MetricsLogger, moe_log_values, over_pipeline
+from megatron_dmoe.training.setup import Run, run_loader, set_up_run
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
-from megatron_dmoe.training.time_limit import time_limit_reached
+from megatron_dmoe.training.stops import PreemptionWatcher, time_limit_reached
 
 
 @dataclass
@@ -62,6 +41,32 @@ def _num_micro_batches(cfg: RunConfig) -> int:
     return tr.global_batch_size // (tr.micro_batch_size * ps.get_data_parallel_world_size())
 
 
+@dataclass
+class _Window:
+    """The steps since the last log line, whose mean loss and throughput the next one reports."""
+    loss: torch.Tensor  # summed on the device: no per-step sync
+    start: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+
+    def restart(self) -> None:
+        self.start, self.steps = time.perf_counter(), 0
+        self.loss.zero_()
+
+
+@dataclass
+class _Loop:
+    """The training loop's state from one step to the next."""
+    run: Run
+    train_data: Any
+    logger: MetricsLogger
+    watcher: PreemptionWatcher
+    result: TrainResult
+    num_micro: int
+    tokens_per_step: int
+    flops_per_token: float
+    first_step: int  # logged whatever the interval: a sign of life in seconds
+    out_of_time: bool
+    window: Optional[_Window] = None
 
 
 def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: bool = False,
@@ -71,64 +76,35 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     Nothing in `run_dir` changes until the data, the model and (on resume) the checkpoint are
     loaded: then `overwrite` deletes a previous run's files and the resolved config is written.
     """
-    run_dir = Path(run_dir)
-    # training.cuda_graphs: auto becomes true or false here, once; config.yaml records which
-    cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size)
-    notices = [*notices, *graph_notes]
-    tr = cfg.training
-
-    def say(text: str) -> None:
-        if env.is_main:
-            print(text, flush=True)
-
-    for notice in notices:
-        say(notice)
-    say(f"run directory: {run_dir}")
-    ckpt_root = checkpoint_root(run_dir)
-    latest = latest_iteration(ckpt_root) if resume else None  # a new run ignores old checkpoints
-    if resume and latest is None:
-        afresh = f" ({METRICS_FILE} starts afresh)" if METRICS_FILE in previous_run_files(run_dir) else ""
-        say(f"no checkpoint in {ckpt_root}: starting a new run at step 0{afresh}")
-    say(f"device: {describe_device(cfg, env)}")
-    data: RunData = prepare_run_data(cfg, env)  # raises DataError before anything is built
-    say(f"data: {describe_data(cfg, data)}")
-
-    seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
-    run_state = MoERunState()  # what the model's MoE layers share: metrics, deferred weight grads, exchanges
-    # each layer's weights from its number: the same at any pipeline layout; only while this run's
-    # model is built (a later model in the same process is not seeded by this run)
-    set_layer_init_seed(tr.seed)
+    run = set_up_run(cfg, env, run_dir, resume, overwrite, notices)
+    loop = _start_loop(run)
     try:
-        # one chunk per virtual pipeline stage (one without the interleaved schedule)
-        model = build_model_chunks(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda, run_state=run_state)
+        while run.progress.iteration < run.cfg.training.train_iters and not loop.out_of_time:
+            if _run_one_step(loop):
+                break
     finally:
-        set_layer_init_seed(None)
-    say(f"model: {describe_model(model, cfg, env.device)}")
-    model = wrap_for_training(model, tr.use_distributed_optimizer)
-    optimizer = build_optimizer(cfg, model, env.on_cuda)
-    scheduler = build_scheduler(cfg, optimizer)
+        loop.train_data.close()
+        loop.watcher.close()
+        loop.logger.close()
+    result = loop.result
+    result.iteration = run.progress.iteration
+    result.out_of_time = loop.out_of_time
+    if env.is_main and run.cfg.logging.plot and not result.preempted:
+        _plot(run)
+    return result
 
-    progress = Progress(world_size=env.world_size)
-    if resume and latest is not None:
-        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), model, optimizer, scheduler)
-        progress.world_size = env.world_size
-    elif cfg.checkpoint.load:
-        load_checkpoint(Path(cfg.checkpoint.load), model)
-    elif cfg.checkpoint.upcycle_from:
-        from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
 
-        upcycle_dense_checkpoint(cfg, model, optimizer)
-    dist.barrier()  # every rank has loaded before the run directory changes
-    if env.is_main:
-        write_run_config(cfg, run_dir, overwrite, software_versions())
-    dist.barrier()
-
+def _start_loop(run: Run) -> _Loop:
+    """The loader from where the run stands, the metrics logger and its opening lines, the signal
+    watcher; the model in training mode."""
+    cfg, env, progress = run.cfg, run.env, run.progress
+    tr = cfg.training
     num_micro = _num_micro_batches(cfg)
-    train_data = run_loader(cfg, data.train, progress.consumed_samples)
+    train_data = run_loader(cfg, run.data.train, progress.consumed_samples)
     tokens_per_step = tr.global_batch_size * cfg.model.seq_length
-    flops_per_token = model_flops_per_token(cfg, vocab_size=padded_vocab_size(data.vocab_size, cfg))
+    flops_per_token = model_flops_per_token(cfg, vocab_size=padded_vocab_size(run.data.vocab_size, cfg))
     logger = MetricsLogger(
-        run_dir,
+        run.run_dir,
         enabled=env.is_main,
         tensorboard=cfg.logging.tensorboard,
         progress_bar=cfg.logging.progress_bar,
@@ -136,8 +112,8 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         start_step=progress.iteration,
     )
     if progress.iteration:
-        logger.message(f"resumed from {checkpoint_dir(ckpt_root, progress.iteration)}")
-    first_step = progress.iteration + 1  # logged whatever the interval: a sign of life in seconds
+        logger.message(f"resumed from {checkpoint_dir(run.ckpt_root, progress.iteration)}")
+    first_step = progress.iteration + 1
     every = cfg.logging.log_interval
     # a resumed run whose time budget is already spent trains no further
     out_of_time = time_limit_reached(progress.train_time_s, tr.time_limit_minutes, env.device)
@@ -151,100 +127,140 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, "
                        f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
     watcher = PreemptionWatcher(env.device)
-    result = TrainResult(run_dir=run_dir, iteration=progress.iteration)
-    moe_metrics = run_state.metrics
-    moe_metrics.megatron_tracker = False  # this loop logs the sums itself
-    for chunk in model:
+    result = TrainResult(run_dir=run.run_dir, iteration=progress.iteration)
+    run.run_state.metrics.megatron_tracker = False  # this loop logs the sums itself
+    for chunk in run.model:
         chunk.train()
-    window_start, window_steps = time.perf_counter(), 0
-    window_loss = torch.zeros((), device=env.device)  # summed on the device: no per-step sync
-    try:
-        while progress.iteration < tr.train_iters and not out_of_time:
-            step_start = time.perf_counter()
-            loss, grad_norm, applied = train_step(model, optimizer, train_data, num_micro, env.device, run_state,
-                                                  cfg.moe.expert_wgrad_per_step)
-            if applied:
-                scheduler.step(1)
-                if cfg.moe.router_enable_expert_bias:
-                    update_expert_biases(model)
-            progress.iteration += 1
-            progress.consumed_samples += tr.global_batch_size
-            window_steps += 1
-            window_loss += loss
-            step = progress.iteration
-            # the first step logs too: a sign of life within seconds of the start
-            log_due = step % cfg.logging.log_interval == 0 or step == tr.train_iters or step == first_step
-            if log_due and env.on_cuda:
-                torch.cuda.synchronize()
-            progress.train_time_s += time.perf_counter() - step_start
-            out_of_time = time_limit_reached(progress.train_time_s, tr.time_limit_minutes, env.device)
-            last = step == tr.train_iters or out_of_time
+    loop = _Loop(run=run, train_data=train_data, logger=logger, watcher=watcher, result=result,
+                 num_micro=num_micro, tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
+                 first_step=first_step, out_of_time=out_of_time)
+    loop.window = _Window(loss=torch.zeros((), device=env.device))
+    return loop
 
-            logger.advance(step)
-            values = None
-            if log_due or last:
-                elapsed = time.perf_counter() - window_start
-                tokens_per_s = window_steps * tokens_per_step / elapsed
-                tflops = flops_per_token * tokens_per_s / env.world_size / 1e12
-                values = {
-                    "loss": mean_over_data_parallel(window_loss / window_steps),  # mean over the window
-                    "lr": optimizer.param_groups[0]["lr"],
-                    "grad_norm": grad_norm,
-                    "tokens_per_s": tokens_per_s,
-                    "tflops_per_gpu": tflops,
-                    "mfu": tflops / cfg.logging.peak_tflops if cfg.logging.peak_tflops else None,
-                    "skipped_update": not applied,
-                    # the peak of memory allocated on this GPU so far (captured graphs' pools included)
-                    "peak_memory_gib": torch.cuda.max_memory_allocated(env.device) / 2**30 if env.on_cuda else None,
-                }
-                values.update(moe_log_values(over_pipeline(moe_metrics.snapshot(group=ps.get_data_parallel_group()))))
-                moe_metrics.reset()
-                result.losses.append(values["loss"])
-                window_start, window_steps = time.perf_counter(), 0
-                window_loss.zero_()
-            if tr.eval_interval and (step % tr.eval_interval == 0 or last):
-                values = values or {}
-                with run_loader(cfg, data.valid, 0) as valid:
-                    values["val_loss"] = evaluate(model, valid, tr.eval_iters, num_micro, env.device)
-                result.val_loss, result.val_step = values["val_loss"], step
-                window_start = time.perf_counter()  # evaluation time is not training throughput
-            if values is not None:
-                values["train_time_s"] = progress.train_time_s  # seconds of training steps so far
-                values["tokens"] = progress.consumed_samples * cfg.model.seq_length
-                logger.log(step, values)
 
-            stop_signal = watcher.should_stop()
-            interval = cfg.checkpoint.save_interval
-            save_due = (interval and step % interval == 0) or ((last or stop_signal) and interval != 0)
-            if save_due:
-                path = save_checkpoint(ckpt_root, model, optimizer, scheduler, progress, cfg.checkpoint.keep_last)
-                logger.message(f"saved checkpoint {path}")
-                window_start = time.perf_counter()
-            if stop_signal:
-                if interval == 0:
-                    logger.message(f"stopping at step {step} on {stop_signal}; no checkpoint saved "
-                                   "(checkpoint.save_interval is 0)")
-                else:
-                    logger.message(f"stopping at step {step} on {stop_signal}; continue with: "
-                                   f"dmoe-train --run-dir {run_dir} --resume")
-                result.preempted = True
-                result.stop_signal = stop_signal
-                break
-            if out_of_time:
-                logger.message(f"stopping at step {step}: training.time_limit_minutes="
-                               f"{tr.time_limit_minutes} spent ({progress.train_time_s / 60:.2f} "
-                               "minutes of training steps)")
-                break
-    finally:
-        train_data.close()
-        watcher.close()
-        logger.close()
-    result.iteration = progress.iteration
-    result.out_of_time = out_of_time
-    if env.is_main and cfg.logging.plot and not result.preempted:
-        from megatron_dmoe.training.plots import plot_expert_load, plot_runs
+def _run_one_step(loop: _Loop) -> bool:
+    """Train one step, log, evaluate and save when due; True when the run stops here."""
+    run = loop.run
+    tr, progress = run.cfg.training, run.progress
+    step_start = time.perf_counter()
+    grad_norm, applied = _train_one_step(loop)
+    step = progress.iteration
+    # the first step logs too: a sign of life within seconds of the start
+    log_due = step % run.cfg.logging.log_interval == 0 or step == tr.train_iters or step == loop.first_step
+    if log_due and run.env.on_cuda:
+        torch.cuda.synchronize()
+    progress.train_time_s += time.perf_counter() - step_start
+    loop.out_of_time = time_limit_reached(progress.train_time_s, tr.time_limit_minutes, run.env.device)
+    last = step == tr.train_iters or loop.out_of_time
 
-        plot_runs([run_dir], run_dir / "loss.png")
-        if cfg.moe.num_experts > 0:
-            plot_expert_load(run_dir, run_dir / "expert_load.png")
-    return result
+    loop.logger.advance(step)
+    values = _window_values(loop, grad_norm, applied) if log_due or last else None
+    values = _evaluate_if_due(loop, step, last, values)
+    if values is not None:
+        values["train_time_s"] = progress.train_time_s  # seconds of training steps so far
+        values["tokens"] = progress.consumed_samples * run.cfg.model.seq_length
+        loop.logger.log(step, values)
+
+    stop_signal = loop.watcher.should_stop()
+    _save_if_due(loop, step, last, stop_signal)
+    return _stopped(loop, step, stop_signal)
+
+
+def _train_one_step(loop: _Loop):
+    """Forward, backward and optimizer step over one global batch; (grad_norm, whether applied)."""
+    run = loop.run
+    cfg, progress = run.cfg, run.progress
+    loss, grad_norm, applied = train_step(run.model, run.optimizer, loop.train_data, loop.num_micro,
+                                          run.env.device, run.run_state, cfg.moe.expert_wgrad_per_step)
+    if applied:
+        run.scheduler.step(1)
+        if cfg.moe.router_enable_expert_bias:
+            update_expert_biases(run.model)
+    progress.iteration += 1
+    progress.consumed_samples += cfg.training.global_batch_size
+    loop.window.steps += 1
+    loop.window.loss += loss
+    return grad_norm, applied
+
+
+def _window_values(loop: _Loop, grad_norm, applied: bool) -> Dict[str, Any]:
+    """The log line's values over the steps since the last one; starts the next window."""
+    run, window = loop.run, loop.window
+    cfg, env = run.cfg, run.env
+    elapsed = time.perf_counter() - window.start
+    tokens_per_s = window.steps * loop.tokens_per_step / elapsed
+    tflops = loop.flops_per_token * tokens_per_s / env.world_size / 1e12
+    values = {
+        "loss": mean_over_data_parallel(window.loss / window.steps),  # mean over the window
+        "lr": run.optimizer.param_groups[0]["lr"],
+        "grad_norm": grad_norm,
+        "tokens_per_s": tokens_per_s,
+        "tflops_per_gpu": tflops,
+        "mfu": mfu(tflops, cfg.logging.peak_tflops) if cfg.logging.peak_tflops else None,
+        "skipped_update": not applied,
+        # the peak of memory allocated on this GPU so far (captured graphs' pools included)
+        "peak_memory_gib": torch.cuda.max_memory_allocated(env.device) / 2**30 if env.on_cuda else None,
+    }
+    moe_metrics = run.run_state.metrics
+    values.update(moe_log_values(over_pipeline(moe_metrics.snapshot(group=ps.get_data_parallel_group()))))
+    moe_metrics.reset()
+    loop.result.losses.append(values["loss"])
+    window.restart()
+    return values
+
+
+def _evaluate_if_due(loop: _Loop, step: int, last: bool,
+                     values: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """`values` with val_loss added on evaluation steps (training.eval_interval, and the last)."""
+    run = loop.run
+    cfg, tr = run.cfg, run.cfg.training
+    if not (tr.eval_interval and (step % tr.eval_interval == 0 or last)):
+        return values
+    values = values or {}
+    with run_loader(cfg, run.data.valid, 0) as valid:
+        values["val_loss"] = evaluate(run.model, valid, tr.eval_iters, loop.num_micro, run.env.device)
+    loop.result.val_loss, loop.result.val_step = values["val_loss"], step
+    loop.window.start = time.perf_counter()  # evaluation time is not training throughput
+    return values
+
+
+def _save_if_due(loop: _Loop, step: int, last: bool, stop_signal: Optional[str]) -> None:
+    """A checkpoint every checkpoint.save_interval steps, and at the last step or on a stop signal
+    (unless the interval is 0)."""
+    run = loop.run
+    interval = run.cfg.checkpoint.save_interval
+    if (interval and step % interval == 0) or ((last or stop_signal) and interval != 0):
+        path = save_checkpoint(run.ckpt_root, run.model, run.optimizer, run.scheduler, run.progress,
+                               run.cfg.checkpoint.keep_last)
+        loop.logger.message(f"saved checkpoint {path}")
+        loop.window.start = time.perf_counter()
+
+
+def _stopped(loop: _Loop, step: int, stop_signal: Optional[str]) -> bool:
+    """Whether a stop signal or training.time_limit_minutes ends the run at this step (saying so)."""
+    run = loop.run
+    tr = run.cfg.training
+    if stop_signal:
+        if run.cfg.checkpoint.save_interval == 0:
+            loop.logger.message(f"stopping at step {step} on {stop_signal}; no checkpoint saved "
+                                "(checkpoint.save_interval is 0)")
+        else:
+            loop.logger.message(f"stopping at step {step} on {stop_signal}; continue with: "
+                                f"dmoe-train --run-dir {run.run_dir} --resume")
+        loop.result.preempted = True
+        loop.result.stop_signal = stop_signal
+        return True
+    if loop.out_of_time:
+        loop.logger.message(f"stopping at step {step}: training.time_limit_minutes="
+                            f"{tr.time_limit_minutes} spent ({run.progress.train_time_s / 60:.2f} "
+                            "minutes of training steps)")
+        return True
+    return False
+
+
+def _plot(run: Run) -> None:
+    from megatron_dmoe.training.plots import plot_expert_load, plot_runs
+
+    plot_runs([run.run_dir], run.run_dir / "loss.png")
+    if run.cfg.moe.num_experts > 0:
+        plot_expert_load(run.run_dir, run.run_dir / "expert_load.png")

@@ -87,7 +87,7 @@ def test_megatron_optimizer_with_the_folded_clip_matches_its_own_step():
     from megatron_dmoe.model.gpt import build_gpt_model
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed, seed_everything
     from megatron_dmoe.training import optim
-    from megatron_dmoe.training.model_setup import wrap_for_training
+    from megatron_dmoe.training.setup import wrap_for_training
 
     env = init_distributed("cuda")
     try:

@@ -27,7 +27,7 @@ def test_first_lines_and_a_first_step_line(cli_run, tmp_path, corpus_cache):
 def test_parameter_counts_match_the_model(cpu_dist):
     from megatron_dmoe.config import load_config, resolve
     from megatron_dmoe.model.gpt import build_gpt_model
-    from megatron_dmoe.training.startup import parameter_counts
+    from megatron_dmoe.training.setup import parameter_counts
 
     cfg = resolve(load_config(None, ["model.hidden_size=64", "moe.num_experts=4", "moe.top_k=1",
                                      "moe.ffn_hidden_size=128", "model.num_layers=2"]))

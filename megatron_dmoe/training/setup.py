@@ -1,0 +1,262 @@
+"""What a run builds and reports before its first step, in the order that matters to users:
+everything that can fail because of their input (config, data files, tokenizer) fails before a
+model is built or a checkpoint is touched, and nothing in the run directory changes until the
+data, the model and (on resume) the checkpoint are loaded.
+
+`set_up_run` does it all and returns a `Run`: the resolved config, the datasets, the model chunks
+wrapped for training (16-bit wrapper where asked, then megatron-core's DDP), optimizer, scheduler
+and the progress loaded from a checkpoint; it prints the run's first lines (device, data, model)
+on rank 0 and writes the resolved config into the run directory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.transformer.module import Float16Module
+
+from megatron_dmoe.config import RunConfig
+from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
+from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
+from megatron_dmoe.model.gpt import build_model_chunks
+from megatron_dmoe.model.layer_seed import set_layer_init_seed
+from megatron_dmoe.moe import MoERunState
+from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
+from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
+from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
+from megatron_dmoe.training.metrics import METRICS_FILE
+from megatron_dmoe.training.optim import build_optimizer, build_scheduler
+from megatron_dmoe.training.run_dir import (
+    checkpoint_root,
+    previous_run_files,
+    software_versions,
+    write_run_config,
+)
+
+
+@dataclass
+class Run:
+    """A run ready for its first step: what `set_up_run` built."""
+    cfg: RunConfig  # training.cuda_graphs resolved to true or false
+    env: DistEnv
+    run_dir: Path
+    ckpt_root: Path
+    data: RunData
+    run_state: MoERunState  # what the model's MoE layers share: metrics, deferred weight grads, exchanges
+    model: List[DistributedDataParallel]  # one chunk per virtual pipeline stage
+    optimizer: Any
+    scheduler: Any
+    progress: Progress  # where the run stands: step 0, or the loaded checkpoint's
+
+
+def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: bool = False,
+               notices: Sequence[str] = ()) -> Run:
+    """Resolve, load the data, build model, optimizer and scheduler, load the checkpoint, then
+    write the run config; `cfg` is resolved and validated, process groups are initialised.
+
+    Nothing in `run_dir` changes until the data, the model and (on resume) the checkpoint are
+    loaded: then `overwrite` deletes a previous run's files and the resolved config is written.
+    """
+    run_dir = Path(run_dir)
+    # training.cuda_graphs: auto becomes true or false here, once; config.yaml records which
+    cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size)
+    notices = [*notices, *graph_notes]
+    tr = cfg.training
+
+    def say(text: str) -> None:
+        if env.is_main:
+            print(text, flush=True)
+
+    for notice in notices:
+        say(notice)
+    say(f"run directory: {run_dir}")
+    ckpt_root = checkpoint_root(run_dir)
+    latest = latest_iteration(ckpt_root) if resume else None  # a new run ignores old checkpoints
+    if resume and latest is None:
+        afresh = f" ({METRICS_FILE} starts afresh)" if METRICS_FILE in previous_run_files(run_dir) else ""
+        say(f"no checkpoint in {ckpt_root}: starting a new run at step 0{afresh}")
+    say(f"device: {describe_device(cfg, env)}")
+    data = prepare_run_data(cfg, env)  # raises DataError before anything is built
+    say(f"data: {describe_data(cfg, data)}")
+
+    seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
+    run_state = MoERunState()
+    # each layer's weights from its number: the same at any pipeline layout; only while this run's
+    # model is built (a later model in the same process is not seeded by this run)
+    set_layer_init_seed(tr.seed)
+    try:
+        # one chunk per virtual pipeline stage (one without the interleaved schedule)
+        model = build_model_chunks(cfg, vocab_size=data.vocab_size, on_cuda=env.on_cuda, run_state=run_state)
+    finally:
+        set_layer_init_seed(None)
+    say(f"model: {describe_model(model, cfg, env.device)}")
+    model = wrap_for_training(model, tr.use_distributed_optimizer)
+    optimizer = build_optimizer(cfg, model, env.on_cuda)
+    scheduler = build_scheduler(cfg, optimizer)
+
+    progress = Progress(world_size=env.world_size)
+    if resume and latest is not None:
+        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), model, optimizer, scheduler)
+        progress.world_size = env.world_size
+    elif cfg.checkpoint.load:
+        load_checkpoint(Path(cfg.checkpoint.load), model)
+    elif cfg.checkpoint.upcycle_from:
+        from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
+
+        upcycle_dense_checkpoint(cfg, model, optimizer)
+    dist.barrier()  # every rank has loaded before the run directory changes
+    if env.is_main:
+        write_run_config(cfg, run_dir, overwrite, software_versions())
+    dist.barrier()
+    return Run(cfg=cfg, env=env, run_dir=run_dir, ckpt_root=ckpt_root, data=data, run_state=run_state,
+               model=model, optimizer=optimizer, scheduler=scheduler, progress=progress)
+
+
+# --- data: tokenizer and datasets, checked before any model is built
+
+
+@dataclass
+class RunData:
+    tokenizer: Any
+    vocab_size: int  # of the model, before padding
+    train: Any
+    valid: Any
+
+
+def prepare_run_data(cfg: RunConfig, env: DistEnv) -> RunData:
+    """Build the tokenizer and the train/valid datasets; raises DataError on bad input.
+
+    Rank 0 goes first so the built-in corpus and megatron's index caches are made once; the other
+    ranks then find them ready.
+    """
+    if not env.is_main:
+        dist.barrier()
+    tokenizer = build_tokenizer(cfg)
+    tr = cfg.training
+    # Every evaluation reads the same first eval_iters batches, so validation curves compare
+    # like with like and a resumed run evaluates exactly as an uninterrupted one.
+    valid_samples = tr.eval_iters * tr.global_batch_size if tr.eval_interval else 0
+    train, valid, _ = build_datasets(
+        cfg,
+        tokenizer,
+        (tr.train_iters * tr.global_batch_size, valid_samples, 0),
+        is_built_on_rank=lambda: True,
+    )
+    if env.is_main:
+        dist.barrier()
+    vocab_size = cfg.model.vocab_size or tokenizer.vocab_size
+    return RunData(tokenizer=tokenizer, vocab_size=vocab_size, train=train, valid=valid)
+
+
+def run_loader(cfg: RunConfig, dataset, consumed_samples: int = 0):
+    """The micro-batch loader training reads `dataset` with (this rank's share, the run's seed)."""
+    return build_loader(
+        dataset,
+        micro_batch_size=cfg.training.micro_batch_size,
+        consumed_samples=consumed_samples,
+        dp_rank=ps.get_data_parallel_rank(),
+        dp_size=ps.get_data_parallel_world_size(),
+        num_workers=cfg.data.num_workers,
+        seed=cfg.training.seed,
+    )
+
+
+# --- the model wrapped for training
+
+
+def _wrap_chunk(model, use_distributed_optimizer: bool, first: bool) -> DistributedDataParallel:
+    if model.config.bf16 or model.config.fp16:
+        # Megatron-LM's wrapper: 16-bit parameters, fp32 inputs cast on the way in, logits back to fp32.
+        model = Float16Module(model.config, model)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    # as Megatron-LM's get_model: only the first chunk's buffers are split into buckets
+    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model,
+                                  disable_bucketing=not first)
+    # Gradients are reduced from the whole buffer after backward (no overlap), so no parameter needs
+    # its backward hook to fire: kernels may add weight gradients into main_grad outside autograd
+    # (the sparse experts do; see moe/experts/sparse.py).
+    for param in ddp.module.parameters():
+        set_main_grad_only(param, not ddp_config.overlap_grad_reduce)
+    return ddp
+
+
+def wrap_for_training(model, use_distributed_optimizer: bool = False):
+    """`model`: one module (returns its wrapper) or a list of chunks (returns a list of wrappers)."""
+    if isinstance(model, list):
+        return [_wrap_chunk(chunk, use_distributed_optimizer, first=i == 0) for i, chunk in enumerate(model)]
+    return _wrap_chunk(model, use_distributed_optimizer, first=True)
+
+
+# --- the first lines of a run: on what device, what data, how big a model
+
+
+def human_count(n: float) -> str:
+    for threshold, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= threshold:
+            return f"{n / threshold:.2f}{suffix}"
+    return f"{n:.0f}"
+
+
+def describe_device(cfg: RunConfig, env: DistEnv) -> str:
+    precision = "bf16" if cfg.training.bf16 else "fp16" if cfg.training.fp16 else "fp32"
+    name = torch.cuda.get_device_name(env.device) if env.on_cuda else "cpu"
+    processes = f"{env.world_size} process" + ("es" if env.world_size > 1 else "")
+    backend = dist.get_backend() if dist.is_initialized() else "none"
+    return f"{name}, {processes} ({backend}), {precision}"
+
+
+def describe_data(cfg: RunConfig, data) -> str:
+    if cfg.data.data_path:
+        source = f"{' '.join(cfg.data.data_path)} (tokenizer {cfg.data.tokenizer_model})"
+    else:
+        source = (f"built-in corpus (Python standard library; tokenizer vocabulary "
+                  f"{cfg.data.builtin_vocab_size})")
+    valid = f", {len(data.valid)} validation" if data.valid is not None else ""
+    return (f"{source}: {len(data.train)} training{valid} sequences of {cfg.model.seq_length} "
+            f"tokens")
+
+
+def parameter_counts(model, cfg: RunConfig, device: torch.device) -> Tuple[int, int]:
+    """(all parameters, parameters each token passes through) of the whole model, all ranks.
+
+    Expert weights (`is_expert_parallel`) are summed over the expert-parallel
+    ranks, tensor-parallel slices over the tensor-parallel ranks, and everything over pipeline
+    stages. A token passes through top_k of num_experts experts in each MoE layer.
+    """
+    split = replicated = expert = 0
+    chunks = [model] if isinstance(model, torch.nn.Module) else model  # or its virtual-stage chunks
+    for param in (p for chunk in chunks for p in chunk.parameters()):
+        if getattr(param, "shared", False):
+            continue  # the last pipeline stage's copy of tied embeddings
+        if is_expert_parallel(param):
+            expert += param.numel()
+        elif is_tensor_parallel(param):
+            split += param.numel()
+        else:
+            replicated += param.numel()
+    counts = [torch.tensor([float(c)], dtype=torch.float64, device=device) for c in (split, replicated, expert)]
+    if dist.is_initialized():
+        dist.all_reduce(counts[0], group=ps.get_tensor_model_parallel_group())
+        dist.all_reduce(counts[2], group=ps.get_expert_model_parallel_group())
+        for c in counts:
+            dist.all_reduce(c, group=ps.get_pipeline_model_parallel_group())
+    dense, experts = counts[0].item() + counts[1].item(), counts[2].item()
+    active = experts * cfg.moe.top_k / cfg.moe.num_experts if cfg.moe.num_experts else 0
+    return int(dense + experts), int(dense + active)
+
+
+def describe_model(model, cfg: RunConfig, device: torch.device) -> str:
+    total, active = parameter_counts(model, cfg, device)
+    moe = (f", {cfg.moe.num_experts} experts, top-{cfg.moe.top_k}" if cfg.moe.num_experts
+           else ", dense")
+    return (f"{human_count(total)} parameters, {human_count(active)} active per token "
+            f"({cfg.model.num_layers} layers x {cfg.model.hidden_size}{moe})")
