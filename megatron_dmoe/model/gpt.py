@@ -34,8 +34,9 @@ def use_triton_cross_entropy(cfg: RunConfig, on_cuda: bool) -> bool:
 
 
 class GPTModelWithFusedLoss(GPTModel):
-    """megatron-core's GPTModel whose language-model loss runs on model/cross_entropy.py's Triton
-    kernels when triton_cross_entropy is set (else megatron's own loss, as configured)."""
+    """megatron-core's GPTModel whose language-model loss runs on the fused cross-entropy Triton
+    kernels of `dmoe_kernels.loss` when triton_cross_entropy is set (else megatron's own loss, as
+    configured)."""
 
     def __init__(self, *args, triton_cross_entropy: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
