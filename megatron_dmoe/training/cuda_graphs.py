@@ -4,8 +4,9 @@ its forward and backward; after that step's micro-batches `capture_layer_graphs`
 into one memory pool, and later steps replay them, so the host issues one graph launch per layer
 and direction instead of every kernel.
 
-Where capture is correct is decided once at start-up (config/cuda_graphs_rules.py): `true` is refused
-elsewhere, and `auto`, the default, becomes true or false there.
+Where capture is correct is written down in config/cuda_graphs_rules.py: validation refuses `true`
+elsewhere, and `auto`, the default, becomes true or false once at start-up (model/cuda_graphs_auto.py,
+called by the run's set-up).
 
 What the layers do besides computing must be graph-safe: the MoE metrics and the aux-loss scale
 live in device buffers updated in place (moe/metrics.py, moe/aux_loss.py).
