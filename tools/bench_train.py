@@ -298,8 +298,8 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
     from megatron_dmoe.training.cuda_graphs import release_layer_graphs
     from megatron_dmoe.training.flops import model_flops_per_token
-    from megatron_dmoe.training.setup import wrap_for_training
     from megatron_dmoe.training.optim import build_optimizer
+    from megatron_dmoe.training.setup import wrap_for_training
     from megatron_dmoe.training.step import mean_over_data_parallel, train_step
 
     par = cfg.parallel
