@@ -66,7 +66,7 @@ class _Loop:
     flops_per_token: float
     first_step: int  # logged whatever the interval: a sign of life in seconds
     out_of_time: bool
-    window: Optional[_Window] = None
+    window: _Window
 
 
 def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: bool = False,
@@ -133,8 +133,8 @@ def _start_loop(run: Run) -> _Loop:
         chunk.train()
     loop = _Loop(run=run, train_data=train_data, logger=logger, watcher=watcher, result=result,
                  num_micro=num_micro, tokens_per_step=tokens_per_step, flops_per_token=flops_per_token,
-                 first_step=first_step, out_of_time=out_of_time)
-    loop.window = _Window(loss=torch.zeros((), device=env.device))
+                 first_step=first_step, out_of_time=out_of_time,
+                 window=_Window(loss=torch.zeros((), device=env.device)))
     return loop
 
 
