@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import functools
 
-_STATE_KEYS_SKIPPED = ("numel_unpadded",)  # an int beside the tensors
-
 
 def _spread_over_buckets(optimizer, state: dict) -> dict:
     for gbuf_idx, by_dtype in state.items():
@@ -23,7 +21,7 @@ def _spread_over_buckets(optimizer, state: dict) -> dict:
         buffer = optimizer.buffers[gbuf_idx]
         for world in by_dtype.values():
             for key, packed in list(world.items()):
-                if key in _STATE_KEYS_SKIPPED:
+                if key == "numel_unpadded":  # an int beside the tensors
                     continue
                 spread = packed.new_zeros(buffer.numel)
                 offset = 0

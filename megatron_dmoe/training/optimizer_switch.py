@@ -47,7 +47,7 @@ def saved_step(common_optimizer_state) -> Optional[float]:
     return None
 
 
-def _weights_by_key(model_sharded_state_dicts: List[dict]) -> Dict[torch.Tensor, object]:
+def _sharded_weights(model_sharded_state_dicts: List[dict]) -> Dict[torch.Tensor, object]:
     """Each weight tensor of this rank -> its sharded description in the checkpoint."""
     found = {}
     for sharded in model_sharded_state_dicts:
@@ -73,7 +73,7 @@ def load_switched_optimizer_state(path, model_chunks, model_sharded_state_dicts,
     """Fill `optimizer` (distributed or not) from a checkpoint saved by the other kind."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    weights = _weights_by_key(model_sharded_state_dicts)
+    weights = _sharded_weights(model_sharded_state_dicts)
     # megatron's sharded state dicts hold the parameters themselves (keep_vars)
     params = {id(p): p for chunk in model_chunks for p in chunk.parameters()}
     sixteen_bit = any(p.dtype in (torch.bfloat16, torch.float16) for p in params.values())
@@ -105,14 +105,11 @@ def _adam_step(state: dict, step: float) -> torch.Tensor:
 
 
 def _fill_distributed(part, state_of: dict, step: float) -> None:
-    """This rank's range of each parameter, as load_parameter_state_from_fully_reshardable sets it."""
-    for model_param in part.model_param_group_index_map:
-        saved = state_of.get(model_param)
-        if saved is None:
-            continue
-        span = part._get_model_param_range_map(model_param)["param"]
-        part._set_main_param_and_optimizer_states(model_param, {
-            key: value.flatten()[span.start:span.end].to(model_param.device) for key, value in saved.items()})
+    """Through megatron's own loader of the reshardable format, which takes each parameter's whole
+    tensors in its buffers' order and keeps this rank's range of them."""
+    in_buffer_order = [state_of.get(model_param, {}) for buffer in part.buffers
+                       for model_param in buffer.param_index_map]
+    part.load_parameter_state_from_fully_reshardable(dict(enumerate(in_buffer_order)))
     for group in part.optimizer.param_groups:
         for main in group["params"]:
             state = part.optimizer.state[main]

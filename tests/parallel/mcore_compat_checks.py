@@ -83,7 +83,7 @@ def _distopt_checkpoint_state_is_each_parameters_own() -> None:
     class Tiny(MegatronModule):
         def __init__(self):
             super().__init__(config)
-            # 27, 33 and 39 elements with biases: no bucket ends on the 128-element padding
+            # 27, 99, 117 and 63 elements with biases: no bucket ends on the 128-element padding
             self.layers = torch.nn.ModuleList(torch.nn.Linear(8, n) for n in (3, 11, 13, 7))
 
         def forward(self, x):
