@@ -33,6 +33,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
     m, moe, par, tr = cfg.model, cfg.moe, cfg.parallel, cfg.training
     swiglu = m.activation == "swiglu"
     dtype = params_dtype(cfg)
+    interleaved = par.virtual_pipeline_model_parallel_size is not None
     moe_kwargs = {}
     if moe.num_experts > 0:
         # each moe.* key into its TransformerConfig field (config/moe_settings.py), converted where
@@ -78,10 +79,12 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         tensor_model_parallel_size=par.tensor_model_parallel_size,
         pipeline_model_parallel_size=par.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=par.virtual_pipeline_model_parallel_size,
-        # gloo matches a batch's messages between two ranks in posting order, which swaps the
-        # interleaved schedule's activations and gradients; megatron's unbatched exchange orders
-        # them by rank parity
-        batch_p2p_comm=on_cuda,
+        # NCCL and gloo match a batch's messages between two ranks in posting order, which swaps
+        # the interleaved schedule's activations and gradients when both neighbours are one rank
+        # (two stages); the interleaved schedule takes megatron's unbatched, overlapped exchange
+        # (ordered by rank parity), as Megatron-LM does by default
+        batch_p2p_comm=on_cuda and not interleaved,
+        overlap_p2p_comm=interleaved,
         expert_model_parallel_size=par.expert_model_parallel_size,
         expert_tensor_parallel_size=par.expert_tensor_parallel_size,
         sequence_parallel=par.sequence_parallel,

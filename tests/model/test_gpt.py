@@ -126,3 +126,20 @@ def test_full_activation_recompute_gives_the_same_gradients(cpu_dist, tmp_path):
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
     assert lb[1] == pytest.approx(lb[0], rel=1e-6)  # recorded once per forward, not twice
+
+
+@pytest.mark.parametrize("virtual", [None, 2])
+def test_pipeline_exchange_is_the_one_the_cpu_runs_check(tmp_path, virtual):
+    """The interleaved schedule's point-to-point exchange is the same on CUDA as on CPU, where the
+    pipeline training tests run it: a batched exchange matches two ranks' messages in posting order
+    (NCCL as gloo), which swaps activations and gradients when both neighbours are one rank (two
+    stages); on two GPUs that trained with grad norms 6.6x one GPU's."""
+    cfg = _config(tmp_path, "model.num_layers=4")
+    cfg.parallel.pipeline_model_parallel_size = 2
+    cfg.parallel.virtual_pipeline_model_parallel_size = virtual
+    cpu, cuda = (to_transformer_config(cfg, on_cuda=on_cuda) for on_cuda in (False, True))
+    assert cpu.batch_p2p_comm is False
+    if virtual:
+        assert (cuda.batch_p2p_comm, cuda.overlap_p2p_comm) == (cpu.batch_p2p_comm, cpu.overlap_p2p_comm) == (False, True)
+    else:
+        assert (cuda.batch_p2p_comm, cuda.overlap_p2p_comm) == (True, False)
