@@ -11,9 +11,10 @@ from typing import Any, List, Mapping, Tuple
 
 KEY = "training.cuda_graphs"
 EP_KEY = "parallel.expert_model_parallel_size"
+ETP_KEY = "parallel.expert_tensor_parallel_size"
 PP_KEY = "parallel.pipeline_model_parallel_size"
 # the keys the rules read; validate passes those whose values are valid
-RULE_KEYS = ("training.device", EP_KEY, PP_KEY, "moe.ep_exchange", "moe.num_experts", "moe.backend",
+RULE_KEYS = ("training.device", EP_KEY, ETP_KEY, PP_KEY, "moe.ep_exchange", "moe.num_experts", "moe.backend",
              "training.recompute_granularity")
 STRICT_FIX = "or set training.cuda_graphs: false"
 Refusal = Tuple[str, str]  # (why capture is not correct here, what to change to capture)
@@ -29,9 +30,10 @@ def capture_refusals(values: Mapping[str, Any], cuda: bool) -> List[Refusal]:
     if not cuda:
         return [("graph capture needs CUDA, which is not available here", "set it to false")]
     found = []
-    ep = get(EP_KEY) or 1
-    if ep > 1 and get("moe.ep_exchange") == "nccl":
-        found.append((f"the NCCL expert-parallel exchange ({EP_KEY} = {ep}, moe.ep_exchange: nccl) reads its "
+    ep, etp = get(EP_KEY) or 1, get(ETP_KEY) or 1
+    if ep * etp > 1 and get("moe.ep_exchange") == "nccl":
+        sizes = f"{EP_KEY} = {ep}" + (f", {ETP_KEY} = {etp}" if etp > 1 else "")
+        found.append((f"the NCCL expert-parallel exchange ({sizes}, moe.ep_exchange: nccl) reads its "
                       "split sizes on the host",
                       f"use moe.ep_exchange: symmetric or auto (GPUs of one host) {STRICT_FIX}"))
     pp = get(PP_KEY) or 1

@@ -98,8 +98,8 @@ class ParallelConfig:
     # model chunks per pipeline rank (the interleaved schedule); None = one chunk
     virtual_pipeline_model_parallel_size: Optional[int] = None
     expert_model_parallel_size: int = 1
-    # Ranks each expert's weights are split over (megatron-core's name). Only 1 is supported: the
-    # experts are whole on every rank of a tensor-parallel group, each routing its sequence shard.
+    # Ranks each expert's FFN is split over (megatron-core's name); the experts' tokens travel over
+    # expert_model_parallel_size x this many ranks, to every shard of their expert.
     expert_tensor_parallel_size: int = 1
     sequence_parallel: bool = False
     # Context parallelism is not supported; the key exists so that a Megatron-LM layout is refused

@@ -348,11 +348,13 @@ class _Checker:
         return device == "cuda" or (device == "auto" and self.env.cuda)
 
     def _ffn_shards(self, experts: int) -> int:
-        """Ranks each expert's FFN is split over (1 unless EP is a multiple of the experts)."""
-        if not self.ok(EP_KEY):
-            return 1
-        ep = self.v(EP_KEY)
-        return ep // experts if ep > experts and ep % experts == 0 else 1
+        """Ranks each expert's FFN is split over: the expert-tensor-parallel size, times the
+        expert-parallel ranks per expert when EP is a multiple of the experts."""
+        ep = self.v(EP_KEY) if self.ok(EP_KEY) else 1
+        etp = self.v(ETP_KEY) if self.ok(ETP_KEY) else 1
+        if experts and ep > experts and ep % experts:
+            ep = 1  # reported elsewhere
+        return moe_rules.ffn_shards_per_expert(experts, ep, etp)
 
     def _sparse_backend(self) -> bool:
         backend = self.v("moe.backend")
@@ -383,10 +385,11 @@ class _Checker:
                          f"a multiple of {pp}")
         elif ok(pp_key, VPP_KEY, "model.num_layers") and self.raw(VPP_KEY) is not None:
             self._check_virtual_pipeline(v(pp_key), v(VPP_KEY), v("model.num_layers"))
-        if ok(ep_key, "moe.num_experts") and v(ep_key) > 1:
-            ep, experts = v(ep_key), v("moe.num_experts")
+        if ok(ep_key, ETP_KEY, "moe.num_experts") and v(ep_key) * v(ETP_KEY) > 1:
+            ep, etp, experts = v(ep_key), v(ETP_KEY), v("moe.num_experts")
             if experts == 0:
-                self.problem(ep_key, f"{ep} needs MoE layers, but moe.num_experts is 0; set "
+                key = ep_key if ep > 1 else ETP_KEY
+                self.problem(key, f"{v(key)} needs MoE layers, but moe.num_experts is 0; set "
                              f"moe.num_experts or use 1")
             elif experts % ep and ep % experts:
                 self.problem("moe.num_experts", f"{experts} is not divisible by {ep_key} ({ep}), "
@@ -394,14 +397,10 @@ class _Checker:
                              f"holds whole experts) or one of {_divisors(ep)} (each expert's FFN "
                              f"is split over several ranks)")
             else:
-                self._check_expert_parallel_layout(ep, experts)
+                self._check_expert_parallel_layout(ep, etp, experts)
         self._check_tensor_parallel()
         if ok(CP_KEY) and v(CP_KEY) != 1:
             self.problem(CP_KEY, f"{v(CP_KEY)}: context parallelism is not supported; use 1")
-        if ok(ETP_KEY) and v(ETP_KEY) != 1:
-            self.problem(ETP_KEY, f"{v(ETP_KEY)}: experts split over ranks are not supported (each "
-                         f"tensor-parallel rank holds whole experts and routes its sequence shard); "
-                         f"use 1")
 
     def _check_tensor_parallel(self) -> None:
         """What tensor (and sequence) parallelism needs of the model's shapes."""
@@ -434,23 +433,27 @@ class _Checker:
             return True
         return not all(moe_layer_pattern(v("model.num_layers"), v("moe.layer_freq"), v("moe.first_dense_layers")))
 
-    def _check_expert_parallel_layout(self, ep: int, experts: int) -> None:
-        """Rules of a valid EP layout: ffn shards when there are more ranks than experts, and
-        no token-dropping baseline (it runs on local experts only)."""
+    def _check_expert_parallel_layout(self, ep: int, etp: int, experts: int) -> None:
+        """Rules of a valid expert layout: the ffn shards (expert-tensor parallelism, and more
+        expert-parallel ranks than experts) and no token-dropping baseline (it runs on whole local
+        experts only)."""
         v, ok = self.v, self.ok
-        shards = ep // experts
+        shards = self._ffn_shards(experts)
         if shards > 1 and ok("moe.ffn_hidden_size"):
             width = v("moe.ffn_hidden_size")
             if width % shards:
+                split = [f"{ETP_KEY} {etp}"] if etp > 1 else []
+                if ep > experts:
+                    split.append(f"{EP_KEY} {ep} / moe.num_experts {experts}")
                 self.problem("moe.ffn_hidden_size", f"{width} is not divisible by {shards}, the "
                              f"number of ranks each expert's FFN is split over "
-                             f"({EP_KEY} {ep} / moe.num_experts {experts}); use a multiple of "
-                             f"{shards}")
+                             f"({' x '.join(split)}); use a multiple of {shards}")
         capacity_key = "moe.expert_capacity_factor"
         if ok(capacity_key) and self.raw(capacity_key) is not None:
+            key, size = (EP_KEY, ep) if ep > 1 else (ETP_KEY, etp)
             self.problem(capacity_key, f"{fmt(self.raw(capacity_key))} (the token-dropping "
-                         f"baseline) runs without expert parallelism, but {EP_KEY} is {ep}; set "
-                         f"it to null (dropless) or {EP_KEY} to 1")
+                         f"baseline) runs on whole local experts, but {key} is {size}; set "
+                         f"it to null (dropless) or {key} to 1")
 
     def _check_virtual_pipeline(self, pp: int, vpp: int, layers: int) -> None:
         """The interleaved schedule: several model chunks per pipeline rank, each with whole layers."""

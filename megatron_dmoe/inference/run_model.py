@@ -79,6 +79,7 @@ def inference_config(cfg: RunConfig, device: str, expert_parallel: int = 1) -> R
     out.parallel.virtual_pipeline_model_parallel_size = None  # one process holds every layer
     out.parallel.sequence_parallel = False
     out.parallel.expert_model_parallel_size = expert_parallel
+    out.parallel.expert_tensor_parallel_size = 1
     out.training.use_distributed_optimizer = False  # no optimizer here
     if out.training.device == "cpu":
         if out.moe.ep_exchange == "symmetric":

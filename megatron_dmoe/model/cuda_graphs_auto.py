@@ -8,6 +8,7 @@ from typing import Any, List, Optional, Tuple
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.cuda_graphs_rules import RULE_KEYS, capture_refusals
+from megatron_dmoe.config.moe_rules import ffn_shards_per_expert
 from megatron_dmoe.model.transformer_config import params_dtype
 from megatron_dmoe.moe.experts.backends import resolve_backend
 
@@ -44,13 +45,15 @@ def _auto_only_refusal(cfg: RunConfig, world_size: int, local_world_size: int) -
     if moe.num_experts > 0 and moe.expert_wgrad_per_step:
         return ("moe.expert_wgrad_per_step: true defers the expert weight gradients to the step's end, "
                 "which captured layers cannot (they accumulate per micro-batch)")
-    if (moe.num_experts > 0 and par.expert_model_parallel_size > 1 and moe.ep_exchange == "auto"
+    exchange = par.expert_model_parallel_size * par.expert_tensor_parallel_size > 1
+    if (moe.num_experts > 0 and exchange and moe.ep_exchange == "auto"
             and world_size > local_world_size):
         return (f"the run spans hosts ({world_size} processes, {local_world_size} per host), where "
                 "moe.ep_exchange: auto may take the NCCL exchange, which reads its split sizes on the host")
     if moe.num_experts > 0 and moe.backend == "auto":
         dtype = params_dtype(cfg)
-        shards = max(1, par.expert_model_parallel_size // moe.num_experts)
+        shards = ffn_shards_per_expert(moe.num_experts, par.expert_model_parallel_size,
+                                       par.expert_tensor_parallel_size)
         backend = resolve_backend("auto", "cuda", dtype, cfg.model.hidden_size, moe.ffn_hidden_size // shards)
         if backend.name == "reference":
             return "moe.backend: auto picks the reference experts here, which read the expert counts on the host"

@@ -86,7 +86,9 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         batch_p2p_comm=on_cuda and not interleaved,
         overlap_p2p_comm=interleaved,
         expert_model_parallel_size=par.expert_model_parallel_size,
-        expert_tensor_parallel_size=par.expert_tensor_parallel_size,
+        # set below: megatron-core refuses linear biases with ETP > 1 for its own experts' biases,
+        # which ours do not have
+        expert_tensor_parallel_size=1,
         sequence_parallel=par.sequence_parallel,
         use_cpu_initialization=not on_cuda or m.use_cpu_initialization,
         # whole layers (an empty scope), forward and backward; validation limits where this applies
@@ -99,4 +101,6 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
     with warnings.catch_warnings():
         # megatron-core's own default cuda_graph_scope trips its own deprecation notice
         warnings.filterwarnings("ignore", message="full scope is deprecated")
-        return TransformerConfig(**kwargs)
+        config = TransformerConfig(**kwargs)
+    config.expert_tensor_parallel_size = par.expert_tensor_parallel_size
+    return config

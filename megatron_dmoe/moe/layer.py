@@ -6,13 +6,15 @@ token-dropping baseline: same router, a capacity buffer and batched matmuls.
 With shared_expert_ffn_hidden_size, a shared MLP (moe/shared_experts.py) runs on every token and
 its output is added; under expert parallelism it runs on a side CUDA stream alongside the exchange.
 
-Under sequence parallelism (tensor-parallel size > 1) each rank routes its own sequence shard; the
-experts are whole on every rank, and the aux losses count the experts' loads over all shards, each
-rank's share of the loss covering its own tokens (see `_aux_loss`).
+Under sequence parallelism (tensor-parallel size > 1) each rank routes its own sequence shard, and
+the aux losses count the experts' loads over all shards, each rank's share of the loss covering its
+own tokens (see `_load_balancing_loss`).
 
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
-(megatron_dmoe.moe.dispatch.expert_parallel).
+(megatron_dmoe.moe.dispatch.expert_parallel). With expert_tensor_parallel_size > 1 each expert's
+FFN is split over that many ranks too, and the exchange spans expert x expert-tensor ranks: every
+shard of an expert gets the expert's tokens and the combine adds the shards' partial outputs.
 
 Which of these runs is one object, the layer's `path` (megatron_dmoe.moe.paths), chosen when the
 layer is built from its configuration and its weights' device and dtype.
@@ -73,13 +75,15 @@ class MoELayer(MegatronModule):
         # the layers megatron-core's aux-loss tracker indexes (multi-token prediction's included)
         self._tracked_layers = config.num_layers + (getattr(config, "mtp_num_layers", None) or 0)
         ep_size = getattr(config, "expert_model_parallel_size", 1) or 1
-        if ep_size > 1 and self.token_dropping:
+        etp_size = getattr(config, "expert_tensor_parallel_size", 1) or 1
+        if (ep_size > 1 or etp_size > 1) and self.token_dropping:
             raise ValueError(
                 f"TransformerConfig.moe_expert_capacity_factor={opts.capacity_factor} with "
-                f"expert_model_parallel_size={ep_size}: the token-dropping baseline runs without expert "
-                "parallelism; set expert_model_parallel_size=1 or use dropless routing (capacity factor None)."
+                f"expert_model_parallel_size={ep_size}, expert_tensor_parallel_size={etp_size}: the token-"
+                "dropping baseline runs on whole local experts; set both sizes to 1 or use dropless routing "
+                "(capacity factor None)."
             )
-        groups = expert_parallel_groups(ep_size, pg_collection)
+        groups = expert_parallel_groups(ep_size, pg_collection, etp_size)
         device = _param_device(config)
         # the router first: its weights draw from the generator before the experts' at every EP size
         self.router = TopKRouter(opts, dtype=config.params_dtype, device=device)

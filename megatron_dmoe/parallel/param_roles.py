@@ -28,6 +28,14 @@ def mark_sequence_parallel(param: torch.Tensor) -> None:
     param.sequence_parallel = True
 
 
+def mark_tensor_parallel(param: torch.Tensor, dim: int) -> None:
+    """megatron-core's `tensor_model_parallel` (with its partition dim and stride): split along
+    `dim` over its tensor group, so every rank's part counts (grad norm, parameter counts)."""
+    param.tensor_model_parallel = True
+    param.partition_dim = dim
+    param.partition_stride = 1
+
+
 def is_tensor_parallel(param: torch.Tensor) -> bool:
     """megatron-core's `tensor_model_parallel`: set by its layers on parameters split over TP ranks."""
     return bool(getattr(param, "tensor_model_parallel", False))

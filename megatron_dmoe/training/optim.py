@@ -109,8 +109,9 @@ class CpuOptimizer(FP32Optimizer):
 
 def _duplicate_group(expert: bool):
     """The ranks holding copies of a parameter that is not split over them: the tensor-parallel
-    group, or for experts the expert-tensor-parallel group (experts are whole on every rank of a
-    tensor group, but with expert parallelism folded over it those ranks hold different experts)."""
+    group, or for experts the expert-tensor-parallel group (with expert parallelism folded over the
+    tensor group its ranks hold different experts; expert weights split over the expert-tensor group
+    are marked tensor-parallel, so each shard counts)."""
     if not ps.model_parallel_is_initialized():
         return None
     return ps.get_expert_tensor_parallel_group() if expert else ps.get_tensor_model_parallel_group()

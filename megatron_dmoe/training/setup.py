@@ -228,8 +228,8 @@ def describe_data(cfg: RunConfig, data) -> str:
 def parameter_counts(model, cfg: RunConfig, device: torch.device) -> Tuple[int, int]:
     """(all parameters, parameters each token passes through) of the whole model, all ranks.
 
-    Expert weights (`is_expert_parallel`) are summed over the expert-parallel
-    ranks, tensor-parallel slices over the tensor-parallel ranks, and everything over pipeline
+    Expert weights (`is_expert_parallel`) are summed over the expert-parallel and expert-tensor-
+    parallel ranks, tensor-parallel slices over the tensor-parallel ranks, and everything over pipeline
     stages. A token passes through top_k of num_experts experts in each MoE layer.
     """
     split = replicated = expert = 0
@@ -246,7 +246,7 @@ def parameter_counts(model, cfg: RunConfig, device: torch.device) -> Tuple[int, 
     counts = [torch.tensor([float(c)], dtype=torch.float64, device=device) for c in (split, replicated, expert)]
     if dist.is_initialized():
         dist.all_reduce(counts[0], group=ps.get_tensor_model_parallel_group())
-        dist.all_reduce(counts[2], group=ps.get_expert_model_parallel_group())
+        dist.all_reduce(counts[2], group=ps.get_expert_tensor_and_model_parallel_group())
         for c in counts:
             dist.all_reduce(c, group=ps.get_pipeline_model_parallel_group())
     dense, experts = counts[0].item() + counts[1].item(), counts[2].item()

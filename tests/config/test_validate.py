@@ -62,7 +62,17 @@ CASES = {
     "capacity_factor_with_ep": (
         {"parallel.expert_model_parallel_size": 2, "moe.expert_capacity_factor": 1.5}, None,
         EVERYTHING, "moe.expert_capacity_factor",
-        ["1.5 (the token-dropping baseline) runs without expert parallelism", "set it to null"]),
+        ["1.5 (the token-dropping baseline) runs on whole local experts", "set it to null"]),
+    "capacity_factor_with_etp": (
+        {**TP2, "parallel.expert_tensor_parallel_size": 2, "moe.expert_capacity_factor": 1.0}, 2,
+        EVERYTHING, "moe.expert_capacity_factor",
+        ["parallel.expert_tensor_parallel_size is 2", "set it to null"]),
+    "etp_without_experts": (
+        {**TP2, "moe.num_experts": 0, "parallel.expert_tensor_parallel_size": 2}, 2, EVERYTHING,
+        "parallel.expert_tensor_parallel_size", ["needs MoE layers", "moe.num_experts is 0"]),
+    "etp_ffn_not_divisible": (
+        {**TP2, "parallel.expert_tensor_parallel_size": 2, "moe.ffn_hidden_size": 255}, 2, EVERYTHING,
+        "moe.ffn_hidden_size", ["255 is not divisible by 2", "parallel.expert_tensor_parallel_size 2"]),
     "ep_without_experts": (
         {"moe.num_experts": 0, "parallel.expert_model_parallel_size": 2}, None, EVERYTHING,
         "parallel.expert_model_parallel_size", ["needs MoE layers", "moe.num_experts is 0"]),
@@ -99,9 +109,10 @@ CASES = {
     "context_parallel": (
         {"parallel.context_parallel_size": 2}, 2, EVERYTHING, "parallel.context_parallel_size",
         ["context parallelism is not supported", "use 1"]),
-    "expert_tensor_parallel": (
-        {**TP2, "parallel.expert_tensor_parallel_size": 2}, 2, EVERYTHING,
-        "parallel.expert_tensor_parallel_size", ["not supported", "use 1"]),
+    "etp_does_not_divide_the_stage": (
+        {"parallel.expert_tensor_parallel_size": 2, "parallel.expert_model_parallel_size": 2}, 2, EVERYTHING,
+        "parallel.expert_model_parallel_size", ["2 x parallel.expert_tensor_parallel_size (2) does not divide the 2 "
+                                                "ranks"]),
     "dense_ffn_not_divisible_by_tp": (
         {**TP2, "moe.num_experts": 0, "model.ffn_hidden_size": 511}, 2, BARE_CPU,
         "model.ffn_hidden_size", ["511 is not divisible by parallel.tensor_model_parallel_size (2)",

@@ -140,6 +140,7 @@ def test_pipeline_exchange_is_the_one_the_cpu_runs_check(tmp_path, virtual):
     cpu, cuda = (to_transformer_config(cfg, on_cuda=on_cuda) for on_cuda in (False, True))
     assert cpu.batch_p2p_comm is False
     if virtual:
-        assert (cuda.batch_p2p_comm, cuda.overlap_p2p_comm) == (cpu.batch_p2p_comm, cpu.overlap_p2p_comm) == (False, True)
+        exchange = (cuda.batch_p2p_comm, cuda.overlap_p2p_comm)
+        assert exchange == (cpu.batch_p2p_comm, cpu.overlap_p2p_comm) == (False, True)
     else:
         assert (cuda.batch_p2p_comm, cuda.overlap_p2p_comm) == (True, False)

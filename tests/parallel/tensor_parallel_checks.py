@@ -1,6 +1,6 @@
 """Checks run in every process of a 2-process gloo group (see process_group.run_in_processes):
-tensor (and sequence) parallelism, alone and with expert parallelism folded over the tensor
-group, gives one process's gradients.
+tensor (and sequence) parallelism, alone, with expert parallelism folded over the tensor group and
+with the experts split over it (expert tensor parallelism), gives one process's gradients.
 
 Per case, in float64: the whole GPT model at tensor-parallel size 1 (every rank alone, the same
 batch) is the reference; the same model at the case's layout, built from the same seed (megatron
@@ -49,6 +49,9 @@ CASES = {
     "moe-tp2-sp-ep2-folded": [*TP2_SP, "parallel.expert_model_parallel_size=2", "moe.z_loss_coeff=0.01"],
     "moe-tp2-sp-ep2-more-ranks-than-experts": [*TP2_SP, "parallel.expert_model_parallel_size=2",
                                               "moe.num_experts=1", "moe.top_k=1"],
+    # each expert's FFN split over the two tensor ranks (expert tensor parallelism)
+    "moe-tp2-sp-etp2-swiglu-z-loss": [*TP2_SP, "parallel.expert_tensor_parallel_size=2", "model.activation=swiglu",
+                                      "moe.z_loss_coeff=0.01"],
 }
 
 

@@ -5,18 +5,26 @@ import torch
 from megatron_dmoe.moe.dispatch.expert_parallel import expand_to_virtual_experts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
-LAYOUTS = [(8, 1), (8, 2), (8, 4), (4, 4), (2, 4), (1, 4), (2, 8)]  # (experts, EP)
+# (experts, EP, ETP): the exchange has EP x ETP ranks
+LAYOUTS = [(8, 1, 1), (8, 2, 1), (8, 4, 1), (4, 4, 1), (2, 4, 1), (1, 4, 1), (2, 8, 1),
+           (8, 1, 2), (8, 2, 2), (4, 4, 2), (2, 4, 2), (8, 1, 4)]
 
 
-@pytest.mark.parametrize("experts,ep", LAYOUTS)
-def test_ranks_partition_the_global_experts(experts, ep):
-    ffn, hidden = 16, 3
-    full = torch.randn(experts, ffn, hidden, generator=torch.Generator().manual_seed(experts * 10 + ep))
-    layouts = [ExpertLayout(experts, ffn, ep, rank) for rank in range(ep)]
+@pytest.mark.parametrize("experts,ep,etp", LAYOUTS)
+def test_ranks_partition_the_global_experts(experts, ep, etp):
+    ffn, hidden, ranks = 16, 3, ep * etp
+    full = torch.randn(experts, ffn, hidden, generator=torch.Generator().manual_seed(experts * 10 + ep + 100 * etp))
+    layouts = [ExpertLayout(experts, ffn, ranks, rank, etp) for rank in range(ranks)]
     parts = [layout.local_slice(full) for layout in layouts]
-    shards = max(1, ep // experts)
+    shards = etp * max(1, ep // experts)
     for rank, (layout, part) in enumerate(zip(layouts, parts)):
         assert part.shape == layout.local_shape(hidden) == (max(1, experts // ep), ffn // shards, hidden)
+        # megatron's rank order (etp fastest): expert-parallel rank g // ETP holds the experts of
+        # its block, expert-tensor rank g % ETP the same ffn shard of each
+        block, etp_rank = divmod(rank, etp)
+        if ep <= experts:
+            per, width = experts // ep, ffn // etp
+            assert torch.equal(part, full[block * per : (block + 1) * per, etp_rank * width : (etp_rank + 1) * width])
         # the checkpoint offsets name the same place of the global tensor as the slice
         start = [0, 0]
         for axis, index, count in layout.global_offsets():
@@ -29,7 +37,7 @@ def test_ranks_partition_the_global_experts(experts, ep):
     # every element is held by exactly one rank: assemble ones from one rank at a time and add up
     cover = torch.zeros(experts, ffn)
     for layout in layouts:
-        only_this_rank = [torch.full(layout.local_shape(1), float(r == layout.ep_rank)) for r in range(ep)]
+        only_this_rank = [torch.full(layout.local_shape(1), float(r == layout.ep_rank)) for r in range(ranks)]
         cover += layout.assemble(only_this_rank)[..., 0]
     assert torch.equal(cover, torch.ones(experts, ffn))
 
@@ -41,15 +49,35 @@ def test_invalid_layouts_say_what_to_use():
         ExpertLayout(2, 15, 4, 0)
     with pytest.raises(ValueError, match="rank 4 of size 4"):
         ExpertLayout(8, 16, 4, 4)
+    with pytest.raises(ValueError, match="expert_tensor_parallel_size=3 does not divide the 4 ranks"):
+        ExpertLayout(8, 16, 4, 0, 3)
+    with pytest.raises(ValueError, match="expert_tensor_parallel_size=2 splits each of the 8 experts into 2 ffn "
+                                         "shards, but the expert ffn_hidden_size=15"):
+        ExpertLayout(8, 15, 4, 0, 2)
     with pytest.raises(ValueError, match=r"expected \[8, 16, ...\]"):
         ExpertLayout(8, 16, 2, 0).local_slice(torch.zeros(4, 16, 2))
 
 
-def test_assignments_expand_to_every_shard_of_their_expert_with_the_same_weight():
-    indices = torch.tensor([[1, 0], [2, 1]])
-    weights = torch.tensor([[0.75, 0.25], [0.5, 0.5]])
-    virtual, virtual_weights = expand_to_virtual_experts(indices, weights, 2)
-    assert virtual.tolist() == [[2, 3, 0, 1], [4, 5, 2, 3]]
-    assert virtual_weights.tolist() == [[0.75, 0.75, 0.25, 0.25], [0.5, 0.5, 0.5, 0.5]]
-    same, same_weights = expand_to_virtual_experts(indices, weights, 1)
-    assert same is indices and same_weights is weights
+@pytest.mark.parametrize("experts,ep,etp", LAYOUTS)
+def test_assignments_expand_to_every_shard_of_their_expert_with_the_same_weight(experts, ep, etp):
+    layout = ExpertLayout(experts, 16, ep * etp, 0, etp)
+    S = layout.shards_per_expert
+    g = torch.Generator().manual_seed(3)
+    indices = torch.randint(0, experts, (5, 2), generator=g)
+    weights = torch.rand(5, 2, generator=g)
+    virtual, virtual_weights = expand_to_virtual_experts(layout, indices, weights)
+    if S == 1:
+        assert virtual is indices and virtual_weights is weights
+        return
+    assert virtual.shape == virtual_weights.shape == (5, 2 * S)
+    for t in range(5):
+        for j in range(2):
+            owners = [layout.virtual_owner(int(v)) for v in virtual[t, j * S : (j + 1) * S]]
+            assert owners == [(int(indices[t, j]), s) for s in range(S)]
+            assert torch.equal(virtual_weights[t, j * S : (j + 1) * S], weights[t, j].expand(S))
+
+
+def test_two_shards_per_expert_numbered_side_by_side():
+    layout = ExpertLayout(2, 16, 4, 0)  # more ranks than experts: expert e's shards are 2e, 2e + 1
+    virtual, _ = expand_to_virtual_experts(layout, torch.tensor([[1, 0]]), torch.ones(1, 2))
+    assert virtual.tolist() == [[2, 3, 0, 1]]

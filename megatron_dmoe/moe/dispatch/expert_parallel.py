@@ -52,13 +52,13 @@ class ExpertParallelState:
     exchange: Optional[object] = None  # symmetric: the SymmetricExchange
 
 
-def expand_to_virtual_experts(indices: torch.Tensor, weights: torch.Tensor, shards: int):
-    """[T, k] assignments to experts -> [T, k*shards] to virtual experts e*shards + s, weights repeated."""
+def expand_to_virtual_experts(layout: ExpertLayout, indices: torch.Tensor, weights: torch.Tensor):
+    """[T, k] assignments to experts -> [T, k*S] to the virtual experts holding their S shards
+    (ExpertLayout), weights repeated."""
+    shards = layout.shards_per_expert
     if shards == 1:
         return indices, weights
-    offsets = torch.arange(shards, device=indices.device, dtype=indices.dtype)
-    virtual = (indices.unsqueeze(-1) * shards + offsets).flatten(1)
-    return virtual, weights.repeat_interleave(shards, dim=1)
+    return layout.virtual_experts(indices), weights.repeat_interleave(shards, dim=1)
 
 
 class _HostCopy:
@@ -119,7 +119,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
     def dispatch(self, x, indices, weights):
         layout = self.layout
         ranks, per_rank = layout.ep_size, layout.num_local_experts
-        virtual, virtual_weights = expand_to_virtual_experts(indices, weights, layout.shards_per_expert)
+        virtual, virtual_weights = expand_to_virtual_experts(layout, indices, weights)
         if self._use_symmetric(x.device):
             return self._dispatch_symmetric(x, virtual, virtual_weights)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():

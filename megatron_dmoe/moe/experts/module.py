@@ -7,7 +7,7 @@ import torch
 
 from megatron_dmoe.parallel.expert_groups import ExpertParallelGroups
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
-from megatron_dmoe.parallel.param_roles import mark_expert_parallel
+from megatron_dmoe.parallel.param_roles import mark_expert_parallel, mark_tensor_parallel
 
 from ..options import MoEOptions
 from .backends import check_backend_name, resolve_backend
@@ -36,7 +36,8 @@ class ExpertMLP(torch.nn.Module):
         check_backend_name(options.backend)
         self.options = options
         self.groups = groups or _LOCAL
-        self.layout = ExpertLayout(options.num_experts, options.ffn_hidden_size, self.groups.size, self.groups.rank)
+        self.layout = ExpertLayout(options.num_experts, options.ffn_hidden_size, self.groups.size, self.groups.rank,
+                                   self.groups.tensor_size)
 
         def weight():
             w = torch.nn.Parameter(_init_local_share(self.layout, options, dtype, device))
@@ -45,6 +46,9 @@ class ExpertMLP(torch.nn.Module):
             # so the gradient is the same; marking them at every EP size keeps the optimizer's
             # parameter groups, and therefore its checkpoints, alike across EP sizes.
             mark_expert_parallel(w)
+            if self.groups.tensor_size > 1:
+                # its expert-tensor peers hold other ffn shards: each counts in the grad norm
+                mark_tensor_parallel(w, dim=1)
             return w
 
         self.w1 = weight()
