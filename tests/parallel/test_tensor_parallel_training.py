@@ -4,7 +4,11 @@ gradient norms (1e-4 relative): dense and MoE at TP = 2 with sequence parallelis
 TP = 2 x EP = 2 x DP = 2 (expert parallelism folded over the tensor group), and experts split over
 ranks (expert tensor parallelism, ETP = 2) alone and with EP = 2 and the distributed optimizer,
 whose checkpoint continues in one process as the run itself continued."""
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 from ep_runs import EP_KEY, assert_same_steps, records, train
 from megatron_dmoe.training.checkpoint import LATEST, checkpoint_dir
@@ -39,7 +43,8 @@ def test_experts_split_over_ranks_train_and_resume_like_one_process(tmp_path, co
     assert_same_steps(one, records(tmp_path / "tp2-etp2"), STEPS)
     split = tmp_path / "tp2-ep2-etp2"
     train(4, split, *args, *TP2_SP, *ETP2, f"{EP_KEY}=2", "training.use_distributed_optimizer=true",
-          "checkpoint.save_interval=5", "checkpoint.keep_last=0", device="cpu")
+          "checkpoint.save_interval=5", "checkpoint.keep_last=0", "training.eval_interval=10", "training.eval_iters=1",
+          device="cpu")
     every = records(split)
     assert_same_steps(one, every, STEPS)
 
@@ -50,7 +55,19 @@ def test_experts_split_over_ranks_train_and_resume_like_one_process(tmp_path, co
     shutil.copy(split / "config.yaml", run_dir / "config.yaml")
     train(1, run_dir, "--resume", "parallel.tensor_model_parallel_size=1", "parallel.sequence_parallel=false",
           "parallel.expert_tensor_parallel_size=1", f"{EP_KEY}=1", "training.use_distributed_optimizer=false",
-          "checkpoint.save_interval=0")
+          "checkpoint.save_interval=5")
     continued = records(run_dir)
     assert sorted(continued) == STEPS[5:]
     assert_same_steps(every, continued, STEPS[5:])
+    assert_same_steps(every, continued, [10], keys=("val_loss",))
+    # dmoe-eval reads the split run's last checkpoint as it reads the one-process continuation's
+    losses = [_eval_loss(d) for d in (split, run_dir)]
+    assert abs(losses[0] - losses[1]) <= 1e-4 * losses[1], losses
+
+
+def _eval_loss(run_dir):
+    result = subprocess.run([sys.executable, "-m", "megatron_dmoe.inference.eval_cli", str(run_dir), "--no-progress",
+                             "--device", "cpu"], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)["loss"]
