@@ -1,7 +1,7 @@
 """Megatron's parallel layouts on two GPUs, one per process (NCCL): 20 steps of a small dMoE at
 the same global batch and seed give one GPU's per-step losses and grad norms, for tensor
 parallelism with sequence parallelism, pipeline parallelism (also interleaved) and expert
-parallelism with the distributed optimizer; fp32 within 1e-4, bf16 within 2e-2. With
+parallelism with the distributed optimizer, and experts split by expert tensor parallelism; fp32 within 1e-4, bf16 within 2e-2. With
 `training.cuda_graphs: true` where a layout allows capture, the captured run matches its eager one
 (losses within 1e-4, grad norms within 1 %, as test_ep_nccl's graph test)."""
 import pytest
@@ -18,6 +18,9 @@ LAYOUTS = {
     "pp2": ["parallel.pipeline_model_parallel_size=2"],
     "pp2-vpp2": ["parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=2"],
     "ep2-distopt": [f"{EP_KEY}=2", "training.use_distributed_optimizer=true"],
+    # every expert's FFN split over the two tensor ranks (expert tensor parallelism)
+    "tp2-sp-etp2": ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
+                    "parallel.expert_tensor_parallel_size=2"],
 }
 DTYPES = {"fp32": (["training.bf16=false"], 1e-4), "bf16": (["training.bf16=true"], 2e-2)}
 # four layers (two virtual stages of one layer per pipeline rank), four micro-batches at one GPU;
