@@ -21,7 +21,15 @@ CASES = {
     "reference": ({"moe.backend": "reference"}, "moe.backend: reference"),
     "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, "expert_wgrad_per_step"),
     "auto_backend_falls_to_reference": ({"moe.ffn_hidden_size": 200}, "auto picks the reference experts"),
+    "tensor_parallel": ({"parallel.tensor_model_parallel_size": 2, "parallel.sequence_parallel": True},
+                        "parallel.tensor_model_parallel_size = 2) are captured only on request"),
+    "expert_tensor_parallel": ({"parallel.expert_tensor_parallel_size": 2}, "expert_tensor_parallel_size = 2"),
+    "dense_tensor_parallel": ({"moe.num_experts": 0, "parallel.tensor_model_parallel_size": 2},
+                              "captured only on request"),
 }
+# auto leaves these eager although `true` validates there
+AUTO_ONLY = ("wgrad_per_step", "auto_backend_falls_to_reference", "tensor_parallel", "expert_tensor_parallel",
+             "dense_tensor_parallel")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -44,7 +52,9 @@ def test_auto_matches_what_true_allows(make, monkeypatch, name):
     keys = [k for k, _ in find_problems(strict, world_size=2, env=EVERYTHING)]
     if fragment is None:
         assert keys == []
-    elif name not in ("wgrad_per_step", "auto_backend_falls_to_reference"):
+    elif name in AUTO_ONLY:
+        assert "training.cuda_graphs" not in keys
+    else:
         assert "training.cuda_graphs" in keys
 
 
