@@ -13,8 +13,9 @@ KEY = "training.cuda_graphs"
 EP_KEY = "parallel.expert_model_parallel_size"
 ETP_KEY = "parallel.expert_tensor_parallel_size"
 PP_KEY = "parallel.pipeline_model_parallel_size"
+TP_KEY = "parallel.tensor_model_parallel_size"
 # the keys the rules read; validate passes those whose values are valid
-RULE_KEYS = ("training.device", EP_KEY, ETP_KEY, PP_KEY, "moe.ep_exchange", "moe.num_experts", "moe.backend",
+RULE_KEYS = ("training.device", EP_KEY, ETP_KEY, PP_KEY, TP_KEY, "moe.ep_exchange", "moe.num_experts", "moe.backend",
              "training.recompute_granularity")
 STRICT_FIX = "or set training.cuda_graphs: false"
 Refusal = Tuple[str, str]  # (why capture is not correct here, what to change to capture)
@@ -36,6 +37,11 @@ def capture_refusals(values: Mapping[str, Any], cuda: bool) -> List[Refusal]:
         found.append((f"the NCCL expert-parallel exchange ({sizes}, moe.ep_exchange: nccl) reads its "
                       "split sizes on the host",
                       f"use moe.ep_exchange: symmetric or auto (GPUs of one host) {STRICT_FIX}"))
+    tp = get(TP_KEY) or 1
+    if tp > 1:
+        # a captured TP 2 + SP run did not get through five steps on two GPUs where its eager run
+        # takes seconds: refused until its captured run is shown to match the eager one
+        found.append((f"tensor parallelism ({TP_KEY} = {tp}) has no captured layers", f"use 1 {STRICT_FIX}"))
     pp = get(PP_KEY) or 1
     if pp > 1:
         found.append((f"pipeline parallelism ({PP_KEY} = {pp}) has no captured schedule yet", f"use 1 {STRICT_FIX}"))

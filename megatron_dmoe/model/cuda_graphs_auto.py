@@ -42,14 +42,11 @@ def _value(cfg: RunConfig, dotted: str) -> Any:
 def _auto_only_refusal(cfg: RunConfig, world_size: int, local_world_size: int) -> Optional[str]:
     """Reasons that make `auto` run eagerly although `true` is allowed (the user chose otherwise)."""
     moe, par = cfg.moe, cfg.parallel
-    split = [f"parallel.{key} = {size}" for key, size in (
-        ("tensor_model_parallel_size", par.tensor_model_parallel_size),
-        ("expert_tensor_parallel_size", par.expert_tensor_parallel_size if moe.num_experts > 0 else 1)) if size > 1]
-    if split:
-        # expert parallelism's captured runs match eager ones on GPUs; split layers' have not been
-        # shown to, so auto leaves them eager and `true` captures them on request
-        return (f"layers split over tensor ranks ({', '.join(split)}) are captured only on request "
-                "(training.cuda_graphs: true)")
+    if moe.num_experts > 0 and par.expert_tensor_parallel_size > 1:
+        # expert parallelism's captured runs match eager ones on GPUs; experts split over ranks have
+        # not been shown to, so auto leaves them eager and `true` captures them on request
+        return (f"experts split over ranks (parallel.expert_tensor_parallel_size = "
+                f"{par.expert_tensor_parallel_size}) are captured only on request (training.cuda_graphs: true)")
     if moe.num_experts > 0 and moe.expert_wgrad_per_step:
         return ("moe.expert_wgrad_per_step: true defers the expert weight gradients to the step's end, "
                 "which captured layers cannot (they accumulate per micro-batch)")

@@ -22,14 +22,13 @@ CASES = {
     "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, "expert_wgrad_per_step"),
     "auto_backend_falls_to_reference": ({"moe.ffn_hidden_size": 200}, "auto picks the reference experts"),
     "tensor_parallel": ({"parallel.tensor_model_parallel_size": 2, "parallel.sequence_parallel": True},
-                        "parallel.tensor_model_parallel_size = 2) are captured only on request"),
-    "expert_tensor_parallel": ({"parallel.expert_tensor_parallel_size": 2}, "expert_tensor_parallel_size = 2"),
+                        "tensor parallelism (parallel.tensor_model_parallel_size = 2) has no captured layers"),
     "dense_tensor_parallel": ({"moe.num_experts": 0, "parallel.tensor_model_parallel_size": 2},
-                              "captured only on request"),
+                              "has no captured layers"),
+    "expert_tensor_parallel": ({"parallel.expert_tensor_parallel_size": 2}, "expert_tensor_parallel_size = 2"),
 }
 # auto leaves these eager although `true` validates there
-AUTO_ONLY = ("wgrad_per_step", "auto_backend_falls_to_reference", "tensor_parallel", "expert_tensor_parallel",
-             "dense_tensor_parallel")
+AUTO_ONLY = ("wgrad_per_step", "auto_backend_falls_to_reference", "expert_tensor_parallel")
 
 
 @pytest.mark.parametrize("name", list(CASES))
