@@ -2,7 +2,8 @@
 # The speed measurements of the README's Performance section on one CUDA machine, each tool's table
 # and JSON in OUT_DIR: with one GPU the host cost of a launch, GELU fused into the products, the MoE
 # layer (both router paths, balanced and skewed routing, eager and as CUDA graphs) and whole-model
-# training throughput (dense, dMoE, capacity factor, eager and graphs; micro-batch 16 and 32); with
+# training throughput (dense, dMoE, capacity factor, eager and graphs; micro-batch 16 and 32; the zoo's
+# Small models as shipped); with
 # two or more, the gpu-marked expert-parallel tests, the exchange and layer at EP 1 and 2 (with a
 # shared expert) and training at EP 2 against data-parallel dense.
 # Usage: scripts/gpu_bench.sh OUT_DIR [GPUS]    (GPUS: 1 (default) or 2)
@@ -38,6 +39,7 @@ else
         --out "$out/bench_train.json"
     step bench_train_mb32 python3 tools/bench_train.py --models dense,dmoe --cuda-graphs both \
         --micro-batch-size 32 --out "$out/bench_train_mb32.json"
+    step bench_train_zoo python3 tools/bench_train.py --zoo --cuda-graphs both --out "$out/bench_train_zoo.json"
 fi
 for log in "$out"/*.log; do  # each tool's closing table
     echo "=== $(basename "$log" .log)"
