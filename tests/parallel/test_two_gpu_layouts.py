@@ -1,9 +1,10 @@
 """Megatron's parallel layouts on two GPUs, one per process (NCCL): 20 steps of a small dMoE at
 the same global batch and seed give one GPU's per-step losses and grad norms, for tensor
-parallelism with sequence parallelism, pipeline parallelism (also interleaved) and expert
-parallelism with the distributed optimizer, and experts split by expert tensor parallelism; fp32 within 1e-4, bf16 within 2e-2. With
-`training.cuda_graphs: true` where a layout allows capture (not under tensor parallelism), the captured
-run matches its eager one (losses within 1e-4, grad norms within 1 %, as test_ep_nccl's graph test)."""
+parallelism with sequence parallelism, pipeline parallelism (also interleaved), expert parallelism
+with the distributed optimizer, and experts split by expert tensor parallelism; fp32 within 1e-4,
+bf16 within 2e-2. With `training.cuda_graphs: true` where a layout allows capture (not under tensor
+parallelism), the captured run matches its eager one (losses within 1e-4, grad norms within 1 %, as
+test_ep_nccl's graph test)."""
 import pytest
 import torch
 
