@@ -30,8 +30,9 @@ mode runs in a fresh child process, on one GPU or CPU as in the multi-GPU launch
 (CUDA out of memory, say: its row names the allocation torch reported) stays that run's row and the
 next run starts afresh.
 
---zoo runs the zoo's Small configs exactly as shipped (ZOO_MODELS: their batch, precision and
-defaults, training.cuda_graphs: auto resolved as dmoe-train does) instead of the models above.
+--zoo runs the zoo's Small configs exactly as shipped (ZOO_MODELS: their batch, precision, tokenizer
+vocabulary and defaults, training.cuda_graphs: auto resolved as dmoe-train does) instead of the models
+above.
 
   python tools/bench_train.py                       # dense, dMoE (twice) and capacity-1.0 Small, bf16
   python tools/bench_train.py --models dmoe --set moe.backend=grouped
@@ -75,6 +76,14 @@ ZOO_MODELS = {
     "zoo-dmoe-8x": ("zoo/dmoe_small", ["moe.num_experts=8"]),
 }
 DENSE_MODELS = {"dense", "zoo-dense"}  # the rows others are compared with
+DEFAULT_VOCAB = 50257  # GPT-2's
+
+
+def vocab_size(args, cfg) -> int:
+    """The synthetic tokens' vocabulary: --vocab-size, else the zoo config's tokenizer (--zoo), else GPT-2's."""
+    if args.vocab_size is not None:
+        return args.vocab_size
+    return cfg.data.builtin_vocab_size if args.zoo else DEFAULT_VOCAB
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -95,7 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sequences per optimizer step (default 128: 8 micro-batches of 16, so the "
                         "optimizer step is amortised as in real training)")
     p.add_argument("--seq-length", type=int, default=1024, help="tokens per sequence (default 1024)")
-    p.add_argument("--vocab-size", type=int, default=50257, help="vocabulary of the synthetic tokens")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help=f"vocabulary of the synthetic tokens (default {DEFAULT_VOCAB}; with --zoo, the configs' own: "
+                        "data.builtin_vocab_size, the built-in tokenizer's)")
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
                    help="bf16 (CUDA, fp32 master weights) or fp32 (any device)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where to run")
@@ -309,13 +320,14 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     seed_everything(cfg.training.seed, env, cuda_graphs=cfg.training.cuda_graphs)
     run_state = MoERunState()
     run_state.metrics.megatron_tracker = False  # as dmoe-train: its loop logs MoE metrics itself
-    model = wrap_for_training(build_gpt_model(cfg, vocab_size=args.vocab_size, on_cuda=env.on_cuda,
+    vocab = vocab_size(args, cfg)
+    model = wrap_for_training(build_gpt_model(cfg, vocab_size=vocab, on_cuda=env.on_cuda,
                                               run_state=run_state))
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
     gbs = cfg.training.global_batch_size
     micro_batches = gbs // (cfg.training.micro_batch_size * env.world_size)
     per_step = cfg.moe.expert_wgrad_per_step
-    data = synthetic_batches(cfg, args.vocab_size, env.device, rank=env.rank)
+    data = synthetic_batches(cfg, vocab, env.device, rank=env.rank)
     sync = torch.cuda.synchronize if env.on_cuda else (lambda: None)
     if env.on_cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -336,7 +348,7 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     profile = profile_step(label, args.profile, step, sync) if args.profile and env.on_cuda else None
     peak_memory = _max_over_ranks(torch.cuda.max_memory_allocated() / 2**30, env.device) if env.on_cuda else None
     tokens_per_s = gbs * cfg.model.seq_length / seconds
-    flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(args.vocab_size, cfg))
+    flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(vocab, cfg))
     result.update({
         "ms_per_step": seconds * 1e3,
         "tokens_per_s": tokens_per_s / env.world_size,

@@ -132,6 +132,10 @@ def test_zoo_mode_runs_the_shipped_configs(tmp_path):
     eight = bench.model_config("zoo-dmoe-8x", args, "cuda", None)
     assert eight.moe.num_experts == 8 and shipped.moe.num_experts == 64
     assert eight.training.global_batch_size == shipped.training.global_batch_size
+    # the zoo's tokens come from its own tokenizer's vocabulary, the other models' from GPT-2's
+    assert bench.vocab_size(args, shipped) == shipped.data.builtin_vocab_size != bench.DEFAULT_VOCAB
+    assert bench.vocab_size(bench.parse_args([]), shipped) == bench.DEFAULT_VOCAB
+    assert bench.vocab_size(bench.parse_args(["--zoo", "--vocab-size", "300"]), shipped) == 300
     for argv in (["--zoo", "--models", "dense"], ["--zoo", "--ep", "8"]):
         try:
             bench.parse_args(argv)
