@@ -222,7 +222,10 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         return _fail_once(problem)
 
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
+    import torch
+
     from megatron_dmoe.training.loop import train
+    from megatron_dmoe.training.out_of_memory import out_of_memory_message
     from megatron_dmoe.training.run_dir import default_run_dir
 
     par = cfg.parallel
@@ -241,6 +244,8 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         failed = False
     except (DataError, CheckpointError, RunDirError) as err:
         return _fail(str(err))
+    except torch.OutOfMemoryError as err:
+        return _fail(out_of_memory_message(err, cfg))
     except KeyboardInterrupt:
         # The second Ctrl-C: stop at once; an unfinished save never becomes `latest`.
         print("dmoe-train: interrupted without saving; the newest complete checkpoint (if any) is kept; "

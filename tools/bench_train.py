@@ -168,6 +168,20 @@ def matmul_tflops(device: torch.device) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
+def _cuda_matmul_tflops() -> float:
+    return matmul_tflops(torch.device("cuda"))
+
+
+def matmul_tflops_in_child() -> float:
+    """matmul_tflops in a process of its own, so that this one never holds a CUDA context (most of a
+    GiB) beside the runs it launches: the largest models fill an 80 GB card."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_cuda_matmul_tflops).result()
+
+
 def synthetic_batches(cfg, vocab_size: int, device: torch.device, rank: int = 0, count: int = 4):
     """A few fixed random micro-batches, cycled (data loading is not what is measured); each rank
     draws its own, as data-parallel ranks read different samples."""
@@ -486,9 +500,7 @@ def main(argv=None) -> None:
     plan = plan_runs(args, device_type, world_size)
     if in_children:
         is_main = True
-        peak = None if (args.no_matmul or device_type != "cuda") else matmul_tflops(torch.device("cuda"))
-        if peak:
-            torch.cuda.empty_cache()  # leave the GPU to the children
+        peak = None if (args.no_matmul or device_type != "cuda") else matmul_tflops_in_child()
         results = bench_in_children(plan, argv, args.nproc_per_node, device_type == "cuda")
     else:
         env = init_distributed(args.device)

@@ -1,0 +1,29 @@
+"""The one line dmoe-train prints when CUDA runs out of memory during training: what was asked
+for, what the card holds, and the settings that lower the peak without changing the results."""
+from __future__ import annotations
+
+import re
+
+from megatron_dmoe.config.schema import RunConfig
+
+
+def out_of_memory_message(err: BaseException, cfg: RunConfig) -> str:
+    text = str(err)
+    asked = re.search(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)", text)
+    total = re.search(r"total capacity of ([0-9.]+ [KMGT]?i?B)", text)
+    facts = "; ".join(part for part in (
+        f"tried to allocate {asked.group(1)}" if asked else "",
+        f"the GPU holds {total.group(1)}" if total else "",
+    ) if part)
+    t = cfg.training
+    fixes = []
+    if t.micro_batch_size > 1:
+        fixes.append(f"lower training.micro_batch_size (now {t.micro_batch_size}; the global batch of "
+                     f"{t.global_batch_size}, and so the results, stay the same)")
+    if cfg.moe.num_experts and not cfg.moe.memory_optimized:
+        fixes.append("set moe.memory_optimized: true (MoE layers recompute their activation in backward)")
+    if t.recompute_granularity is None:
+        fixes.append("set training.recompute_granularity: selective or full")
+    advice = ", or ".join(fixes) if fixes else "use a GPU with more memory or more GPUs (parallel.*)"
+    return (f"CUDA ran out of memory during training ({facts or 'no size reported'}); to fit, {advice}. "
+            "Continue with --resume from the newest complete checkpoint, if any.")
