@@ -221,9 +221,9 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     if problem:
         return _fail_once(problem)
 
-    from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
     import torch
 
+    from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
     from megatron_dmoe.training.loop import train
     from megatron_dmoe.training.out_of_memory import out_of_memory_message
     from megatron_dmoe.training.run_dir import default_run_dir
