@@ -22,6 +22,9 @@ def out_of_memory_message(err: BaseException, cfg: RunConfig) -> str:
                      f"{t.global_batch_size}, and so the results, stay the same)")
     if cfg.moe.num_experts and not cfg.moe.memory_optimized:
         fixes.append("set moe.memory_optimized: true (MoE layers recompute their activation in backward)")
+    if t.cuda_graphs is not False:  # true, or auto (which captures wherever it is correct)
+        fixes.append(f"set training.cuda_graphs: false (now {t.cuda_graphs}; captured layers keep memory pools of "
+                     "their own, and an eager step may fit where a captured one does not)")
     if t.recompute_granularity is None:
         fixes.append("set training.recompute_granularity: selective or full")
     advice = ", or ".join(fixes) if fixes else "use a GPU with more memory or more GPUs (parallel.*)"

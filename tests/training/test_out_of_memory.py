@@ -17,10 +17,12 @@ def test_the_message_names_the_sizes_and_the_settings_that_fit():
     assert "tried to allocate 1.95 GiB; the GPU holds 79.18 GiB" in message
     assert f"training.micro_batch_size (now {cfg.training.micro_batch_size};" in message
     assert "moe.memory_optimized: true" in message and "training.recompute_granularity" in message
+    assert "training.cuda_graphs: false (now auto;" in message
     assert "--resume" in message and "\n" not in message
     # a dense model with every memory setting already taken is told what is left
     dense = resolve(load_config("zoo/dense_small", ["training.micro_batch_size=1", "training.global_batch_size=8",
-                                                    "training.recompute_granularity=full"]))
+                                                    "training.recompute_granularity=full",
+                                                    "training.cuda_graphs=false"]))
     left = out_of_memory_message(torch.OutOfMemoryError("CUDA out of memory."), dense)
     assert "no size reported" in left and "more memory" in left and "micro_batch_size" not in left
 
