@@ -282,14 +282,14 @@ def run_row(name: str, cuda_graphs: bool, cfg, world_size: int) -> dict:
 def failure_row(row: dict, returncode: int, output: str) -> dict:
     """A failed child's row: the end of its output, and for CUDA running out of memory a short reason
     with the allocation torch reported (`oom_requested`, e.g. '2.00 GiB')."""
-    import re
+    from megatron_dmoe.training.out_of_memory import allocation_asked
 
     row = dict(row, error=f"exit status {returncode}: {output[-2000:]}")
-    oom = re.search(r"CUDA out of memory\. Tried to allocate ([0-9.]+ [KMGT]?i?B)", output)
-    if oom or "OutOfMemoryError" in output:
+    asked = allocation_asked(output) if "CUDA out of memory" in output else None
+    if asked or "OutOfMemoryError" in output:
         row["oom"] = True
-        row["oom_requested"] = oom.group(1) if oom else None
-        row["reason"] = "CUDA out of memory" + (f" (tried to allocate {oom.group(1)})" if oom else "")
+        row["oom_requested"] = asked
+        row["reason"] = "CUDA out of memory" + (f" (tried to allocate {asked})" if asked else "")
     return row
 
 

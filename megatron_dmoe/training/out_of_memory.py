@@ -3,16 +3,25 @@ for, what the card holds, and the settings that lower the peak without changing 
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from megatron_dmoe.config.schema import RunConfig
+
+_SIZE = r"([0-9.]+ [KMGT]?i?B)"
+
+
+def allocation_asked(text: str) -> Optional[str]:
+    """The size torch's out-of-memory message says it tried to allocate ('1.95 GiB'), or None."""
+    found = re.search(r"Tried to allocate " + _SIZE, text)
+    return found.group(1) if found else None
 
 
 def out_of_memory_message(err: BaseException, cfg: RunConfig) -> str:
     text = str(err)
-    asked = re.search(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)", text)
-    total = re.search(r"total capacity of ([0-9.]+ [KMGT]?i?B)", text)
+    asked = allocation_asked(text)
+    total = re.search(r"total capacity of " + _SIZE, text)
     facts = "; ".join(part for part in (
-        f"tried to allocate {asked.group(1)}" if asked else "",
+        f"tried to allocate {asked}" if asked else "",
         f"the GPU holds {total.group(1)}" if total else "",
     ) if part)
     t = cfg.training
