@@ -1,6 +1,6 @@
 """Transformer layers as CUDA graphs (`training.cuda_graphs`), through megatron-core's local
 implementation: during the first training step every layer runs eagerly and records the order of
-its forward and backward; after that step's micro-batches `capture_layer_graphs` captures them all
+its forward and backward; after that step's optimizer update `capture_layer_graphs` captures them all
 into one memory pool, and later steps replay them, so the host issues one graph launch per layer
 and direction instead of every kernel.
 
@@ -14,7 +14,7 @@ live in device buffers updated in place (moe/metrics.py, moe/aux_loss.py).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -23,14 +23,15 @@ def _uses_layer_graphs(model: torch.nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "cuda_graph_impl", "none") == "local"
 
 
-def capture_layer_graphs(model: torch.nn.Module, moe_metrics=None) -> None:
+def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None) -> None:
     """Capture the layers recorded since the graphs were last released (a no-op once captured, or
-    when the model does not use layer graphs). Call after a step's backward passes.
+    when the model does not use layer graphs). Call after a step's optimizer update, with every model
+    chunk (megatron captures the records of all of them at once).
 
     Before capturing, megatron runs each layer forward and backward on zero inputs to warm up; the
     state layers update in place (`moe_metrics`, the run's MoEMetrics; router load counters; any
     module buffer) is put back afterwards, so those runs do not count as training."""
-    if not _uses_layer_graphs(model):
+    if not any(_uses_layer_graphs(chunk) for chunk in chunks):
         return
     from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord, create_cudagraphs
 
@@ -38,8 +39,11 @@ def capture_layer_graphs(model: torch.nn.Module, moe_metrics=None) -> None:
         return  # captured already, or nothing recorded
     # nn.Module.buffers: megatron's DDP wrapper has a `buffers` attribute of its own (its grad buffers)
     metrics = moe_metrics.tensors() if moe_metrics is not None else []
-    state = [*metrics, *torch.nn.Module.buffers(model)]
+    state = [*metrics, *(b for chunk in chunks for b in torch.nn.Module.buffers(chunk))]
     saved = [t.clone() for t in state]
+    # the graphs' pool is private: blocks the eager first step left cached in the shared pool (its
+    # activations) cannot serve it, and on an 80 GB card the two together did not fit
+    torch.cuda.empty_cache()
     create_cudagraphs()
     with torch.no_grad():
         for t, value in zip(state, saved):
@@ -65,11 +69,18 @@ def capture_after_schedule(chunks) -> Iterator[None]:
         schedules.create_cudagraphs = original
 
 
-def release_layer_graphs() -> None:
-    """Drop every captured graph and megatron's global capture record (before building another
-    model in this process)."""
+def release_layer_graphs(chunks: Sequence[torch.nn.Module] = ()) -> None:
+    """Drop the captured graphs of `chunks` and megatron's global capture record: before building
+    another model in this process, and before the process groups are destroyed at a run's end,
+    since graphs holding tensor-parallel NCCL kernels keep their communicators busy (a captured
+    TP 2 run trained to its end and then waited in destroy_process_group until killed)."""
     from megatron.core.transformer.cuda_graphs import CudaGraphManager, delete_cuda_graphs
 
+    for chunk in chunks:
+        for module in chunk.modules():
+            manager = module._modules.get("cudagraph_manager")
+            for runner in getattr(manager, "cudagraph_runners", ()):
+                runner.fwd_graph = runner.bwd_graph = None
     if CudaGraphManager.global_mempool is not None:
         delete_cuda_graphs()
 

@@ -17,6 +17,7 @@ from megatron_dmoe.model.gpt import padded_vocab_size
 from megatron_dmoe.moe import update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv
 from megatron_dmoe.training.checkpoint import checkpoint_dir, save_checkpoint
+from megatron_dmoe.training.cuda_graphs import release_layer_graphs
 from megatron_dmoe.training.flops import mfu, model_flops_per_token
 from megatron_dmoe.training.metrics import MetricsLogger, moe_log_values, over_pipeline
 from megatron_dmoe.training.setup import Run, run_loader, set_up_run
@@ -83,6 +84,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
             if _run_one_step(loop):
                 break
     finally:
+        release_layer_graphs(run.model)
         loop.train_data.close()
         loop.watcher.close()
         loop.logger.close()

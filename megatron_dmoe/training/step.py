@@ -109,10 +109,12 @@ def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches
     with capture_after_schedule(chunks), \
             run_state.wgrad.per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
         losses = _run_schedule(chunks, data, num_micro_batches, device, forward_only=False)
-    for chunk in chunks:
-        capture_layer_graphs(chunk, run_state.metrics)  # after the first step, with training.cuda_graphs
     finalize_model_grads(chunks)  # data-parallel reduction, tied embeddings across the pipeline
     applied, grad_norm, _ = optimizer.step()
+    # with training.cuda_graphs, after the first step: once the optimizer's state exists, so the
+    # graphs' private pool is laid out beside it (captured before it, the pool's free blocks could
+    # not serve that state, and an 80 GB card ran out of memory on the next step)
+    capture_layer_graphs(chunks, run_state.metrics)
     return _mean_on_every_stage(losses, device), grad_norm, applied
 
 

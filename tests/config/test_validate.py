@@ -201,7 +201,7 @@ CASES = {
          "parallel.tensor_model_parallel_size": 3}, None, EVERYTHING, "model.seq_length",
         ["128 is not divisible by parallel.tensor_model_parallel_size (3)", "multiple of 3"]),
     "virtual_pipeline_without_pipeline": (
-        {"parallel.virtual_pipeline_model_parallel_size": 2}, None, BARE_CPU,
+        {"parallel.virtual_pipeline_model_parallel_size": 2, "model.num_layers": 4}, None, BARE_CPU,
         "parallel.virtual_pipeline_model_parallel_size",
         ["needs parallel.pipeline_model_parallel_size > 1", "set it to null"]),
     "virtual_pipeline_chunks_do_not_divide_layers": (
@@ -255,13 +255,14 @@ CASES = {
                                              "moe.ep_exchange: symmetric or auto", "set training.cuda_graphs: false"]),
     "cuda_graphs_with_recompute": (
         {"training.cuda_graphs": True, "training.recompute_granularity": "full"}, None, EVERYTHING,
-        "training.cuda_graphs", ["activation recompute", "recompute_granularity: full"]),
+        "training.cuda_graphs", ["activation recompute", "recompute_granularity: full", "moe.memory_optimized"]),
+    "cuda_graphs_with_interleaved_pipeline": (
+        {"training.cuda_graphs": True, "parallel.pipeline_model_parallel_size": 2,
+         "parallel.virtual_pipeline_model_parallel_size": 2, "model.num_layers": 4}, 2, EVERYTHING,
+        "training.cuda_graphs", ["interleaved pipeline", "virtual_pipeline_model_parallel_size = 2"]),
     "cuda_graphs_with_reference_experts": (
         {"training.cuda_graphs": True, "moe.backend": "reference"}, None, EVERYTHING,
         "training.cuda_graphs", ["moe.backend: reference", "use sparse, grouped or auto"]),
-    "cuda_graphs_with_pipeline": (
-        {"training.cuda_graphs": True, "parallel.pipeline_model_parallel_size": 2}, 2, EVERYTHING,
-        "training.cuda_graphs", ["pipeline_model_parallel_size = 2"]),
     "data_path_without_weights": (
         {"data.data_path": ["a", "b"]}, None, EVERYTHING, "data.data_path",
         ["item 1 ('a') should be a weight", "[weight, prefix, weight, prefix, ...]"]),

@@ -49,7 +49,7 @@ def test_two_gpu_layouts_train_like_one_gpu(tmp_path, corpus_cache, dtype):
         assert_same_steps(one, records(tmp_path / name), STEPS, rel=rel)
 
 
-@pytest.mark.parametrize("name", ["ep2-distopt"])
+@pytest.mark.parametrize("name", ["tp2-sp", "ep2-distopt", "pp2"])
 def test_two_gpu_layouts_with_layer_graphs_match_eager(tmp_path, corpus_cache, name):
     _needs_two_gpus()
     args = small_args(corpus_cache, 5, *BASE, "training.bf16=false", *LAYOUTS[name])

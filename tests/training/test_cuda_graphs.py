@@ -56,7 +56,7 @@ def test_eager_layers_hides_the_graph_managers_and_restores_them():
             assert not hasattr(model[0], "cudagraph_manager") and not hasattr(model[2], "cudagraph_manager")
             raise RuntimeError("evaluation failed")
     assert [model[0].cudagraph_manager, model[2].cudagraph_manager] == managers
-    capture_layer_graphs(model)  # a model without layer graphs: nothing to capture, no error
+    capture_layer_graphs([model])  # a model without layer graphs: nothing to capture, no error
 
 
 def _records(run_dir):
