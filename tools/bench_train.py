@@ -321,7 +321,7 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
     from megatron_dmoe.moe import MoERunState
     from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
-    from megatron_dmoe.training.cuda_graphs import release_layer_graphs
+    from megatron_dmoe.training.cuda_graphs import release_layer_graphs, uses_captured_layers
     from megatron_dmoe.training.flops import model_flops_per_token
     from megatron_dmoe.training.optim import build_optimizer
     from megatron_dmoe.training.setup import wrap_for_training
@@ -341,23 +341,28 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     gbs = cfg.training.global_batch_size
     micro_batches = gbs // (cfg.training.micro_batch_size * env.world_size)
     per_step = cfg.moe.expert_wgrad_per_step
+    # training.cuda_graphs: auto, as dmoe-train: graphs whose pool does not fit go back to eager
+    must_fit = cuda_graphs and args.cuda_graphs == "auto"
     data = synthetic_batches(cfg, vocab, env.device, rank=env.rank)
     sync = torch.cuda.synchronize if env.on_cuda else (lambda: None)
     if env.on_cuda:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(args.warmup):
-        train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step)
+        train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step, must_fit)
     sync()
     start = time.perf_counter()
     for _ in range(args.steps):
-        loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step)
+        loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step, must_fit)
     sync()
     # the slowest rank sets the step time
     seconds = _max_over_ranks((time.perf_counter() - start) / args.steps, env.device)
-    result = run_row(name, cuda_graphs, cfg, env.world_size)
+    dropped = cuda_graphs and not uses_captured_layers([model])  # auto found no room for them
+    result = run_row(name, cuda_graphs and not dropped, cfg, env.world_size)
+    if dropped:
+        result["model"] += " (auto: eager)"
     label = result["model"] + (f"_rank{env.rank}" if env.world_size > 1 else "")
     def step():
-        return train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step)
+        return train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step, must_fit)
 
     profile = profile_step(label, args.profile, step, sync) if args.profile and env.on_cuda else None
     peak_memory = _max_over_ranks(torch.cuda.max_memory_allocated() / 2**30, env.device) if env.on_cuda else None

@@ -17,20 +17,27 @@ import contextlib
 from typing import Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 
 
 def _uses_layer_graphs(model: torch.nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "cuda_graph_impl", "none") == "local"
 
 
-def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None) -> None:
+def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None, must_fit: bool = False) -> None:
     """Capture the layers recorded since the graphs were last released (a no-op once captured, or
     when the model does not use layer graphs). Call after a step's optimizer update, with every model
     chunk (megatron captures the records of all of them at once).
 
     Before capturing, megatron runs each layer forward and backward on zero inputs to warm up; the
     state layers update in place (`moe_metrics`, the run's MoEMetrics; router load counters; any
-    module buffer) is put back afterwards, so those runs do not count as training."""
+    module buffer) is put back afterwards, so those runs do not count as training.
+
+    must_fit (training.cuda_graphs: auto): where the graphs' memory pool is larger than the room the
+    eager step left on any rank's GPU, drop the graphs and run the layers eagerly from now on, with
+    one note. The pool is private, so the shared one cannot reuse its free blocks: on an 80 GB card a
+    model whose eager step peaked at 74.8 GiB captured a 10.1 GiB pool and ran out of memory on the
+    next step."""
     if not any(_uses_layer_graphs(chunk) for chunk in chunks):
         return
     from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord, create_cudagraphs
@@ -41,13 +48,46 @@ def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None) ->
     metrics = moe_metrics.tensors() if moe_metrics is not None else []
     state = [*metrics, *(b for chunk in chunks for b in torch.nn.Module.buffers(chunk))]
     saved = [t.clone() for t in state]
-    # the graphs' pool is private: blocks the eager first step left cached in the shared pool (its
-    # activations) cannot serve it, and on an 80 GB card the two together did not fit
-    torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # the eager step's cached blocks go back, so the pool can take them
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    room = total - torch.cuda.max_memory_allocated()
+    reserved = torch.cuda.memory_reserved()
     create_cudagraphs()
+    pool = torch.cuda.memory_reserved() - reserved
     with torch.no_grad():
         for t, value in zip(state, saved):
             t.copy_(value)
+    if must_fit and not _on_every_rank(pool <= room):
+        _drop_layer_graphs(chunks)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"note: training.cuda_graphs: auto runs the layers eagerly from here on: their captured "
+                  f"graphs' memory pool ({pool / 2**30:.1f} GiB) does not fit in the room the first step left "
+                  f"on a GPU ({room / 2**30:.1f} of {total / 2**30:.1f} GiB) (training.cuda_graphs=false skips "
+                  "the capture)", flush=True)
+
+
+def _on_every_rank(flag: bool) -> bool:
+    """Whether `flag` holds on every rank (captured layers hold collectives: all ranks decide alike)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([0 if flag else 1], device=torch.cuda.current_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item() == 0
+
+
+def _drop_layer_graphs(chunks: Sequence[torch.nn.Module]) -> None:
+    """Release the graphs and take the layers' graph managers away for good: megatron's layers run
+    eagerly where they have none."""
+    release_layer_graphs(chunks)
+    for chunk in chunks:
+        for module in list(chunk.modules()):
+            if module._modules.get("cudagraph_manager") is not None:
+                delattr(module, "cudagraph_manager")
+
+
+def uses_captured_layers(chunks: Sequence[torch.nn.Module]) -> bool:
+    """Whether any layer of `chunks` still runs through a graph manager."""
+    return any(m._modules.get("cudagraph_manager") is not None for chunk in chunks for m in chunk.modules())
 
 
 @contextlib.contextmanager

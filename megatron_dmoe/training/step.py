@@ -87,13 +87,15 @@ def _mean_on_every_stage(losses: List[torch.Tensor], device: torch.device) -> to
 
 
 def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches: int, device: torch.device,
-               run_state: MoERunState, expert_wgrad_per_step: bool = False):
+               run_state: MoERunState, expert_wgrad_per_step: bool = False, graphs_must_fit: bool = False):
     """Forward/backward over the micro-batches, reduce gradients, step the optimizer.
 
     model: the DDP-wrapped model, or its chunks (one per virtual pipeline stage).
     run_state: the MoE state the model's layers share (moe/run_state.py).
     expert_wgrad_per_step: the sparse experts' weight gradients are computed once, after the last
     backward, over all micro-batches (moe.expert_wgrad_per_step; see moe/experts/per_step_wgrad.py).
+    graphs_must_fit: captured layers whose memory pool does not fit run eagerly instead
+    (training.cuda_graphs: auto; see cuda_graphs.capture_layer_graphs).
     Returns (mean loss as a device tensor, on every rank of the pipeline, grad norm or None,
     whether the update was applied).
     """
@@ -114,7 +116,7 @@ def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches
     # with training.cuda_graphs, after the first step: once the optimizer's state exists, so the
     # graphs' private pool is laid out beside it (captured before it, the pool's free blocks could
     # not serve that state, and an 80 GB card ran out of memory on the next step)
-    capture_layer_graphs(chunks, run_state.metrics)
+    capture_layer_graphs(chunks, run_state.metrics, must_fit=graphs_must_fit)
     return _mean_on_every_stage(losses, device), grad_norm, applied
 
 

@@ -7,7 +7,12 @@ import torch
 
 from megatron_dmoe.moe import MoEMetrics
 from megatron_dmoe.moe.aux_loss import AuxLossScaler
-from megatron_dmoe.training.cuda_graphs import capture_layer_graphs, eager_layers
+from megatron_dmoe.training.cuda_graphs import (
+    _drop_layer_graphs,
+    capture_layer_graphs,
+    eager_layers,
+    uses_captured_layers,
+)
 from train_helpers import SMALL, run_train
 
 
@@ -57,6 +62,18 @@ def test_eager_layers_hides_the_graph_managers_and_restores_them():
             raise RuntimeError("evaluation failed")
     assert [model[0].cudagraph_manager, model[2].cudagraph_manager] == managers
     capture_layer_graphs([model])  # a model without layer graphs: nothing to capture, no error
+
+
+def test_dropped_graphs_leave_the_layers_eager_for_good():
+    model = torch.nn.Sequential(_Layer(), torch.nn.Linear(2, 2))
+    other = torch.nn.Sequential(_Layer())
+    assert uses_captured_layers([model, other])
+    _drop_layer_graphs([model, other])  # what auto does with graphs whose memory pool did not fit
+    assert not uses_captured_layers([model, other])
+    assert not hasattr(model[0], "cudagraph_manager") and not hasattr(other[0], "cudagraph_manager")
+    with eager_layers(model):  # evaluation afterwards: nothing to hide, nothing to put back
+        pass
+    assert not uses_captured_layers([model])
 
 
 def _records(run_dir):
