@@ -356,10 +356,9 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     sync()
     # the slowest rank sets the step time
     seconds = _max_over_ranks((time.perf_counter() - start) / args.steps, env.device)
-    dropped = cuda_graphs and not uses_captured_layers([model])  # auto found no room for them
-    result = run_row(name, cuda_graphs and not dropped, cfg, env.world_size)
-    if dropped:
-        result["model"] += " (auto: eager)"
+    result = run_row(name, cuda_graphs, cfg, env.world_size)
+    if cuda_graphs and not uses_captured_layers([model]):  # auto found no room for them: ran eagerly
+        result.update(model=result["model"] + " (auto: eager)", graphs_dropped=True)
     label = result["model"] + (f"_rank{env.rank}" if env.world_size > 1 else "")
     def step():
         return train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step, must_fit)
@@ -386,7 +385,7 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     return result
 
 
-def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool) -> list:
+def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool, auto: bool = False) -> list:
     """Rows of the planned runs, each measured by a child: one plain process (nproc None) or
     torchrun --standalone with nproc processes, started from this run's own arguments and then the
     model and mode it runs (argparse keeps the last value of an option). One child per run: a run that
@@ -408,7 +407,8 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool) 
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("TORCHELASTIC")}
     for graphs, names in batches:
-        mode = "on" if graphs else "off"
+        # auto: the child resolves it alike, and may drop graphs whose memory pool does not fit
+        mode = "auto" if auto else "on" if graphs else "off"
         print(f"bench_train: {','.join(names)} (cuda graphs {mode}) on {world_size} process(es)", flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             out = f"{tmp}/result.json"
@@ -506,7 +506,8 @@ def main(argv=None) -> None:
     if in_children:
         is_main = True
         peak = None if (args.no_matmul or device_type != "cuda") else matmul_tflops_in_child()
-        results = bench_in_children(plan, argv, args.nproc_per_node, device_type == "cuda")
+        results = bench_in_children(plan, argv, args.nproc_per_node, device_type == "cuda",
+                                    auto=args.cuda_graphs == "auto")
     else:
         env = init_distributed(args.device)
         is_main = env.is_main
