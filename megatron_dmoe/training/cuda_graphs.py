@@ -14,7 +14,7 @@ live in device buffers updated in place (moe/metrics.py, moe/aux_loss.py).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,7 @@ def _uses_layer_graphs(model: torch.nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "cuda_graph_impl", "none") == "local"
 
 
-def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None, must_fit: bool = False) -> None:
+def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None, next_peak: Optional[int] = None) -> None:
     """Capture the layers recorded since the graphs were last released (a no-op once captured, or
     when the model does not use layer graphs). Call after a step's optimizer update, with every model
     chunk (megatron captures the records of all of them at once).
@@ -33,11 +33,11 @@ def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None, mu
     state layers update in place (`moe_metrics`, the run's MoEMetrics; router load counters; any
     module buffer) is put back afterwards, so those runs do not count as training.
 
-    must_fit (training.cuda_graphs: auto): where the graphs' memory pool is larger than the room the
-    eager step left on any rank's GPU, drop the graphs and run the layers eagerly from now on, with
-    one note. The pool is private, so the shared one cannot reuse its free blocks: on an 80 GB card a
-    model whose eager step peaked at 74.8 GiB captured a 10.1 GiB pool and ran out of memory on the
-    next step."""
+    next_peak (training.cuda_graphs: auto): the bytes an eager step will peak at (`NextStepPeak`).
+    Where the graphs' memory pool is larger than the room that leaves on any rank's GPU, the graphs
+    are dropped and the layers run eagerly from now on, with one note. The pool is private, so the
+    shared one cannot reuse its free blocks: on an 80 GB card a model whose eager steps peak at
+    74.8 GiB captured a 10.1 GiB pool and ran out of memory on the next step."""
     if not any(_uses_layer_graphs(chunk) for chunk in chunks):
         return
     from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord, create_cudagraphs
@@ -49,21 +49,43 @@ def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None, mu
     state = [*metrics, *(b for chunk in chunks for b in torch.nn.Module.buffers(chunk))]
     saved = [t.clone() for t in state]
     torch.cuda.empty_cache()  # the eager step's cached blocks go back, so the pool can take them
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    room = total - torch.cuda.max_memory_allocated()
     reserved = torch.cuda.memory_reserved()
     create_cudagraphs()
     pool = torch.cuda.memory_reserved() - reserved
     with torch.no_grad():
         for t, value in zip(state, saved):
             t.copy_(value)
-    if must_fit and not _on_every_rank(pool <= room):
+    if next_peak is None:
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    room = total - next_peak
+    if not _on_every_rank(pool <= room):
         _drop_layer_graphs(chunks)
         if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"note: training.cuda_graphs: auto runs the layers eagerly from here on: their captured "
-                  f"graphs' memory pool ({pool / 2**30:.1f} GiB) does not fit in the room the first step left "
+                  f"graphs' memory pool ({pool / 2**30:.1f} GiB) does not fit in the room an eager step leaves "
                   f"on a GPU ({room / 2**30:.1f} of {total / 2**30:.1f} GiB) (training.cuda_graphs=false skips "
                   "the capture)", flush=True)
+
+
+def layer_graphs_pending() -> bool:
+    """Whether layers have been recorded and wait for `capture_layer_graphs` (the first step)."""
+    from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord
+
+    return torch.cuda.is_available() and bool(_CudagraphGlobalRecord.cudagraph_record)
+
+
+class NextStepPeak:
+    """The memory an eager step will peak at, projected on the first step: its forward and backward
+    passes' peak plus what its optimizer update keeps (the optimizer's state, created on the first
+    update). Make it before the update, read `bytes()` after it."""
+
+    def __init__(self):
+        self._peak = torch.cuda.max_memory_allocated()
+        self._before = torch.cuda.memory_allocated()
+
+    def bytes(self) -> int:
+        return self._peak + max(0, torch.cuda.memory_allocated() - self._before)
 
 
 def _on_every_rank(flag: bool) -> bool:

@@ -23,7 +23,13 @@ from megatron.core.utils import get_model_config
 
 from megatron_dmoe.moe.global_aux_loss import reset_global_load_balance
 from megatron_dmoe.moe.run_state import MoERunState
-from megatron_dmoe.training.cuda_graphs import capture_after_schedule, capture_layer_graphs, eager_layers
+from megatron_dmoe.training.cuda_graphs import (
+    NextStepPeak,
+    capture_after_schedule,
+    capture_layer_graphs,
+    eager_layers,
+    layer_graphs_pending,
+)
 
 Chunks = Union[torch.nn.Module, Sequence[torch.nn.Module]]
 
@@ -94,8 +100,8 @@ def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches
     run_state: the MoE state the model's layers share (moe/run_state.py).
     expert_wgrad_per_step: the sparse experts' weight gradients are computed once, after the last
     backward, over all micro-batches (moe.expert_wgrad_per_step; see moe/experts/per_step_wgrad.py).
-    graphs_must_fit: captured layers whose memory pool does not fit run eagerly instead
-    (training.cuda_graphs: auto; see cuda_graphs.capture_layer_graphs).
+    graphs_must_fit: captured layers whose memory pool would not fit beside the next step run eagerly
+    instead (training.cuda_graphs: auto; see cuda_graphs.capture_layer_graphs).
     Returns (mean loss as a device tensor, on every rank of the pipeline, grad norm or None,
     whether the update was applied).
     """
@@ -112,11 +118,10 @@ def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches
             run_state.wgrad.per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
         losses = _run_schedule(chunks, data, num_micro_batches, device, forward_only=False)
     finalize_model_grads(chunks)  # data-parallel reduction, tied embeddings across the pipeline
+    next_peak = NextStepPeak() if graphs_must_fit and layer_graphs_pending() else None
     applied, grad_norm, _ = optimizer.step()
-    # with training.cuda_graphs, after the first step: once the optimizer's state exists, so the
-    # graphs' private pool is laid out beside it (captured before it, the pool's free blocks could
-    # not serve that state, and an 80 GB card ran out of memory on the next step)
-    capture_layer_graphs(chunks, run_state.metrics, must_fit=graphs_must_fit)
+    # with training.cuda_graphs, after the first step, once the optimizer's state exists
+    capture_layer_graphs(chunks, run_state.metrics, next_peak=next_peak and next_peak.bytes())
     return _mean_on_every_stage(losses, device), grad_norm, applied
 
 
