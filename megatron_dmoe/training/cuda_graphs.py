@@ -24,7 +24,8 @@ def _uses_layer_graphs(model: torch.nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "cuda_graph_impl", "none") == "local"
 
 
-def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None, next_peak: Optional[int] = None) -> None:
+def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None,
+                         first_step: Optional["FirstStepMemory"] = None) -> None:
     """Capture the layers recorded since the graphs were last released (a no-op once captured, or
     when the model does not use layer graphs). Call after a step's optimizer update, with every model
     chunk (megatron captures the records of all of them at once).
@@ -33,39 +34,37 @@ def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None, ne
     state layers update in place (`moe_metrics`, the run's MoEMetrics; router load counters; any
     module buffer) is put back afterwards, so those runs do not count as training.
 
-    next_peak (training.cuda_graphs: auto): the bytes an eager step will peak at (`NextStepPeak`).
-    Where the graphs' memory pool is larger than the room that leaves on any rank's GPU, the graphs
-    are dropped and the layers run eagerly from now on, with one note. The pool is private, so the
-    shared one cannot reuse its free blocks: on an 80 GB card a model whose eager steps peak at
-    74.8 GiB captured a 10.1 GiB pool and ran out of memory on the next step."""
+    first_step (training.cuda_graphs: auto): the recording step's memory. Where the graphs' pool
+    would not fit in the room an eager step leaves on any rank's GPU, nothing is captured: the layers
+    run eagerly from now on, with one note. The pool is private, so the shared one cannot reuse its
+    free blocks: on an 80 GB card a model whose eager steps peak at 74.8 GiB captured a 10.1 GiB pool
+    and ran out of memory on the next step (and, its graphs dropped after capture, still did)."""
     if not any(_uses_layer_graphs(chunk) for chunk in chunks):
         return
     from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord, create_cudagraphs
 
     if not _CudagraphGlobalRecord.cudagraph_record:
         return  # captured already, or nothing recorded
-    # nn.Module.buffers: megatron's DDP wrapper has a `buffers` attribute of its own (its grad buffers)
+    if first_step is not None:
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        room, need = total - first_step.next_peak(), first_step.need()
+        if not _on_every_rank(need <= room):
+            _drop_layer_graphs(chunks)
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(f"note: training.cuda_graphs: auto runs the layers eagerly: their captured graphs' memory "
+                      f"pool (about {need / 2**30:.1f} GiB) would not fit in the room an eager step leaves on a "
+                      f"GPU ({room / 2**30:.1f} of {total / 2**30:.1f} GiB) (training.cuda_graphs=false skips "
+                      "recording them)", flush=True)
+            return
     metrics = moe_metrics.tensors() if moe_metrics is not None else []
+    # nn.Module.buffers: megatron's DDP wrapper has a `buffers` attribute of its own (its grad buffers)
     state = [*metrics, *(b for chunk in chunks for b in torch.nn.Module.buffers(chunk))]
     saved = [t.clone() for t in state]
     torch.cuda.empty_cache()  # the eager step's cached blocks go back, so the pool can take them
-    reserved = torch.cuda.memory_reserved()
     create_cudagraphs()
-    pool = torch.cuda.memory_reserved() - reserved
     with torch.no_grad():
         for t, value in zip(state, saved):
             t.copy_(value)
-    if next_peak is None:
-        return
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    room = total - next_peak
-    if not _on_every_rank(pool <= room):
-        _drop_layer_graphs(chunks)
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"note: training.cuda_graphs: auto runs the layers eagerly from here on: their captured "
-                  f"graphs' memory pool ({pool / 2**30:.1f} GiB) does not fit in the room an eager step leaves "
-                  f"on a GPU ({room / 2**30:.1f} of {total / 2**30:.1f} GiB) (training.cuda_graphs=false skips "
-                  "the capture)", flush=True)
 
 
 def layer_graphs_pending() -> bool:
@@ -75,16 +74,23 @@ def layer_graphs_pending() -> bool:
     return torch.cuda.is_available() and bool(_CudagraphGlobalRecord.cudagraph_record)
 
 
-class NextStepPeak:
-    """The memory an eager step will peak at, projected on the first step: its forward and backward
-    passes' peak plus what its optimizer update keeps (the optimizer's state, created on the first
-    update). Make it before the update, read `bytes()` after it."""
+class FirstStepMemory:
+    """What the first (recording) step tells of memory, to decide before capturing whether the
+    graphs' pool fits: made before the optimizer update, from the bytes allocated at the step's start.
 
-    def __init__(self):
+    need: the pool takes about one micro-batch's activations, the step's forward/backward peak over
+    its start; next_peak: an eager step's peak, that peak plus what the update keeps (the optimizer's
+    state, created on the first update)."""
+
+    def __init__(self, start: int):
+        self._start = start
         self._peak = torch.cuda.max_memory_allocated()
         self._before = torch.cuda.memory_allocated()
 
-    def bytes(self) -> int:
+    def need(self) -> int:
+        return self._peak - self._start
+
+    def next_peak(self) -> int:
         return self._peak + max(0, torch.cuda.memory_allocated() - self._before)
 
 
@@ -98,9 +104,12 @@ def _on_every_rank(flag: bool) -> bool:
 
 
 def _drop_layer_graphs(chunks: Sequence[torch.nn.Module]) -> None:
-    """Release the graphs and take the layers' graph managers away for good: megatron's layers run
-    eagerly where they have none."""
+    """Release the graphs and megatron's record (the recording step's layer inputs with it), and take
+    the layers' graph managers away for good: megatron's layers run eagerly where they have none."""
+    from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
     release_layer_graphs(chunks)
+    delete_cuda_graphs()  # also before any capture, when megatron has no pool yet
     for chunk in chunks:
         for module in list(chunk.modules()):
             if module._modules.get("cudagraph_manager") is not None:

@@ -24,7 +24,7 @@ from megatron.core.utils import get_model_config
 from megatron_dmoe.moe.global_aux_loss import reset_global_load_balance
 from megatron_dmoe.moe.run_state import MoERunState
 from megatron_dmoe.training.cuda_graphs import (
-    NextStepPeak,
+    FirstStepMemory,
     capture_after_schedule,
     capture_layer_graphs,
     eager_layers,
@@ -106,6 +106,7 @@ def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches
     whether the update was applied).
     """
     chunks = _chunks(model)
+    start = torch.cuda.memory_allocated() if graphs_must_fit else 0  # before the step's activations
     for chunk in chunks:
         chunk.zero_grad_buffer()
     run_state.wgrad.main_grads_zeroed()  # the sparse experts' first gradients may overwrite them
@@ -118,10 +119,10 @@ def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches
             run_state.wgrad.per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
         losses = _run_schedule(chunks, data, num_micro_batches, device, forward_only=False)
     finalize_model_grads(chunks)  # data-parallel reduction, tied embeddings across the pipeline
-    next_peak = NextStepPeak() if graphs_must_fit and layer_graphs_pending() else None
+    first_step = FirstStepMemory(start) if graphs_must_fit and layer_graphs_pending() else None
     applied, grad_norm, _ = optimizer.step()
     # with training.cuda_graphs, after the first step, once the optimizer's state exists
-    capture_layer_graphs(chunks, run_state.metrics, next_peak=next_peak and next_peak.bytes())
+    capture_layer_graphs(chunks, run_state.metrics, first_step)
     return _mean_on_every_stage(losses, device), grad_norm, applied
 
 
