@@ -2,8 +2,8 @@
 the same global batch and seed give one GPU's per-step losses and grad norms, for tensor
 parallelism with sequence parallelism, pipeline parallelism (also interleaved), expert parallelism
 with the distributed optimizer, and experts split by expert tensor parallelism; fp32 within 1e-4,
-bf16 within 2e-2. With `training.cuda_graphs: true` where a layout allows capture (not under tensor
-parallelism), the captured run matches its eager one (losses within 1e-4, grad norms within 1 %, as
+bf16 within 2e-2. With `training.cuda_graphs: true` where a layout allows capture (not the
+interleaved pipeline), the captured run matches its eager one (losses within 1e-4, grad norms within 1 %, as
 test_ep_nccl's graph test)."""
 import pytest
 import torch
