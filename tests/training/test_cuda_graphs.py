@@ -104,3 +104,47 @@ def test_dmoe_run_with_captured_layers_matches_the_eager_run(tmp_path, corpus_ca
                 assert g[key] == pytest.approx(e[key], rel=2e-2), (e["step"], key, e[key], g[key])
         assert g["expert_load_imbalance"] == pytest.approx(e["expert_load_imbalance"], rel=0.1)
     assert sum("val_loss" in r for r in graphed) == 2
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("peak_gib, fits", [(59.4, True), (74.8, False)])
+def test_auto_captures_only_where_the_pool_fits_beside_an_eager_step(monkeypatch, capsys, peak_gib, fits):
+    """The decision alone, on CPU with the GPU's memory figures stood in: an 80 GB card, a first step
+    that started at 45 GiB, peaked at `peak_gib` and whose optimizer update then kept 2 GiB more: the
+pool (about the step's activations, peak - start) must fit in 80 - (peak + 2) GiB."""
+    import types
+
+    from megatron.core.transformer import cuda_graphs as mcore_graphs
+
+    from megatron_dmoe.training.cuda_graphs import FirstStepMemory
+
+    calls = []
+    monkeypatch.setattr(mcore_graphs._CudagraphGlobalRecord, "cudagraph_record", [("runner", "fwd")])
+    monkeypatch.setattr(mcore_graphs, "create_cudagraphs", lambda: calls.append("capture"))
+    monkeypatch.setattr(mcore_graphs, "delete_cuda_graphs", lambda: calls.append("delete"))
+    allocated = {"now": 50 * GIB}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: int(peak_gib * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: allocated["now"])
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=80 * GIB))
+    model = torch.nn.Sequential(_Layer(), torch.nn.Linear(2, 2))
+    model.config = types.SimpleNamespace(cuda_graph_impl="local")
+
+    first_step = FirstStepMemory(start=45 * GIB)  # before the update
+    allocated["now"] += 2 * GIB  # the optimizer's state
+    assert first_step.need() == int(peak_gib * GIB) - 45 * GIB
+    assert first_step.next_peak() == int(peak_gib * GIB) + 2 * GIB
+    capture_layer_graphs([model], first_step=first_step)
+    out = capsys.readouterr().out
+    room = 80 - (peak_gib + 2)
+    need = peak_gib - 45
+    assert (need <= room) == fits
+    if fits:
+        assert calls == ["capture"] and uses_captured_layers([model]) and out == ""
+    else:
+        assert "capture" not in calls and "delete" in calls and not uses_captured_layers([model])
+        assert "training.cuda_graphs: auto runs the layers eagerly" in out and "would not fit" in out
