@@ -113,7 +113,7 @@ GIB = 2**30
 def test_auto_captures_only_where_the_pool_fits_beside_an_eager_step(monkeypatch, capsys, peak_gib, fits):
     """The decision alone, on CPU with the GPU's memory figures stood in: an 80 GB card, a first step
     that started at 45 GiB, peaked at `peak_gib` and whose optimizer update then kept 2 GiB more: the
-pool (about the step's activations, peak - start) must fit in 80 - (peak + 2) GiB."""
+    pool (about the step's activations, peak - start) must fit in 80 - (peak + 2) GiB."""
     import types
 
     from megatron.core.transformer import cuda_graphs as mcore_graphs
