@@ -20,6 +20,12 @@ import torch
 import torch.distributed as dist
 
 
+def _graph_managers(chunks: Sequence[torch.nn.Module]) -> dict:
+    """{module: its megatron CudaGraphManager} over every module of `chunks`."""
+    return {m: m._modules["cudagraph_manager"] for chunk in chunks for m in list(chunk.modules())
+            if m._modules.get("cudagraph_manager") is not None}
+
+
 def _uses_layer_graphs(model: torch.nn.Module) -> bool:
     return getattr(getattr(model, "config", None), "cuda_graph_impl", "none") == "local"
 
@@ -71,7 +77,7 @@ def layer_graphs_pending() -> bool:
     """Whether layers have been recorded and wait for `capture_layer_graphs` (the first step)."""
     from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord
 
-    return torch.cuda.is_available() and bool(_CudagraphGlobalRecord.cudagraph_record)
+    return bool(_CudagraphGlobalRecord.cudagraph_record)
 
 
 class FirstStepMemory:
@@ -108,17 +114,23 @@ def _drop_layer_graphs(chunks: Sequence[torch.nn.Module]) -> None:
     the layers' graph managers away for good: megatron's layers run eagerly where they have none."""
     from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
 
-    release_layer_graphs(chunks)
+    managers = _graph_managers(chunks)
+    _reset_runners(managers.values())
     delete_cuda_graphs()  # also before any capture, when megatron has no pool yet
-    for chunk in chunks:
-        for module in list(chunk.modules()):
-            if module._modules.get("cudagraph_manager") is not None:
-                delattr(module, "cudagraph_manager")
+    for module in managers:
+        delattr(module, "cudagraph_manager")
 
 
 def uses_captured_layers(chunks: Sequence[torch.nn.Module]) -> bool:
     """Whether any layer of `chunks` still runs through a graph manager."""
-    return any(m._modules.get("cudagraph_manager") is not None for chunk in chunks for m in chunk.modules())
+    return bool(_graph_managers(chunks))
+
+
+def _reset_runners(managers) -> None:
+    # megatron's delete_cuda_graphs reaches only the runners still in its record, which capture empties
+    for manager in managers:
+        for runner in getattr(manager, "cudagraph_runners", ()):
+            runner.fwd_graph = runner.bwd_graph = None
 
 
 @contextlib.contextmanager
@@ -147,11 +159,7 @@ def release_layer_graphs(chunks: Sequence[torch.nn.Module] = ()) -> None:
     TP 2 run trained to its end and then waited in destroy_process_group until killed)."""
     from megatron.core.transformer.cuda_graphs import CudaGraphManager, delete_cuda_graphs
 
-    for chunk in chunks:
-        for module in chunk.modules():
-            manager = module._modules.get("cudagraph_manager")
-            for runner in getattr(manager, "cudagraph_runners", ()):
-                runner.fwd_graph = runner.bwd_graph = None
+    _reset_runners(_graph_managers(chunks).values())
     if CudaGraphManager.global_mempool is not None:
         delete_cuda_graphs()
 
@@ -160,8 +168,7 @@ def release_layer_graphs(chunks: Sequence[torch.nn.Module] = ()) -> None:
 def eager_layers(model: torch.nn.Module) -> Iterator[None]:
     """Run the layers eagerly inside the block (evaluation): a replayed training graph would
     record MoE metrics and router load for forwards that are not training."""
-    hidden = {m: m._modules["cudagraph_manager"] for m in list(model.modules())
-              if m._modules.get("cudagraph_manager") is not None}
+    hidden = _graph_managers([model])
     for module in hidden:
         delattr(module, "cudagraph_manager")  # megatron's layers check hasattr before using it
     try:

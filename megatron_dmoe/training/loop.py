@@ -174,7 +174,7 @@ def _train_one_step(loop: _Loop):
     cfg, progress = run.cfg, run.progress
     loss, grad_norm, applied = train_step(run.model, run.optimizer, loop.train_data, loop.num_micro,
                                           run.env.device, run.run_state, cfg.moe.expert_wgrad_per_step,
-                                          graphs_must_fit=run.cuda_graphs_auto)
+                                          graphs_must_fit=run.graphs_must_fit)
     if applied:
         run.scheduler.step(1)
         if cfg.moe.router_enable_expert_bias:

@@ -52,8 +52,8 @@ class Run:
     optimizer: Any
     scheduler: Any
     progress: Progress  # where the run stands: step 0, or the loaded checkpoint's
-    # training.cuda_graphs was auto: captured layers whose memory pool does not fit go back to eager
-    cuda_graphs_auto: bool = False
+    # training.cuda_graphs: auto resolved to capture: graphs whose memory pool would not fit are not kept
+    graphs_must_fit: bool = False
 
 
 def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: bool = False,
@@ -66,7 +66,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     """
     run_dir = Path(run_dir)
     # training.cuda_graphs: auto becomes true or false here, once; config.yaml records which
-    cuda_graphs_auto = cfg.training.cuda_graphs == "auto"
+    graphs_auto = cfg.training.cuda_graphs == "auto"
     cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size)
     notices = [*notices, *graph_notes]
     tr = cfg.training
@@ -118,7 +118,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     dist.barrier()
     return Run(cfg=cfg, env=env, run_dir=run_dir, ckpt_root=ckpt_root, data=data, run_state=run_state,
                model=model, optimizer=optimizer, scheduler=scheduler, progress=progress,
-               cuda_graphs_auto=cuda_graphs_auto)
+               graphs_must_fit=graphs_auto and cfg.training.cuda_graphs is True)
 
 
 # --- data: tokenizer and datasets, checked before any model is built
