@@ -55,21 +55,29 @@ def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
 
 
 def _init_adam_state(optimizer: torch.optim.Optimizer, config=None) -> None:
-    """Create empty Adam moments so a checkpoint can be loaded into a fresh optimizer."""
+    """Create Adam's state where a parameter has none, as torch's Adam does at its first step: zero
+    moments and a zero step count, on the parameter's device for the fused (or capturable) kernel."""
     for group in optimizer.param_groups:
+        on_device = group.get("fused") or group.get("capturable")
         for p in group["params"]:
             state = optimizer.state[p]
             if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
                 state["exp_avg"] = torch.zeros_like(p.data)
                 state["exp_avg_sq"] = torch.zeros_like(p.data)
+                if group.get("amsgrad"):
+                    state["max_exp_avg_sq"] = torch.zeros_like(p.data)
 
 
 def init_empty_adam_states(optimizer: MegatronOptimizer) -> None:
     """Give torch's Adam under megatron's optimizers empty moments and step counts where it has no
-    state yet (a fresh optimizer about to load a checkpoint): megatron's distributed optimizer reads
-    the step count from the state of torch's Adam (without TE or apex) when it lays its checkpoint
-    state out, and has none before the first step."""
+    state yet, exactly as its first step would. Two uses:
+    - a fresh optimizer about to load a checkpoint: megatron's distributed optimizer reads the step
+      count from the state of torch's Adam (without TE or apex) when it lays its checkpoint state
+      out, and has none before the first step;
+    - a run that captures its layers (training.cuda_graphs): the state is laid out before the
+      first step. Created by that step's update instead, it would be placed around the layer inputs
+      the recording step keeps until capture, and leave holes between its blocks when they go."""
     for part in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(part, "optimizer", None)
         if isinstance(inner, torch.optim.Optimizer) and not inner.state:
@@ -215,6 +223,8 @@ def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda
         _expert_duplicates_by_expert_tensor_group(optimizer)
         _fuse_torch_adam(optimizer)
         fold_clip_into_adam(optimizer)
+        if cfg.training.cuda_graphs is True:
+            init_empty_adam_states(optimizer)  # before the recording step (see there); a resume loads over it
         return optimizer
     adam = torch.optim.AdamW(
         _param_groups(model_chunks),

@@ -106,6 +106,29 @@ def test_dmoe_run_with_captured_layers_matches_the_eager_run(tmp_path, corpus_ca
     assert sum("val_loss" in r for r in graphed) == 2
 
 
+@pytest.mark.gpu
+def test_captured_run_resumed_from_a_checkpoint_continues_as_the_uninterrupted_run(tmp_path, corpus_cache):
+    """The optimizer's state is made before a captured run's first step, or loaded on resume (then
+    the first resumed step records and captures again): both runs train alike from step 4."""
+    common = [*SMALL, f"data.cache_dir={corpus_cache}", "training.bf16=true", "training.eval_interval=0",
+              "training.lr_decay_iters=6", "moe.backend=sparse", "moe.ffn_hidden_size=256",
+              "moe.aux_loss_coeff=0.01", "checkpoint.save_interval=3"]
+    full = run_train(tmp_path / "full", *common, "training.train_iters=6")
+    assert full.returncode == 0, full.stderr[-3000:]
+    part = run_train(tmp_path / "part", *common, "training.train_iters=3")
+    assert part.returncode == 0, part.stderr[-3000:]
+    resumed = run_train(tmp_path / "part", "training.train_iters=6", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    assert "  cuda_graphs: true\n" in (tmp_path / "part" / "config.yaml").read_text()
+    reference = {r["step"]: r for r in _records(tmp_path / "full")}
+    continued = {r["step"]: r for r in _records(tmp_path / "part")}
+    assert sorted(continued) == sorted(reference) == list(range(1, 7))
+    for step in range(1, 7):
+        for key in ("loss", "grad_norm"):
+            assert continued[step][key] == pytest.approx(reference[step][key], rel=5e-3), (step, key)
+
+
 GIB = 2**30
 
 
