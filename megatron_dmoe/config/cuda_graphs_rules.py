@@ -15,14 +15,15 @@ ETP_KEY = "parallel.expert_tensor_parallel_size"
 VPP_KEY = "parallel.virtual_pipeline_model_parallel_size"
 # the keys the rules read; validate passes those whose values are valid
 RULE_KEYS = ("training.device", EP_KEY, ETP_KEY, "moe.ep_exchange", "moe.num_experts", "moe.backend",
-             "training.recompute_granularity", VPP_KEY)
+             "training.recompute_granularity", VPP_KEY, "model.attention_dropout", "model.transformer_impl")
 STRICT_FIX = "or set training.cuda_graphs: false"
 Refusal = Tuple[str, str]  # (why capture is not correct here, what to change to capture)
 
 
-def capture_refusals(values: Mapping[str, Any], cuda: bool) -> List[Refusal]:
+def capture_refusals(values: Mapping[str, Any], cuda: bool, transformer_engine: bool = False) -> List[Refusal]:
     """Every reason these settings cannot be captured; `values` maps RULE_KEYS to their values (a
-    key left out is not checked). The first two (no CUDA) come alone."""
+    key left out is not checked); `transformer_engine`: whether it is installed (model.transformer_impl:
+    auto takes it then). The first two (no CUDA) come alone."""
     get = values.get
     device = get("training.device")
     if device == "cpu":
@@ -39,19 +40,42 @@ def capture_refusals(values: Mapping[str, Any], cuda: bool) -> List[Refusal]:
     vpp = get(VPP_KEY)
     if vpp is not None and vpp > 1:
         # two H100s, fp32, pipeline 2 x virtual 2: from the first replayed step the grad norm differed
-        # from the eager run's by 0.5-1.4 % (dense and MoE alike), where the plain pipeline matches
+        # from the eager run's by 0.5-1.4 % (dense and MoE alike), where the plain pipeline matches;
+        # the same captured figures, to every digit, with megatron's p2p exchange neither overlapped nor
+        # batched: the replayed backward itself differs, not the exchange's timing
         found.append((f"the interleaved pipeline ({VPP_KEY} = {vpp}) has not been shown to capture correctly",
                       f"set it to null {STRICT_FIX}"))
-    recompute = get("training.recompute_granularity")
-    if recompute is not None:
-        # full: megatron-core's per-layer graphs take it only inside a whole-iteration graph;
-        # selective: they capture each layer's backward with torch.autograd.grad, which megatron's
-        # reentrant checkpoint of the attention core refuses ("Checkpointing is not compatible with .grad()")
-        found.append((f"activation recompute (training.recompute_granularity: {recompute}) re-runs layer parts "
-                      "inside backward through megatron's reentrant checkpoint, which per-layer graphs cannot capture",
-                      f"set it to null (moe.memory_optimized: true recomputes the experts' activation and is "
-                      f"captured) {STRICT_FIX}"))
+    found += _recompute_refusals(get, transformer_engine)
     if (get("moe.num_experts") or 0) > 0 and get("moe.backend") == "reference":
         found.append(("moe.backend: reference reads the expert counts on the host",
                       f"use sparse, grouped or auto {STRICT_FIX}"))
+    return found
+
+
+def _recompute_refusals(get, transformer_engine: bool) -> List[Refusal]:
+    recompute = get("training.recompute_granularity")
+    key = "training.recompute_granularity"
+    if recompute == "full":
+        # megatron-core's per-layer graphs take full recompute only inside a whole-iteration graph
+        return [(f"full activation recompute ({key}: full) re-runs whole layers inside backward, which "
+                 "per-layer graphs cannot capture",
+                 f"set it to selective or null (moe.memory_optimized: true recomputes the experts' "
+                 f"activation and is captured) {STRICT_FIX}")]
+    if recompute != "selective":
+        return []
+    found = []
+    dropout = get("model.attention_dropout") or 0
+    if dropout > 0:
+        # the recompute would replay megatron's dropout RNG state inside a graph, which megatron refuses too
+        found.append((f"selective recompute ({key}: selective) of attention with dropout "
+                      f"(model.attention_dropout = {dropout}) cannot be replayed inside a graph",
+                      f"set model.attention_dropout: 0 or {key}: null {STRICT_FIX}"))
+    impl = get("model.transformer_impl")
+    if impl == "transformer_engine" or (impl == "auto" and transformer_engine):
+        # only our SDPA core attention recomputes through a non-reentrant checkpoint (model/attention.py);
+        # megatron's reentrant one refuses torch.autograd.grad, with which each layer's backward is captured
+        found.append((f"selective recompute ({key}: selective) of Transformer Engine's attention goes through "
+                      "megatron's reentrant checkpoint, which per-layer graphs cannot capture",
+                      f"set model.transformer_impl: local (its attention recomputes capturably) or {key}: null "
+                      f"{STRICT_FIX}"))
     return found

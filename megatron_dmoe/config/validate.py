@@ -566,7 +566,7 @@ class _Checker:
         if not self.ok(key) or self.v(key) is not True:
             return
         values = {k: self.v(k) for k in RULE_KEYS if self.ok(k)}
-        for why, fix in capture_refusals(values, self.env.cuda):
+        for why, fix in capture_refusals(values, self.env.cuda, self.env.transformer_engine):
             self.problem(key, f"true cannot be captured: {why}; {fix}")
 
     def _check_expert_wgrad_per_step(self) -> None:

@@ -4,6 +4,13 @@ A drop-in for megatron-core's `DotProductAttention` inside the local layer spec:
 same [s, b, heads, head_dim] inputs and [s, b, hidden] output. megatron's own version materialises
 the [b, heads, s, s] score matrix; this one lets torch pick a fused kernel. Causal masking comes from
 the mask type, so no mask tensor is built; an explicit attention mask is honoured for other types.
+
+Selective activation recompute (`recompute=True`, training.recompute_granularity: selective) is its
+own: a non-reentrant checkpoint around the whole core attention (the heads' layout changes, the
+grouped-query copies of keys and values, the kernel), in place of megatron's reentrant one, which
+per-layer CUDA graphs cannot capture (megatron captures each layer's backward with
+torch.autograd.grad, which a reentrant checkpoint refuses). Without dropout only: its recompute
+would have to replay megatron's dropout RNG state, which megatron also refuses to graph.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
+from torch.utils.checkpoint import checkpoint
 
 
 class SDPAttention(MegatronModule):
@@ -30,6 +38,7 @@ class SDPAttention(MegatronModule):
         softmax_scale: Optional[float] = None,
         cp_comm_type: Optional[str] = None,
         pg_collection=None,
+        recompute: bool = False,
     ):
         super().__init__(config=config)
         if config.context_parallel_size != 1:
@@ -44,6 +53,10 @@ class SDPAttention(MegatronModule):
         # apply_query_key_layer_scaling changes nothing here: megatron divides the scale by the
         # layer number and multiplies the scores back by it before its fp32 softmax.
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        if recompute and self.dropout_p > 0:
+            raise ValueError("SDPAttention recomputes only without attention dropout "
+                             f"(attention_dropout is {self.dropout_p})")
+        self.recompute = recompute
 
     def forward(
         self,
@@ -58,6 +71,14 @@ class SDPAttention(MegatronModule):
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("SDPAttention supports neither packed sequences nor attention bias")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        if self.recompute and self.training and torch.is_grad_enabled():
+            # keeps only its inputs; preserve_rng_state off: there is no dropout to replay, and
+            # reading the CUDA generator's state is not allowed while a graph is captured
+            return checkpoint(self._attend, query, key, value, attention_mask, mask_type,
+                              use_reentrant=False, preserve_rng_state=False)
+        return self._attend(query, key, value, attention_mask, mask_type)
+
+    def _attend(self, query, key, value, attention_mask, mask_type) -> torch.Tensor:
         sq, b = query.shape[0], query.shape[1]
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))

@@ -8,6 +8,7 @@ from typing import Any, List, Optional, Tuple
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.cuda_graphs_rules import RULE_KEYS, capture_refusals
+from megatron_dmoe.config.environment import transformer_engine_available
 from megatron_dmoe.config.moe_rules import ffn_shards_per_expert
 from megatron_dmoe.model.transformer_config import params_dtype
 from megatron_dmoe.moe.experts.backends import resolve_backend
@@ -23,7 +24,7 @@ def resolve_cuda_graphs(cfg: RunConfig, cuda: bool, world_size: Optional[int] = 
     local_world_size = local_world_size if local_world_size is not None else \
         int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     values = {key: _value(cfg, key) for key in RULE_KEYS}
-    refusals = capture_refusals(values, cuda)
+    refusals = capture_refusals(values, cuda, transformer_engine_available())
     why = refusals[0][0] if refusals else (_auto_only_refusal(cfg, world_size, local_world_size))
     out = copy.deepcopy(cfg)
     out.training.cuda_graphs = why is None

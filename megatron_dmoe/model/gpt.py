@@ -6,6 +6,7 @@ from typing import List, Optional
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer import TransformerConfig
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.moe_settings import LAYER_PARAMS, value_of
@@ -60,6 +61,14 @@ def use_transformer_engine(cfg: RunConfig, on_cuda: bool) -> bool:
     return impl == "transformer_engine"
 
 
+def sdpa_recomputes(config: TransformerConfig, core_attention: str, te: bool) -> bool:
+    """Whether selective recompute is our SDPA core attention's own non-reentrant checkpoint rather
+    than megatron's reentrant one: the only form per-layer CUDA graphs capture. Megatron's stays
+    with dropout (whose RNG state its checkpoint replays) and with other core attentions."""
+    return (config.recompute_granularity == "selective" and core_attention == "sdpa" and not te
+            and config.attention_dropout == 0)
+
+
 def build_gpt_model(
     cfg: RunConfig,
     vocab_size: int,
@@ -78,13 +87,18 @@ def build_gpt_model(
     moe_params = moe_layer_params(cfg)
     if run_state is not None:
         moe_params["run_state"] = run_state
+    te = use_transformer_engine(cfg, on_cuda)
+    attention_recompute = sdpa_recomputes(config, core_attention, te)
+    if attention_recompute:
+        config.recompute_granularity = None  # SDPAttention checkpoints itself instead
     spec = block_spec(
         config,
         normalization=cfg.model.normalization,
-        use_transformer_engine=use_transformer_engine(cfg, on_cuda),
+        use_transformer_engine=te,
         core_attention=core_attention,
         moe_params=moe_params,
         vp_stage=vp_stage,
+        attention_recompute=attention_recompute,
     )
     model = GPTModelWithFusedLoss(
         config=config,

@@ -109,8 +109,10 @@ def layer_spec(
     use_transformer_engine: bool = False,
     core_attention: str = "sdpa",
     moe_params: Optional[dict] = None,
+    attention_recompute: bool = False,
 ) -> ModuleSpec:
-    """One TransformerLayer spec: dense (megatron's MLP) or MoE (ours)."""
+    """One TransformerLayer spec: dense (megatron's MLP) or MoE (ours). attention_recompute: SDPA's
+    own selective recompute (model/attention.py), where megatron's is switched off."""
     if core_attention not in CORE_ATTENTIONS:
         raise ValueError(f"core_attention must be one of {CORE_ATTENTIONS}, got {core_attention!r}")
     # Asking megatron for an MoE layer gives the right pre-MLP norm (TE fuses it into fc1 otherwise);
@@ -123,7 +125,8 @@ def layer_spec(
         spec = _with_fused_bias_linears(_with_fused_norms(spec))
         if core_attention == "sdpa":
             attention = spec.submodules.self_attention
-            spec = _with_submodule(spec, self_attention=_with_submodule(attention, core_attention=SDPAttention))
+            core = ModuleSpec(module=SDPAttention, params={"recompute": attention_recompute})
+            spec = _with_submodule(spec, self_attention=_with_submodule(attention, core_attention=core))
     if moe:
         spec = _with_submodule(spec, mlp=moe_mlp_spec(moe_params))
     return spec
@@ -149,6 +152,7 @@ def block_spec(
     core_attention: str = "sdpa",
     moe_params: Optional[dict] = None,
     vp_stage: Optional[int] = None,
+    attention_recompute: bool = False,
 ) -> TransformerBlockSubmodules:
     """Layer-by-layer specs for this pipeline stage, MoE where `config_moe_layers` says."""
     kinds = {
@@ -158,6 +162,7 @@ def block_spec(
             use_transformer_engine=use_transformer_engine,
             core_attention=core_attention,
             moe_params=moe_params,
+            attention_recompute=attention_recompute,
         )
         for moe in (False, True)
     }

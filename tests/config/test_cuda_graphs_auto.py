@@ -18,7 +18,13 @@ CASES = {
     "nccl": ({"parallel.expert_model_parallel_size": 2, "moe.ep_exchange": "nccl"}, "NCCL expert-parallel exchange"),
     "pipeline": ({"parallel.pipeline_model_parallel_size": 2}, None),
     "full_recompute": ({"training.recompute_granularity": "full"}, "activation recompute"),
-    "selective_recompute": ({"training.recompute_granularity": "selective"}, "reentrant checkpoint"),
+    # SDPA's own checkpoint (model/attention.py); with Transformer Engine installed, impl auto takes
+    # its attention, recomputed by megatron's reentrant checkpoint (EVERYTHING below has it)
+    "selective_recompute": ({"training.recompute_granularity": "selective", "model.transformer_impl": "local"}, None),
+    "selective_recompute_dropout": ({"training.recompute_granularity": "selective", "model.transformer_impl": "local",
+                                     "model.attention_dropout": 0.1}, "model.attention_dropout = 0.1"),
+    "selective_recompute_te": ({"training.recompute_granularity": "selective",
+                                "model.transformer_impl": "transformer_engine"}, "reentrant checkpoint"),
     "interleaved_pipeline": ({"parallel.pipeline_model_parallel_size": 2, "model.num_layers": 4,
                               "parallel.virtual_pipeline_model_parallel_size": 2}, "interleaved pipeline"),
     "reference": ({"moe.backend": "reference"}, "moe.backend: reference"),

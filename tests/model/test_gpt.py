@@ -144,3 +144,21 @@ def test_pipeline_exchange_is_the_one_the_cpu_runs_check(tmp_path, virtual):
         assert exchange == (cpu.batch_p2p_comm, cpu.overlap_p2p_comm) == (False, True)
     else:
         assert (cuda.batch_p2p_comm, cuda.overlap_p2p_comm) == (True, False)
+
+
+@pytest.mark.parametrize("dropout, ours", [(0.0, True), (0.1, False)])
+def test_selective_recompute_is_the_sdpa_attentions_own_without_dropout(cpu_dist, tmp_path, dropout, ours):
+    """Without attention dropout the SDPA core attention checkpoints itself (capturable) and
+    megatron's reentrant checkpoint is off; with dropout megatron's stays (it replays the RNG)."""
+    from megatron_dmoe.model.attention import SDPAttention
+
+    cfg = _config(tmp_path, "training.recompute_granularity=selective", f"model.attention_dropout={dropout}")
+    model = build_gpt_model(cfg, vocab_size=50, on_cuda=False)
+    attentions = [layer.self_attention for layer in model.decoder.layers]
+    assert attentions and all(isinstance(a.core_attention, SDPAttention) for a in attentions)
+    assert all(a.core_attention.recompute is ours for a in attentions)
+    assert all(a.checkpoint_core_attention is not ours for a in attentions)
+    tokens, labels, positions = _batch(cfg, 50)
+    loss = model(tokens, positions, None, labels=labels).mean()
+    loss.backward()  # trains either way
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

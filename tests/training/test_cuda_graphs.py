@@ -81,10 +81,11 @@ def _records(run_dir):
 
 
 @pytest.mark.gpu
-def test_dmoe_run_with_captured_layers_matches_the_eager_run(tmp_path, corpus_cache):
+@pytest.mark.parametrize("extra", [[], ["training.recompute_granularity=selective"]], ids=["plain", "selective-recompute"])
+def test_dmoe_run_with_captured_layers_matches_the_eager_run(tmp_path, corpus_cache, extra):
     common = [*SMALL, f"data.cache_dir={corpus_cache}", "training.train_iters=6", "training.bf16=true",
               "training.eval_interval=3", "training.eval_iters=2", "moe.backend=sparse", "moe.ffn_hidden_size=256",
-              "moe.aux_loss_coeff=0.01", "moe.z_loss_coeff=0.001", "checkpoint.save_interval=0"]
+              "moe.aux_loss_coeff=0.01", "moe.z_loss_coeff=0.001", "checkpoint.save_interval=0", *extra]
     runs = {}
     for graphs in ("false", "auto"):  # auto, the default, captures this run (and records it so)
         result = run_train(tmp_path / graphs, *common, f"training.cuda_graphs={graphs}")
