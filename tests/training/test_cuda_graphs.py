@@ -81,7 +81,8 @@ def _records(run_dir):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("extra", [[], ["training.recompute_granularity=selective"]], ids=["plain", "selective-recompute"])
+@pytest.mark.parametrize("extra", [[], ["training.recompute_granularity=selective"]],
+                         ids=["plain", "selective-recompute"])
 def test_dmoe_run_with_captured_layers_matches_the_eager_run(tmp_path, corpus_cache, extra):
     common = [*SMALL, f"data.cache_dir={corpus_cache}", "training.train_iters=6", "training.bf16=true",
               "training.eval_interval=3", "training.eval_iters=2", "moe.backend=sparse", "moe.ffn_hidden_size=256",
