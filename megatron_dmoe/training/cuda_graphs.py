@@ -19,6 +19,8 @@ from typing import Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from megatron_dmoe.compat.graph_buffers import hold_inputs_until_backward
+
 
 def _graph_managers(chunks: Sequence[torch.nn.Module]) -> dict:
     """{module: its megatron CudaGraphManager} over every module of `chunks`."""
@@ -67,6 +69,7 @@ def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None,
     state = [*metrics, *(b for chunk in chunks for b in torch.nn.Module.buffers(chunk))]
     saved = [t.clone() for t in state]
     torch.cuda.empty_cache()  # the eager step's cached blocks go back, so the pool can take them
+    hold_inputs_until_backward()
     create_cudagraphs()
     with torch.no_grad():
         for t, value in zip(state, saved):

@@ -26,7 +26,7 @@ CASES = {
     "selective_recompute_te": ({"training.recompute_granularity": "selective",
                                 "model.transformer_impl": "transformer_engine"}, "reentrant checkpoint"),
     "interleaved_pipeline": ({"parallel.pipeline_model_parallel_size": 2, "model.num_layers": 4,
-                              "parallel.virtual_pipeline_model_parallel_size": 2}, "interleaved pipeline"),
+                              "parallel.virtual_pipeline_model_parallel_size": 2}, None),
     "reference": ({"moe.backend": "reference"}, "moe.backend: reference"),
     "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, "expert_wgrad_per_step"),
     "auto_backend_falls_to_reference": ({"moe.ffn_hidden_size": 200}, "auto picks the reference experts"),

@@ -256,10 +256,10 @@ CASES = {
     "cuda_graphs_with_recompute": (
         {"training.cuda_graphs": True, "training.recompute_granularity": "full"}, None, EVERYTHING,
         "training.cuda_graphs", ["activation recompute", "recompute_granularity: full", "moe.memory_optimized"]),
-    "cuda_graphs_with_interleaved_pipeline": (
-        {"training.cuda_graphs": True, "parallel.pipeline_model_parallel_size": 2,
-         "parallel.virtual_pipeline_model_parallel_size": 2, "model.num_layers": 4}, 2, EVERYTHING,
-        "training.cuda_graphs", ["interleaved pipeline", "virtual_pipeline_model_parallel_size = 2"]),
+    "cuda_graphs_with_selective_recompute_and_attention_dropout": (
+        {"training.cuda_graphs": True, "training.recompute_granularity": "selective",
+         "model.transformer_impl": "local", "model.attention_dropout": 0.1}, None, EVERYTHING,
+        "training.cuda_graphs", ["model.attention_dropout = 0.1", "set model.attention_dropout: 0"]),
     "cuda_graphs_with_reference_experts": (
         {"training.cuda_graphs": True, "moe.backend": "reference"}, None, EVERYTHING,
         "training.cuda_graphs", ["moe.backend: reference", "use sparse, grouped or auto"]),

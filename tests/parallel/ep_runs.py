@@ -45,16 +45,16 @@ def assert_same_steps(expected, actual, steps, keys=("loss", "grad_norm"), rel=1
 
 
 def assert_captured_run_matches_eager(tmp_path, args):
-    """Two GPUs: 5 steps with `args` eagerly and with training.cuda_graphs=true give the same losses
-    (within 1e-4; step 5 measured 1.0e-5 apart on two H100s) and grad norms within 1 % (measured
-    0.2 %): captured layers leave their weight gradients to DDP's hook instead of the kernels' fused
-    add, and a routing near-tie may flip."""
+    """Two GPUs: 5 steps with `args` (fp32) eagerly and with training.cuda_graphs=true give the same
+    losses and grad norms to 1e-5 and 1e-4: the graphs run the same kernels, and a wrong saved
+    activation shows at once (a chunk's first layer reading its input buffer after megatron-core 0.16
+    had handed it on put grad norms 0.2-1.4 % off while losses matched)."""
     train(2, tmp_path / "eager", *args, device="cuda")
     train(2, tmp_path / "graphs", *args, "training.cuda_graphs=true", device="cuda")
     eager, graphs = records(tmp_path / "eager"), records(tmp_path / "graphs")
     assert sorted(eager) == sorted(graphs) == [1, 2, 3, 4, 5]
-    assert_same_steps(eager, graphs, eager, keys=("loss",), rel=1e-4)
-    assert_same_steps(eager, graphs, eager, keys=("grad_norm",), rel=1e-2)
+    assert_same_steps(eager, graphs, eager, keys=("loss",), rel=1e-5)
+    assert_same_steps(eager, graphs, eager, keys=("grad_norm",), rel=1e-4)
 
 
 def assert_same_expert_loads(expected, actual, assignments):
