@@ -9,7 +9,9 @@ elsewhere, and `auto`, the default, becomes true or false once at start-up (mode
 called by the run's set-up).
 
 What the layers do besides computing must be graph-safe: the MoE metrics and the aux-loss scale
-live in device buffers updated in place (moe/metrics.py, moe/aux_loss.py).
+live in device buffers updated in place (moe/metrics.py, moe/aux_loss.py). Where megatron-core
+0.16 hands a layer's input buffer on before its backward has read it, compat/graph_buffers.py
+holds it; a captured run's optimizer state is made before the recording step (training/optim.py).
 """
 from __future__ import annotations
 
