@@ -90,8 +90,8 @@ class FirstStepMemory:
     graphs' pool fits: made before the optimizer update, from the bytes allocated at the step's start.
 
     need: the pool takes about one micro-batch's activations, the step's forward/backward peak over
-    its start; next_peak: an eager step's peak, that peak plus what the update keeps (the optimizer's
-    state, created on the first update)."""
+    its start; next_peak: an eager step's peak, that peak plus what the update keeps (any optimizer
+    state the first update creates: dmoe-train makes Adam's before the step, bench_train too)."""
 
     def __init__(self, start: int):
         self._start = start
