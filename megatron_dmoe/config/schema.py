@@ -160,7 +160,7 @@ class DataConfig:
     vocab_size: Optional[int] = None  # --vocab-size: NullTokenizer's ids 0..vocab_size-1 (the eod is vocab_size)
     builtin_vocab_size: int = 4096  # vocabulary of the built-in corpus's tokenizer
     cache_dir: Optional[str] = None  # built-in corpus cache; None = ~/.cache/megatron_dmoe
-    num_workers: int = 1
+    num_workers: int = 1  # the training loader's worker processes (evaluation reads in the training process)
 
 
 @dataclass

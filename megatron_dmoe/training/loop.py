@@ -220,7 +220,10 @@ def _evaluate_if_due(loop: _Loop, step: int, last: bool,
     if not (tr.eval_interval and (step % tr.eval_interval == 0 or last)):
         return values
     values = values or {}
-    with run_loader(cfg, run.data.valid, 0) as valid:
+    # read in this process: a worker forked for each evaluation, while the run's threads (gloo's,
+    # the checkpoint writer's) are live, can hang in CPython's after-fork cleanup on a lock one of
+    # them held (seen once: a 4-process CPU run waited at its last evaluation until killed)
+    with run_loader(cfg, run.data.valid, 0, num_workers=0) as valid:
         values["val_loss"] = evaluate(run.model, valid, tr.eval_iters, loop.num_micro, run.env.device)
     loop.result.val_loss, loop.result.val_step = values["val_loss"], step
     loop.window.start = time.perf_counter()  # evaluation time is not training throughput

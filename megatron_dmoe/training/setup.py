@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -157,15 +157,16 @@ def prepare_run_data(cfg: RunConfig, env: DistEnv) -> RunData:
     return RunData(tokenizer=tokenizer, vocab_size=vocab_size, train=train, valid=valid)
 
 
-def run_loader(cfg: RunConfig, dataset, consumed_samples: int = 0):
-    """The micro-batch loader training reads `dataset` with (this rank's share, the run's seed)."""
+def run_loader(cfg: RunConfig, dataset, consumed_samples: int = 0, num_workers: Optional[int] = None):
+    """The micro-batch loader training reads `dataset` with (this rank's share, the run's seed);
+    `num_workers` worker processes, data.num_workers unless given."""
     return build_loader(
         dataset,
         micro_batch_size=cfg.training.micro_batch_size,
         consumed_samples=consumed_samples,
         dp_rank=ps.get_data_parallel_rank(),
         dp_size=ps.get_data_parallel_world_size(),
-        num_workers=cfg.data.num_workers,
+        num_workers=cfg.data.num_workers if num_workers is None else num_workers,
         seed=cfg.training.seed,
     )
 
