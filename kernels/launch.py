@@ -60,7 +60,8 @@ def tma_ready(t: torch.Tensor, transposed: bool = False) -> bool:
         inner == 1
         and outer >= width  # a plain row-major layout (no broadcast rows)
         and (outer * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
+        # torch.compile traces without pointers (tools/bench_compiled_launch.py); eager reads it
+        and (torch.compiler.is_compiling() or t.data_ptr() % 16 == 0)
     )
 
 
@@ -79,6 +80,10 @@ def tma_descriptor(t: torch.Tensor, block_shape):
     the block shape in Python on every call; callers have checked `tma_ready(t)` and pass fixed
     power-of-two blocks, so the fields are set directly (the constructor still runs for an empty t,
     whose error it reports)."""
+    if torch.compiler.is_compiling():  # the one constructor dynamo traces into a graph
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        return TensorDescriptor.from_tensor(t, list(block_shape))
     kind, defaults = _descriptor_type()
     shape = list(t.shape)
     if 0 in shape:
@@ -239,7 +244,16 @@ class DirectLauncher:
         return None
 
 
+def direct(kernel):
+    """The DirectLauncher of a kernel (one per kernel, so that its compiled kernels are kept once);
+    while torch.compile traces, torch.library's wrap_triton(kernel), the launch it puts in a graph."""
+    if torch.compiler.is_compiling():
+        from torch.library import wrap_triton
+
+        return wrap_triton(kernel)
+    return _launcher(kernel)
+
+
 @functools.lru_cache(maxsize=None)
-def direct(kernel) -> DirectLauncher:
-    """The DirectLauncher of a kernel (one per kernel, so that its compiled kernels are kept once)."""
+def _launcher(kernel) -> DirectLauncher:
     return DirectLauncher(kernel)
