@@ -111,7 +111,7 @@ def bind_device(t: torch.Tensor) -> None:
     Backward runs on autograd's worker thread; when its first CUDA call is a Triton launch that
     builds TMA descriptors, no context is bound yet ("invalid device context"). set_device is cheap.
     """
-    if t.is_cuda:
+    if t.is_cuda and not torch.compiler.is_compiling():  # dynamo cannot trace set_device
         torch.cuda.set_device(t.device)
 
 
@@ -250,7 +250,7 @@ def direct(kernel):
     if torch.compiler.is_compiling():
         from torch.library import wrap_triton
 
-        return wrap_triton(kernel)
+        return wrap_triton(kernel)  # it needs every argument: a kernel's defaults are not applied
     return _launcher(kernel)
 
 
