@@ -255,14 +255,17 @@ def dsd(
         # the weight-gradient kernel stores a wide out through TMA, in column strips (adding through TMA
         # measured no faster than the pointer epilogue)
         strip = min(64, cfg.block_n)
+        # every epilogue argument is passed (none left to the kernels' defaults): a launch that
+        # torch.compile traces (launch.direct) takes them all
+        epilogue = dict(c_ptr=None, stride_cm=None, ACCUMULATE=False, OVERWRITE=False)
+        strips = 0
         if wide_out and not accumulate and transpose and cfg.flatten and tma_ready(out):
-            epilogue = dict(STRIPS=cfg.block_n // strip)
+            strips = cfg.block_n // strip
             c_desc = tma_descriptor(out, [bs, strip])
         elif pointers:
             epilogue = dict(c_ptr=out, stride_cm=out.stride(0), ACCUMULATE=True, OVERWRITE=not accumulate)
             c_desc = None
         else:
-            epilogue = {}
             c_desc = tma_descriptor(out, [bs, cfg.block_n])
         if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
             direct(_dsdt_tma_module.dsdt_tma_kernel)[(grid,)](
@@ -272,6 +275,7 @@ def dsd(
                 N, out_block_rows, regular, grid, data.shape[0] * bs, b.shape[0],
                 BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                 OUT_DTYPE=_TL_DTYPE[dtype], DOT_PRECISION=dot_precision(dtype, b.device),
+                COUNT_CHUNK=64, STRIPS=strips,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             )
             return out
@@ -294,8 +298,7 @@ def dsd(
         BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         TRANS_S=transpose, REGULAR=bool(topology.blocks_per_row), EVEN_N=(N % cfg.block_n == 0),
         DOT_PRECISION=dot_precision(dtype, b.device),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"ACCUMULATE": True} if accumulate else {}),
+        ACCUMULATE=accumulate, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
