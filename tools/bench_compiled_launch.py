@@ -156,7 +156,7 @@ def product_routes(calls: int):
         out["compiled_max_abs_diff"] = max(float((g.float() - r.float()).abs().max()) for g, r in zip(got, want))
         out["compiled_host_us"] = host_us(lambda: compiled(xs, w), calls)
     except Exception as exc:
-        out["compiled_error"] = f"{type(exc).__name__}: {' | '.join(str(exc).splitlines()[:8])[:1200]}"
+        out["compiled_error"] = _error_text(exc)
     return out
 
 
@@ -202,8 +202,15 @@ def layer_routes(case_name: str):
         out["compiled_host_ms"] = bm.host_ms(compiled_step, grads, device)
         out["compiled_ms"] = bm.time_ms(compiled_step, grads, device, 100)
     except Exception as exc:
-        out["compiled_error"] = f"{type(exc).__name__}: {' | '.join(str(exc).splitlines()[:8])[:1200]}"
+        out["compiled_error"] = _error_text(exc)
     return out
+
+
+def _error_text(exc: Exception) -> str:
+    """An error's type, first lines and last lines (an inductor error's cause comes last)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    shown = lines if len(lines) <= 10 else lines[:4] + ["..."] + lines[-6:]
+    return f"{type(exc).__name__}: {' | '.join(shown)[:2000]}"
 
 
 def rows(args):

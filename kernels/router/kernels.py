@@ -27,6 +27,7 @@ def route_forward_kernel(
     K: tl.constexpr, K_POW2: tl.constexpr, E_POW2: tl.constexpr, BLOCK_T: tl.constexpr,
     RENORMALIZE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_VALID: tl.constexpr,
 ):
+    scale = tl.cast(scale, tl.float32)  # fp64 where torch.compile launches the kernel
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, E_POW2)
@@ -82,6 +83,7 @@ def route_backward_kernel(
     RENORMALIZE: tl.constexpr, HAS_DW: tl.constexpr, HAS_DCOLSUM: tl.constexpr, HAS_DSCORES: tl.constexpr,
     HAS_VALID: tl.constexpr,
 ):
+    scale = tl.cast(scale, tl.float32)  # fp64 where torch.compile launches the kernel
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, E_POW2)
@@ -146,6 +148,7 @@ def balance_loss_kernel(
     BLOCK_E: tl.constexpr, RECORD: tl.constexpr,
 ):
     """loss = scale * <counts, colsum>; with RECORD also lb_sum += loss, lb_count += 1, load += counts."""
+    scale = tl.cast(scale, tl.float32)  # fp64 where torch.compile launches the kernel
     e = tl.arange(0, BLOCK_E)
     ok = e < E
     counts = tl.load(counts_ptr + e, mask=ok, other=0)
@@ -161,6 +164,7 @@ def balance_loss_kernel(
 @triton.jit
 def balance_loss_backward_kernel(d_loss_ptr, counts_ptr, d_colsum_ptr, scale, E, BLOCK_E: tl.constexpr):
     """d_colsum = d_loss * scale * counts."""
+    scale = tl.cast(scale, tl.float32)  # fp64 where torch.compile launches the kernel
     e = tl.arange(0, BLOCK_E)
     ok = e < E
     counts = tl.load(counts_ptr + e, mask=ok, other=0)

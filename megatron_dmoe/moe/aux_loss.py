@@ -150,12 +150,28 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
 
     @staticmethod
     def _scale_on(device: torch.device) -> torch.Tensor:
-        """megatron-core's scale tensor, on `device` (moved there once if it lives elsewhere)."""
+        """megatron-core's scale tensor, on `device` (moved there once if it lives elsewhere).
+
+        While torch.compile traces, the tensor the last eager call returned (`_TracedScale`):
+        dynamo cannot read an attribute of an autograd.Function class. megatron-core writes later
+        scales into that same tensor, so a compiled graph reads each one."""
+        if torch.compiler.is_compiling():
+            if _TracedScale.tensor is None:
+                raise RuntimeError("the aux-loss scale is read in a compiled graph before any eager use: set it "
+                                   "first (set_aux_loss_scale), or run one step eagerly")
+            return _TracedScale.tensor
         current = MoEAuxLossAutoScaler.main_loss_backward_scale
         if current is None or current.device != torch.device(device):
             value = 1.0 if current is None else current.detach().to(device)
             MoEAuxLossAutoScaler.main_loss_backward_scale = torch.ones(1, dtype=torch.float32, device=device) * value
-        return MoEAuxLossAutoScaler.main_loss_backward_scale
+        _TracedScale.tensor = MoEAuxLossAutoScaler.main_loss_backward_scale
+        return _TracedScale.tensor
+
+
+class _TracedScale:
+    """The scale tensor as a plain class attribute, the form in which torch.compile can read it."""
+
+    tensor: Optional[torch.Tensor] = None
 
 
 def aux_loss_gradient(aux_loss: torch.Tensor) -> torch.Tensor:
