@@ -36,6 +36,10 @@ def parse_args(argv=None):
                    help="skip inductor's C++ wrapper (it compiles C++ on first use: tens of seconds)")
     p.add_argument("--layer-cases", default="paper-small-ep8",
                    help="bench_moe cases whose sparse layer is also run compiled (comma-separated; '' for none)")
+    p.add_argument("--static-user-launch", action="store_true",
+                   help="let inductor launch our Triton kernels through its static launcher "
+                        "(torch._inductor.config.static_launch_user_defined_triton_kernels; TMA kernels excepted)")
+    p.add_argument("--layer-profile", action="store_true", help="print a cProfile of the compiled layer's host side")
     p.add_argument("--out", default=None, help="write the rows as JSON to this file")
     return p.parse_args(argv)
 
@@ -160,7 +164,7 @@ def product_routes(calls: int):
     return out
 
 
-def layer_routes(case_name: str):
+def layer_routes(case_name: str, cpp_wrapper: bool = False, profile: bool = False):
     """The sparse MoE layer of a bench_moe case (forward + backward, bf16) eagerly and under
     torch.compile: dynamo's graph breaks, agreement, and host ms per step beside the dense chain's."""
     import torch
@@ -168,7 +172,7 @@ def layer_routes(case_name: str):
     import bench_moe as bm
 
     case, device = bm.CASES[case_name], torch.device("cuda")
-    out = {"case": case_name}
+    out = {"case": case_name, "cpp_wrapper": cpp_wrapper}
     step, params, inputs, layer, x = bm.moe_step(case, "sparse", False, 0.0, torch.bfloat16, device, 128)
     dense, dense_params, dense_inputs = bm.dense_step(case, False, torch.bfloat16, device)
     grads = params + inputs
@@ -190,7 +194,7 @@ def layer_routes(case_name: str):
         out["reasons"] = [" | ".join(str(getattr(r, "reason", r)).splitlines()[:3])[:400]
                           for r in explained.break_reasons[:6]]
         torch._dynamo.reset()
-        compiled = torch.compile(layer, dynamic=False)
+        compiled = torch.compile(layer, dynamic=False, options={"cpp_wrapper": cpp_wrapper})
         want, got = run(layer), run(compiled)
         out["max_rel_diff"] = max(float((g - w).abs().max() / w.abs().max().clamp_min(1e-12))
                                   for g, w in zip(got, want))
@@ -201,6 +205,11 @@ def layer_routes(case_name: str):
 
         out["compiled_host_ms"] = bm.host_ms(compiled_step, grads, device)
         out["compiled_ms"] = bm.time_ms(compiled_step, grads, device, 100)
+        out["compiled_launches"] = bm.kernel_launches(compiled_step, grads)
+        out["eager_launches"] = bm.kernel_launches(step, grads)
+        if profile:
+            out["compiled_profile"] = bm.profile_host(compiled_step, calls=20, top=30,
+                                                      before=lambda: bm.clear_grads(grads))
     except Exception as exc:
         out["compiled_error"] = _error_text(exc)
     return out
@@ -255,14 +264,19 @@ def main(argv=None):
         sys.exit("bench_compiled_launch: needs a CUDA GPU (inductor runs user Triton kernels on CUDA only)")
     import triton
 
+    if args.static_user_launch:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.static_launch_user_defined_triton_kernels = True
     table = rows(args)
     launches = args.forward_launches + args.backward_launches
     derived = per_launch(table, launches)
     product = product_routes(max(1, args.calls // 4))
-    layers = [layer_routes(name) for name in args.layer_cases.split(",") if name]
+    layers = [layer_routes(name, cpp, args.layer_profile) for name in args.layer_cases.split(",") if name
+              for cpp in ((False,) if args.no_cpp_wrapper else (False, True))]
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "calls": args.calls, "forward_launches": args.forward_launches,
-            "backward_launches": args.backward_launches}
+            "backward_launches": args.backward_launches, "static_user_launch": args.static_user_launch}
     print(f"host microseconds per forward + backward ({meta['device']}, torch {meta['torch']}, "
           f"triton {meta['triton']})")
     width = max(len(r["route"]) for r in table)
@@ -283,7 +297,8 @@ def main(argv=None):
         print(f"ops.sdd_gelu compiled: {product['compiled_host_us']:.1f} us host, "
               f"max |difference| {product['compiled_max_abs_diff']:.3g}")
     for lr in layers:
-        print(f"\n{lr['case']}, the sparse layer's forward + backward: eager host {lr['eager_host_ms']:.2f} ms "
+        wrapper = " (C++ wrapper)" if lr["cpp_wrapper"] else ""
+        print(f"\n{lr['case']}{wrapper}, sparse layer, forward + backward: eager host {lr['eager_host_ms']:.2f} ms "
               f"(dense chain {lr['dense_host_ms']:.2f}), step {lr['eager_ms']:.2f} ms; under dynamo "
               f"{lr.get('graph_breaks')} graph break(s) in {lr.get('graphs')} graph(s)")
         for reason in lr.get("reasons", []):
@@ -294,7 +309,9 @@ def main(argv=None):
             ratio = lr["compiled_host_ms"] / lr["dense_host_ms"]
             print(f"  compiled: host {lr['compiled_host_ms']:.2f} ms ({ratio:.2f}x "
                   f"the dense chain's), step {lr['compiled_ms']:.2f} ms, max relative difference "
-                  f"{lr['max_rel_diff']:.3g}")
+                  f"{lr['max_rel_diff']:.3g}; launches {lr['compiled_launches']} (eager {lr['eager_launches']})")
+            if "compiled_profile" in lr:
+                print(lr["compiled_profile"])
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"meta": meta, "rows": table,
