@@ -75,38 +75,32 @@ def build_routes(fwd: int, bwd: int):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(dst + i, tl.load(src + i, mask=i < n) + 1, mask=i < n)
 
-    def chain_direct(x, launches):
+    def chain(x, launches, launcher):
+        """launches kernels in a row, each into a fresh buffer, through launcher(kernel)[grid]."""
         for _ in range(launches):
             y = torch.empty_like(x)
-            direct(plus_one)[(1,)](x, y, x.numel(), BLOCK=1024)
+            launcher(plus_one)[(1,)](x, y, x.numel(), BLOCK=1024)
             x = y
         return x
 
     class Eager(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            return chain_direct(x, fwd)
+            return chain(x, fwd, direct)
 
         @staticmethod
         def backward(ctx, g):
-            return chain_direct(g, bwd)
+            return chain(g, bwd, direct)
 
     ns = f"dmoe_bench_{fwd}_{bwd}"
 
-    def chain_wrapped(x, launches):
-        for _ in range(launches):
-            y = torch.empty_like(x)
-            wrap_triton(plus_one)[(1,)](x, y, x.numel(), BLOCK=1024)
-            x = y
-        return x
-
     @triton_op(f"{ns}::backward", mutates_args={})
     def chain_backward(g: torch.Tensor) -> torch.Tensor:
-        return chain_wrapped(g, bwd)
+        return chain(g, bwd, wrap_triton)
 
     @triton_op(f"{ns}::forward", mutates_args={})
     def chain_forward(x: torch.Tensor) -> torch.Tensor:
-        return chain_wrapped(x, fwd)
+        return chain(x, fwd, wrap_triton)
 
     chain_forward.register_autograd(lambda ctx, g: chain_backward(g), setup_context=lambda ctx, inputs, output: None)
     return {"eager": Eager.apply, "ops": chain_forward}
