@@ -45,17 +45,12 @@ def parse_args(argv=None):
 
 
 def host_us(fn, calls: int) -> float:
+    """bench_launch's host time per call (mean after a warm-up), synchronising CUDA around it."""
     import torch
 
-    for _ in range(min(20, calls)):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    import bench_launch
+
+    return bench_launch.host_us(fn, calls, torch.cuda.synchronize)
 
 
 def build_routes(fwd: int, bwd: int):

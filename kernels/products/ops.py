@@ -255,8 +255,8 @@ def dsd(
         # the weight-gradient kernel stores a wide out through TMA, in column strips (adding through TMA
         # measured no faster than the pointer epilogue)
         strip = min(64, cfg.block_n)
-        # every epilogue argument is passed (none left to the kernels' defaults): a launch that
-        # torch.compile traces (launch.direct) takes them all
+        # the kernels take every epilogue argument (no defaults: a launch torch.compile traces,
+        # launch.direct, applies none)
         epilogue = dict(c_ptr=None, stride_cm=None, ACCUMULATE=False, OVERWRITE=False)
         strips = 0
         if wide_out and not accumulate and transpose and cfg.flatten and tma_ready(out):
@@ -275,7 +275,7 @@ def dsd(
                 N, out_block_rows, regular, grid, data.shape[0] * bs, b.shape[0],
                 BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                 OUT_DTYPE=_TL_DTYPE[dtype], DOT_PRECISION=dot_precision(dtype, b.device),
-                COUNT_CHUNK=64, STRIPS=strips,
+                COUNT_CHUNK=_dsdt_tma_module.TILE_COUNT_CHUNK, STRIPS=strips,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             )
             return out

@@ -26,7 +26,7 @@ def expand_kernel(
     expert_offsets_ptr, counts_ptr,
     num_experts, H, stride_src, stride_out, stride_other,
     K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_H: tl.constexpr, PAD_ROWS: tl.constexpr,
-    HAS_SCALE: tl.constexpr, HAS_DOT: tl.constexpr, scale_rows_ptr=None, HAS_SCALE_ROWS: tl.constexpr = False,
+    HAS_SCALE: tl.constexpr, HAS_DOT: tl.constexpr, scale_rows_ptr, HAS_SCALE_ROWS: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_H)
     if tl.program_id(0) < num_experts:
@@ -79,7 +79,7 @@ def reduce_kernel(
     src_ptr, dst_ptr, pos_ptr, scale_ptr, copy_ptr,
     H, stride_src, stride_dst, stride_copy,
     K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_COPY: tl.constexpr,
-    partials_ptr=None, row_sums_ptr=None, C=1, BLOCK_C: tl.constexpr = 1, HAS_ROW_SUMS: tl.constexpr = False,
+    partials_ptr, row_sums_ptr, C, BLOCK_C: tl.constexpr, HAS_ROW_SUMS: tl.constexpr,
 ):
     # One 1-D row load per copy (unrolled over K): the sum stays inside each thread, where a
     # [K, BLOCK_H] tile summed over K would cross warps through shared memory at every chunk.

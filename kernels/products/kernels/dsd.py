@@ -24,7 +24,7 @@ def dsd_kernel(
     stride_bk, stride_bn, stride_cm, stride_cn,
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     TRANS_S: tl.constexpr, REGULAR: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ACCUMULATE: tl.constexpr = False,
+    ACCUMULATE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)

@@ -74,7 +74,7 @@ def dsd_tma_kernel(
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     TRANS_S: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False, OVERWRITE: tl.constexpr = False,
+    c_ptr, stride_cm, ACCUMULATE: tl.constexpr, OVERWRITE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)

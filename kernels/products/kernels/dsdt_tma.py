@@ -30,6 +30,8 @@ import triton.language as tl
 from .dsd_tma import add_tile_to_output, halves
 from .tile_mapping import grouped_tile
 
+TILE_COUNT_CHUNK = 64  # the kernel's COUNT_CHUNK: tiles whose block counts one pass loads
+
 
 @triton.jit
 def _store_in_strips(c_desc, acc, row0, col0, BS: tl.constexpr, BLOCK_N: tl.constexpr, STRIPS: tl.constexpr):
@@ -56,9 +58,9 @@ def dsdt_tma_kernel(
     column_offsets_ptr, row_indices_t_ptr, block_offsets_t_ptr,
     N, out_block_rows, blocks_per_row, num_programs, s_rows, b_rows,
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_CHUNK: tl.constexpr = 64,
-    c_ptr=None, stride_cm=None, ACCUMULATE: tl.constexpr = False, OVERWRITE: tl.constexpr = False,
-    STRIPS: tl.constexpr = 0,
+    OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_CHUNK: tl.constexpr,
+    c_ptr, stride_cm, ACCUMULATE: tl.constexpr, OVERWRITE: tl.constexpr,
+    STRIPS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     KSTEPS: tl.constexpr = BS // BLOCK_K

@@ -39,7 +39,7 @@ def sdd_tma_kernel(
     BS: tl.constexpr, NB: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    GELU_OUT: tl.constexpr = False,
+    GELU_OUT: tl.constexpr,
 ):
     nnz = tl.load(nnz_ptr)
     runs_per_row = blocks_per_row // NB
