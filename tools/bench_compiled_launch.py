@@ -16,8 +16,12 @@ Rows, host microseconds per forward + backward (mean over --calls after a warm-u
   eager autograd.Function, direct launches   today's path: dmoe_kernels' `direct` launcher
   eager triton ops (dispatcher)              the same kernels registered with torch.library
   compiled, Python wrapper / C++ wrapper     torch.compile of the registered ops (inductor)
-Then the layer's up-projection itself, as called today and compiled (see product_routes), and
-the whole sparse layer of a bench_moe case compiled (see layer_routes).
+Then the layer's up-projection itself, as called today and compiled (see product_routes), the
+whole sparse layer of a bench_moe case compiled (see layer_routes), and that layer's forward alone
+under each wrapper beside the dense chain's forward (see forward_routes).
+C++ wrapper compiles build their kernels in a first Python pass (inductor's compile-time tuning
+block writes C++ expressions into Python for TMA descriptors) and narrow torch's TMA boxes to
+Triton's 128-byte span (see narrow_cpp_tma_boxes).
 CUDA only: inductor runs user Triton kernels on CUDA devices.
 """
 
@@ -36,6 +40,9 @@ def parse_args(argv=None):
                    help="skip inductor's C++ wrapper (it compiles C++ on first use: tens of seconds)")
     p.add_argument("--layer-cases", default="paper-small-ep8",
                    help="bench_moe cases whose sparse layer is also run compiled (comma-separated; '' for none)")
+    p.add_argument("--forward-cases", default="paper-small-ep8,paper-medium-ep8",
+                   help="bench_moe cases whose sparse layer's forward alone is timed eagerly and under each "
+                        "wrapper beside the dense chain's forward ('' for none; default %(default)s)")
     p.add_argument("--static-user-launch", action="store_true",
                    help="let inductor launch our Triton kernels through its static launcher "
                         "(torch._inductor.config.static_launch_user_defined_triton_kernels; TMA kernels excepted)")
@@ -183,7 +190,7 @@ def layer_routes(case_name: str, cpp_wrapper: bool = False, profile: bool = Fals
         out["reasons"] = [" | ".join(str(getattr(r, "reason", r)).splitlines()[:3])[:400]
                           for r in explained.break_reasons[:6]]
         torch._dynamo.reset()
-        compiled = torch.compile(layer, dynamic=False, options={"cpp_wrapper": cpp_wrapper})
+        compiled = torch.compile(layer, dynamic=False, options=CPP_OPTIONS if cpp_wrapper else {})
         want, got = run(layer), run(compiled)
         out["max_rel_diff"] = max(float((g - w).abs().max() / w.abs().max().clamp_min(1e-12))
                                   for g, w in zip(got, want))
@@ -201,6 +208,85 @@ def layer_routes(case_name: str, cpp_wrapper: bool = False, profile: bool = Fals
                                                       before=lambda: bm.clear_grads(grads))
     except Exception as exc:
         out["compiled_error"] = _error_text(exc)
+    return out
+
+
+CPP_OPTIONS = {"cpp_wrapper": True, "triton.autotune_at_compile_time": False}
+
+
+def narrow_cpp_tma_boxes() -> None:
+    """Make inductor's C++ wrapper encode TMA descriptors as Triton's own launcher does. Its helper
+    (torch 2.11-2.13, `initTMADescriptor`) encodes the kernel's whole block as the copy box, and
+    the driver refuses a box wider than the 128-byte swizzle span (`CUDA driver error: invalid
+    argument` for our 128 x 128 bf16 blocks); Triton narrows the box to 128 bytes and its kernels
+    issue one copy per span. A measurement's workaround, applied once, only to this process."""
+    from torch._inductor.codegen.cuda import device_op_overrides as ops_overrides
+
+    cls = ops_overrides.CUDADeviceOpOverrides
+    if getattr(cls, "_narrowed_tma_boxes", False):
+        return
+    helpers = cls.tma_descriptor_helpers
+
+    def narrowed(self):
+        text = helpers(self)
+        encode = text.rindex("CUDA_DRIVER_CHECK(cuTensorMapEncodeTiled(", 0,
+                             text.index("shapeInt, stridesLL, blockSizeInt"))
+        clamp = "if (rank > 1 && contigDimSizeInByte > 128) { blockSizeInt[0] = 128 / elemSize; }\n"
+        return text[:encode] + clamp + text[encode:]
+
+    cls.tma_descriptor_helpers = narrowed
+    cls._narrowed_tma_boxes = True
+
+
+def forward_routes(case_name: str, calls: int = 200):
+    """The sparse layer's forward alone (no grad, so no backward graph) eagerly, compiled with
+    each wrapper, and the dense chain's forward (matmul, GELU, matmul on T*k rows): host ms
+    (median of `calls`), step ms and the compiled outputs' difference from the eager one."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    import bench_moe as bm
+
+    case, device = bm.CASES[case_name], torch.device("cuda")
+    T, d, f, E, k = case
+    _, _, _, layer, x = bm.moe_step(case, "sparse", False, 0.0, torch.bfloat16, device, 128)
+    x = x.detach()
+    g = torch.Generator(device=device).manual_seed(0)
+    xd = torch.randn(T * k, d, generator=g, device=device, dtype=torch.bfloat16)
+    w_in = 0.02 * torch.randn(d, f, generator=g, device=device, dtype=torch.bfloat16)
+    w_out = 0.02 * torch.randn(f, d, generator=g, device=device, dtype=torch.bfloat16)
+
+    def host_ms(fn):
+        times = []
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+        return statistics.median(times)
+
+    out = {"case": case_name}
+    with torch.no_grad():
+        def eager():
+            return layer(x)[0]
+
+        want = eager().float()
+        out["dense_host_ms"] = host_ms(lambda: F.gelu(xd @ w_in) @ w_out)
+        out["eager_host_ms"] = host_ms(eager)
+        out["eager_ms"] = bm.time_ms(eager, [], device, 100)
+        for key, options in (("python", {}), ("cpp", CPP_OPTIONS)):
+            torch._dynamo.reset()
+            try:
+                compiled = torch.compile(eager, dynamic=False, options=options)
+                got = compiled().float()
+                out[f"{key}_max_rel_diff"] = float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+                out[f"{key}_host_ms"] = host_ms(compiled)
+                out[f"{key}_ms"] = bm.time_ms(compiled, [], device, 100)
+            except Exception as exc:
+                out[f"{key}_error"] = _error_text(exc)
     return out
 
 
@@ -222,7 +308,7 @@ def rows(args):
                       ("compiled, Python wrapper", torch.compile(built["ops"], dynamic=False, fullgraph=True))]
         if not args.no_cpp_wrapper:
             candidates.append(("compiled, C++ wrapper", torch.compile(
-                built["ops"], dynamic=False, fullgraph=True, options={"cpp_wrapper": True})))
+                built["ops"], dynamic=False, fullgraph=True, options=CPP_OPTIONS)))
         for name, f in candidates:
             try:
                 us, first = timed_route(f, args.calls)
@@ -257,12 +343,14 @@ def main(argv=None):
         import torch._inductor.config as inductor_config
 
         inductor_config.static_launch_user_defined_triton_kernels = True
+    narrow_cpp_tma_boxes()
     table = rows(args)
     launches = args.forward_launches + args.backward_launches
     derived = per_launch(table, launches)
     product = product_routes(max(1, args.calls // 4))
     layers = [layer_routes(name, cpp, args.layer_profile) for name in args.layer_cases.split(",") if name
               for cpp in ((False,) if args.no_cpp_wrapper else (False, True))]
+    forwards = [forward_routes(name) for name in args.forward_cases.split(",") if name]
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "calls": args.calls, "forward_launches": args.forward_launches,
             "backward_launches": args.backward_launches, "static_user_launch": args.static_user_launch}
@@ -301,11 +389,23 @@ def main(argv=None):
                   f"{lr['max_rel_diff']:.3g}; launches {lr['compiled_launches']} (eager {lr['eager_launches']})")
             if "compiled_profile" in lr:
                 print(lr["compiled_profile"])
+    if forwards:
+        print("\nthe sparse layer's forward alone (no grad), host ms (x the dense chain's forward), "
+              "step ms, max relative difference from eager")
+    for fr in forwards:
+        print(f"{fr['case']}: dense chain {fr['dense_host_ms']:.3f}; eager {fr['eager_host_ms']:.3f} "
+              f"({fr['eager_host_ms'] / fr['dense_host_ms']:.1f}x), step {fr['eager_ms']:.3f}")
+        for key, name in (("python", "compiled, Python wrapper"), ("cpp", "compiled, C++ wrapper")):
+            if f"{key}_error" in fr:
+                print(f"  {name}: error: {fr[f'{key}_error']}")
+            else:
+                print(f"  {name}: {fr[f'{key}_host_ms']:.3f} ({fr[f'{key}_host_ms'] / fr['dense_host_ms']:.1f}x), "
+                      f"step {fr[f'{key}_ms']:.3f}, difference {fr[f'{key}_max_rel_diff']:.3g}")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"meta": meta, "rows": table,
                        "per_launch": {k: {"us_per_launch": s, "fixed_us": f} for k, (s, f) in derived.items()},
-                       "product": product, "layers": layers}, fh, indent=1)
+                       "product": product, "layers": layers, "forwards": forwards}, fh, indent=1)
     return table
 
 

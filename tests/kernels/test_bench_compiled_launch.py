@@ -33,3 +33,24 @@ def test_without_cuda_it_exits_with_one_line():
     with pytest.raises(SystemExit) as exit_info:
         _tool().main(["--calls", "1"])
     assert "needs a CUDA GPU" in str(exit_info.value)
+
+
+def test_cpp_tma_boxes_are_narrowed_to_the_128_byte_span_before_encoding():
+    from torch._inductor.codegen.cuda import device_op_overrides
+
+    cls = device_op_overrides.CUDADeviceOpOverrides
+    saved = cls.__dict__["tma_descriptor_helpers"]
+    try:
+        tool = _tool()
+        tool.narrow_cpp_tma_boxes()
+        tool.narrow_cpp_tma_boxes()  # once only
+        text = cls().tma_descriptor_helpers()
+        stable = text[text.index("static void initTMADescriptor("):]
+        clamp = stable.index("blockSizeInt[0] = 128 / elemSize;")
+        assert text.count("128 / elemSize;") == 1
+        assert stable.index("contigDimSizeInByte = elemSize * blockSizeInt[0]") < clamp  # the swizzle is chosen first
+        assert clamp < stable.index("cuTensorMapEncodeTiled(")
+    finally:
+        cls.tma_descriptor_helpers = saved
+        if "_narrowed_tma_boxes" in cls.__dict__:
+            del cls._narrowed_tma_boxes
