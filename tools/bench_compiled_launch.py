@@ -412,7 +412,8 @@ def main(argv=None):
               f"max |difference| {product['compiled_max_abs_diff']:.3g}")
     for lr in layers:
         wrapper = " (C++ wrapper)" if lr["cpp_wrapper"] else ""
-        print(f"\n{lr['case']}{wrapper}, sparse layer, forward + backward (host: medians of 3): eager host {lr['eager_host_ms']:.2f} ms "
+        print(f"\n{lr['case']}{wrapper}, sparse layer, forward + backward (host: medians of 3): "
+              f"eager host {lr['eager_host_ms']:.2f} ms "
               f"(dense chain {lr['dense_host_ms']:.2f}), step {lr['eager_ms']:.2f} ms; under dynamo "
               f"{lr.get('graph_breaks')} graph break(s) in {lr.get('graphs')} graph(s)")
         for reason in lr.get("reasons", []):
