@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -94,10 +95,16 @@ def _fail(message: str) -> int:
 
 def _fail_once(message: str) -> int:
     """A problem every rank finds alike (config, run directory), before the process group exists:
-    under torchrun only rank 0 tells it."""
+    under torchrun only rank 0 tells it. The other ranks wait a moment before they exit: torchrun
+    stops every rank as soon as one fails, which on a busy machine took rank 0 down before it had
+    told anything."""
     if os.environ.get("RANK", "0") == "0":
         return _fail(message)
+    time.sleep(_QUIET_RANK_EXIT_DELAY_S)
     return 2
+
+
+_QUIET_RANK_EXIT_DELAY_S = 5.0  # rank 0 exits sooner, and torchrun then stops the waiting ranks at once
 
 
 def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:

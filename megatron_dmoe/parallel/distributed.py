@@ -99,9 +99,33 @@ def init_distributed(
 
 
 def _forget_group_state() -> None:
-    """Drop megatron's process groups."""
+    """Drop megatron's process groups. Its destroy_model_parallel destroys only its *_GLOO groups and
+    forgets the others, which stay registered with torch.distributed: on CPU each is a gloo group
+    keeping three threads, so a process that builds the groups again and again (a test training
+    every layout, runs one after another) piled up thousands of threads and slowed to a crawl.
+    The gloo ones are destroyed here; NCCL communicators are left to the process group's end."""
     if ps.model_parallel_is_initialized():
+        if dist.is_initialized():
+            for group in _forgotten_gloo_groups():
+                dist.destroy_process_group(group)
         ps.destroy_model_parallel()
+    gc.collect()  # the finished run's model and optimizer hold the groups in reference cycles
+
+
+def _forgotten_gloo_groups() -> list:
+    """The gloo groups megatron's parallel_state holds that destroy_model_parallel would only forget
+    (not the *_GLOO ones, which it destroys itself), each once, never the default group."""
+    seen, out = set(), []
+    registered = dist.distributed_c10d._world.pg_map
+    for name, value in vars(ps).items():
+        if not name.startswith("_") or name.endswith("_GLOO"):
+            continue
+        for group in value if isinstance(value, (list, tuple)) else (value,):
+            if (isinstance(group, dist.ProcessGroup) and id(group) not in seen and group is not dist.group.WORLD
+                    and group in registered and dist.get_backend(group) == "gloo"):
+                seen.add(id(group))
+                out.append(group)
+    return out
 
 
 def seed_everything(seed: int, env: DistEnv, cuda_graphs: bool = False) -> None:
