@@ -109,7 +109,7 @@ def _forget_group_state() -> None:
             for group in _forgotten_gloo_groups():
                 dist.destroy_process_group(group)
         ps.destroy_model_parallel()
-    gc.collect()  # the finished run's model and optimizer hold the groups in reference cycles
+        gc.collect()  # the finished run's model and optimizer hold the groups in reference cycles
 
 
 def _forgotten_gloo_groups() -> list:
