@@ -24,6 +24,7 @@ def section_types() -> Dict[str, Dict[str, Any]]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def section_class(section: str) -> type:
     return typing.get_type_hints(RunConfig)[section]
 

@@ -8,6 +8,8 @@ that either rule set would read as something else, so files it writes read back 
 """
 from __future__ import annotations
 
+import copy
+import functools
 import re
 
 import yaml
@@ -78,7 +80,13 @@ ConfigDumper.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+012345
 
 
 def parse_yaml(text: str):
-    """Parse one YAML document with the config rules; raises yaml.YAMLError."""
+    """Parse one YAML document with the config rules; raises yaml.YAMLError. The caller owns the
+    result (a copy): a sweep resolves hundreds of configs from the same files and overrides."""
+    return copy.deepcopy(_parse_yaml_once(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_yaml_once(text: str):
     return yaml.load(text, Loader=ConfigLoader)
 
 

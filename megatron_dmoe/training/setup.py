@@ -201,6 +201,17 @@ def wrap_for_training(model, use_distributed_optimizer: bool = False):
     return _wrap_chunk(model, use_distributed_optimizer, first=True)
 
 
+def unwrap_after_training(chunks) -> None:
+    """Drop what keeps a finished run's model alive after its last reference is gone: megatron's
+    wrapper keeps each parameter's gradient accumulator, whose backward hook holds the wrapper, a
+    cycle through C++ that the garbage collector cannot see, so the model, the optimizer and every
+    process group they hold (three gloo threads each) outlived the run."""
+    for chunk in chunks:
+        grad_accs = getattr(chunk, "grad_accs", None)
+        if grad_accs is not None:
+            grad_accs.clear()
+
+
 # --- the first lines of a run: on what device, what data, how big a model
 
 

@@ -17,3 +17,32 @@ def _abort_after_failure() -> None:
 
 def test_abort_leaves_no_process_group_behind():
     run_in_processes(2, _abort_after_failure)
+
+
+def _train_twice_and_count_models(run_root: str, cache_dir: str) -> None:
+    import gc
+    from pathlib import Path
+
+    from layout_checks import KINDS, MODEL
+    from megatron_dmoe.config import load_config, resolve
+    from megatron_dmoe.model.gpt import GPTModelWithFusedLoss
+    from megatron_dmoe.parallel.distributed import init_distributed
+    from megatron_dmoe.training.loop import train
+
+    overrides = MODEL + KINDS["moe"] + ["parallel.expert_model_parallel_size=2", "training.global_batch_size=4",
+                                        "training.use_distributed_optimizer=true", f"data.cache_dir={cache_dir}"]
+    cfg = resolve(load_config(None, overrides))
+    for run in ("first", "second"):
+        env = init_distributed("cpu", expert_model_parallel_size=2)
+        train(cfg, env, Path(run_root) / run, resume=False)
+        gc.collect()
+        alive = [obj for obj in gc.get_objects() if isinstance(obj, GPTModelWithFusedLoss)]
+        assert not alive, f"after the {run} run {len(alive)} model(s) are still alive"
+
+
+def test_a_finished_run_frees_its_model_and_groups(tmp_path, corpus_cache):
+    """A process that trains run after run (a sweep, a test of every layout) keeps none of a finished
+    run's model, optimizer or process groups: megatron's gradient hooks and the distributed
+    optimizer's parameter shards close reference cycles through autograd's C++ nodes, which the
+    garbage collector cannot free, and each gloo group they held kept three threads."""
+    run_in_processes(2, _train_twice_and_count_models, str(tmp_path / "runs"), corpus_cache, timeout=600)
