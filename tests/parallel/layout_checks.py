@@ -51,17 +51,9 @@ def layouts(world_size, cache_dir):
     return out
 
 
-PARTS = ("all", "whole", "split")  # every layout; those with whole experts; experts split (ETP 2)
-
-
-def in_part(name, part):
-    return part == "all" or ("-etp2-" in name) == (part == "split")
-
-
-def train_accepted_layouts(run_root, cache_dir, summary_file, part="all"):
-    """Train one step of every accepted layout of `part` (PARTS: at 8 processes each part runs in
-    its own group, as the gloo groups rebuilt for every layout pile up threads on two cores); rank 0
-    writes a summary {accepted: [names], trained: {name: loss}, refused: count} to `summary_file`."""
+def train_accepted_layouts(run_root, cache_dir, summary_file):
+    """Train one step of every accepted layout; rank 0 writes a summary {accepted: [names],
+    trained: {name: loss}, refused: count} to `summary_file`."""
     import torch.distributed as dist
 
     world = dist.get_world_size()
@@ -72,7 +64,7 @@ def train_accepted_layouts(run_root, cache_dir, summary_file, part="all"):
             continue
         accepted.append(name)
         par = cfg.parallel
-        if not in_part(name, part) or (par.pipeline_model_parallel_size > 1 and world > TRAINED_PIPELINES_UP_TO):
+        if par.pipeline_model_parallel_size > 1 and world > TRAINED_PIPELINES_UP_TO:
             continue
         env = init_distributed("cpu", par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
                                par.expert_model_parallel_size, par.expert_tensor_parallel_size,
