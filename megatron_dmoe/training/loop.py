@@ -20,7 +20,7 @@ from megatron_dmoe.training.checkpoint import checkpoint_dir, save_checkpoint
 from megatron_dmoe.training.cuda_graphs import release_layer_graphs
 from megatron_dmoe.training.flops import mfu, model_flops_per_token
 from megatron_dmoe.training.metrics import MetricsLogger, moe_log_values, over_pipeline
-from megatron_dmoe.training.setup import Run, run_loader, set_up_run, unwrap_after_training
+from megatron_dmoe.training.setup import Run, release_after_training, run_loader, set_up_run
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
 from megatron_dmoe.training.stops import PreemptionWatcher, time_limit_reached
 
@@ -85,7 +85,7 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
                 break
     finally:
         release_layer_graphs(run.model)
-        unwrap_after_training(run.model)
+        release_after_training(run.model)
         loop.train_data.close()
         loop.watcher.close()
         loop.logger.close()

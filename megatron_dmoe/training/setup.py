@@ -19,6 +19,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.transformer.module import Float16Module
+from megatron.core.utils import get_model_config
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
@@ -201,15 +202,15 @@ def wrap_for_training(model, use_distributed_optimizer: bool = False):
     return _wrap_chunk(model, use_distributed_optimizer, first=True)
 
 
-def unwrap_after_training(chunks) -> None:
-    """Drop what keeps a finished run's model alive after its last reference is gone: megatron's
-    wrapper keeps each parameter's gradient accumulator, whose backward hook holds the wrapper, a
-    cycle through C++ that the garbage collector cannot see, so the model, the optimizer and every
-    process group they hold (three gloo threads each) outlived the run."""
+def release_after_training(chunks) -> None:
+    """Break the two reference cycles that run through autograd's C++ nodes, which the garbage
+    collector cannot see, so a finished run's model, optimizer and process groups (three gloo
+    threads each) are freed: megatron's wrapper keeps each parameter's gradient accumulator, whose
+    backward hook holds the wrapper; and the model config's loss-scale hook (set by train_step)
+    holds the optimizer, whose distributed shards are views with autograd history."""
     for chunk in chunks:
-        grad_accs = getattr(chunk, "grad_accs", None)
-        if grad_accs is not None:
-            grad_accs.clear()
+        chunk.grad_accs.clear()
+        get_model_config(chunk).grad_scale_func = None
 
 
 # --- the first lines of a run: on what device, what data, how big a model

@@ -115,14 +115,9 @@ def train_step(model: Chunks, optimizer, data: Iterator[dict], num_micro_batches
     config = get_model_config(chunks[0])
     # Megatron-LM's hook: the loss (and through the schedule the aux losses) times the fp16 scale
     config.grad_scale_func = optimizer.scale_loss
-    try:
-        with capture_after_schedule(chunks), \
-                run_state.wgrad.per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
-            losses = _run_schedule(chunks, data, num_micro_batches, device, forward_only=False)
-    finally:
-        # the step owns the hook: a model config that kept the optimizer would close a reference
-        # cycle through autograd's C++ nodes that the garbage collector cannot free after the run
-        config.grad_scale_func = None
+    with capture_after_schedule(chunks), \
+            run_state.wgrad.per_step(enabled=expert_wgrad_per_step and num_micro_batches > 1):
+        losses = _run_schedule(chunks, data, num_micro_batches, device, forward_only=False)
     finalize_model_grads(chunks)  # data-parallel reduction, tied embeddings across the pipeline
     first_step = FirstStepMemory(start) if graphs_must_fit and layer_graphs_pending() else None
     applied, grad_norm, _ = optimizer.step()
