@@ -1,0 +1,1 @@
+"""The training loop: run setup, the step, checkpoints, metrics and the run directory."""
