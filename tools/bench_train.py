@@ -45,9 +45,12 @@ import argparse
 import gc
 import json
 import os
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # step_breakdown, beside this file
 
 MODELS = {
     "dense": "zoo/dense_small",
@@ -364,6 +367,10 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
         return train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step, must_fit)
 
     profile = profile_step(label, args.profile, step, sync) if args.profile and env.on_cuda else None
+    if profile is not None and cfg.moe.num_experts > 0:
+        from step_breakdown import expert_wgrad_flops
+
+        profile["wgrad_flops"] = expert_wgrad_flops(cfg, gbs * cfg.model.seq_length // env.world_size)
     peak_memory = _max_over_ranks(torch.cuda.max_memory_allocated() / 2**30, env.device) if env.on_cuda else None
     tokens_per_s = gbs * cfg.model.seq_length / seconds
     flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(vocab, cfg))
@@ -392,7 +399,6 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool, 
     fails (CUDA out of memory, say) is that run's row, and the next run starts afresh. Refused runs
     become rows here."""
     import subprocess
-    import sys
     import tempfile
 
     world_size = nproc or 1
@@ -456,8 +462,11 @@ def profile_step(name: str, out_dir: str, step, sync) -> dict:
               f"{e.count:7d}  {e.key[:140]}" for e in kernels]
     (out / f"{name}_kernels.txt").write_text("\n".join(lines) + "\n")
     prof.export_chrome_trace(str(out / f"{name}_trace.json"))
+    from step_breakdown import breakdown
+
     return {"wall_ms": wall * 1e3, "gpu_busy_ms": busy_us / 1e3, "kernel_launches": sum(e.count for e in kernels),
-            "top_kernels": [(e.key[:100], e.self_device_time_total / 1e3, e.count) for e in kernels[:15]]}
+            "top_kernels": [(e.key[:100], e.self_device_time_total / 1e3, e.count) for e in kernels[:15]],
+            "parts": breakdown((e.key, e.self_device_time_total / 1e3, e.count) for e in kernels)}
 
 
 def print_table(results: list, peak: float | None) -> None:
@@ -487,8 +496,6 @@ def print_table(results: list, peak: float | None) -> None:
 
 
 def main(argv=None) -> None:
-    import sys
-
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed, resolve_device
@@ -538,6 +545,10 @@ def main(argv=None) -> None:
                       f"{prof['gpu_busy_ms']:.1f} ms GPU ({100 * prof['gpu_busy_ms'] / prof['wall_ms']:.0f} % busy), "
                       f"{prof['kernel_launches']} launches; kernels by GPU time in {args.profile}/"
                       f"{r['model']}{'_rank0' if world_size > 1 else ''}_kernels.txt")
+                if prof.get("parts"):
+                    from step_breakdown import summary_lines
+
+                    print("\n".join(summary_lines(prof["parts"], prof["wall_ms"], prof.get("wgrad_flops", 0.0))))
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"matmul_tflops": peak, "versions": versions, "world_size": world_size,

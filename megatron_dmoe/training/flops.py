@@ -62,6 +62,14 @@ def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> f
     return float(TRAINING_FLOPS_PER_FORWARD_FLOP * forward)
 
 
+def expert_flops_per_token(cfg: RunConfig) -> float:
+    """Forward FLOPs of the routed experts' products per token (every MoE layer, top_k copies, no
+    router or shared expert): also what their weight gradients cost in backward."""
+    cfg = resolve(cfg)
+    per_copy = 2 * _mlp_matrices(cfg.model.activation) * cfg.model.hidden_size * cfg.moe.ffn_hidden_size
+    return float(_num_moe_layers(cfg) * cfg.moe.top_k * per_copy)
+
+
 def mfu(tflops_per_gpu: float, peak_tflops: float) -> float:
     """Model FLOPs utilisation as a fraction (0.42 = 42 %) of the device's peak TFLOP/s."""
     if not peak_tflops > 0:
