@@ -60,6 +60,8 @@ def _train_parser() -> argparse.ArgumentParser:
 
 
 def _split_args(args: List[str]):
+    from megatron_dmoe.config.load import looks_like_key
+
     config = None
     overrides = []
     for i, arg in enumerate(args):
@@ -67,7 +69,7 @@ def _split_args(args: List[str]):
         # directories are named top_k=1,lr=0.001,...).
         if i == 0 and Path(os.path.expanduser(arg)).is_file():
             config = arg
-        elif "=" in arg or i > 0:
+        elif "=" in arg or i > 0 or looks_like_key(arg):  # `training.train_iters`: an override without its value
             overrides.append(arg)  # a malformed one is reported with every other problem
         else:
             config = arg

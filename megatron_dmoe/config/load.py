@@ -206,6 +206,10 @@ def parse_overrides(overrides: Iterable[str]) -> Tuple[Dict[str, Any], List[Prob
         key, sep, text = item.partition("=")
         key = key.strip()
         parts = key.split(".")
+        if not sep and looks_like_key(key):
+            problems.append((item, f"a malformed override: it has no value; write {key}=VALUE "
+                                   "(overrides look like section.key=value, e.g. moe.top_k=2)"))
+            continue
         if not sep or len(parts) != 2 or not all(parts):
             problems.append((item, "an override must look like section.key=value, "
                                    "e.g. moe.top_k=2" + _key_hint(key, text if sep else None)))
@@ -218,6 +222,13 @@ def parse_overrides(overrides: Iterable[str]) -> Tuple[Dict[str, Any], List[Prob
             continue
         values.setdefault(parts[0], {})[parts[1]] = value
     return values, problems
+
+
+def looks_like_key(text: str) -> bool:
+    """Whether `text` is shaped like a config key (`training.train_iters`): a section's name, a dot
+    and a name; such an argument without `=value` is a malformed override, not a config name."""
+    section, dot, key = text.partition(".")
+    return bool(dot) and section in SECTIONS and key.isidentifier()
 
 
 def _key_hint(name: str, value: Optional[str]) -> str:
