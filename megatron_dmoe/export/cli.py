@@ -3,11 +3,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-from megatron_dmoe.inference.cli_common import add_run_arguments, distributed_session, fail
+from megatron_dmoe.inference.cli_common import (
+    add_run_arguments,
+    distributed_session,
+    fail,
+    unwritable_output,
+    write_failure_message,
+)
 
 PROG = "dmoe-export"
 FORMATS = ("hf",)
@@ -54,12 +61,22 @@ def export_main(argv: Optional[List[str]] = None) -> int:
         find_checkpoint(ns.run_dir, ns.checkpoint)
         if ns.out.exists() and (not ns.out.is_dir() or any(ns.out.iterdir())):
             raise UsageError(f"{ns.out} exists and is not an empty directory; choose a new output directory")
+        problem = unwritable_output(ns.out, "OUT")
+        if problem:
+            raise UsageError(problem)
 
         with distributed_session():
             run = load_run(ns.run_dir, device="cpu", checkpoint=ns.checkpoint)
             path = export_hf(run, ns.out)
     except UsageError as err:
         return fail(PROG, str(err))
+    except OSError as err:  # a full disk, or permissions that changed while exporting
+        message = write_failure_message(err, ns.out, "OUT")
+        if message is None:
+            raise
+        # export_hf writes into OUT.tmp and renames it to OUT only when complete
+        shutil.rmtree(ns.out.with_name(ns.out.name + ".tmp"), ignore_errors=True)
+        return fail(PROG, message)
     print(f"exported checkpoint {run.iteration} of {ns.run_dir} to {path}")
     return 0
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from megatron_dmoe.inference.cli_common import (
     distributed_session,
     fail,
     positive_int,
+    unwritable_output,
+    write_failure_message,
 )
 
 PROG = "dmoe-eval"
@@ -59,6 +62,12 @@ def eval_main(argv: Optional[List[str]] = None) -> int:
         find_checkpoint(ns.run_dir, ns.checkpoint)
         if ns.data_path:
             check_data_path(ns.data_path)
+        if ns.out is not None:
+            if ns.out.is_dir():
+                raise UsageError(f"--out {ns.out} is a directory; name the file to write the result to")
+            problem = unwritable_output(ns.out, "--out")
+            if problem:
+                raise UsageError(problem)
         with distributed_session():
             run = load_run(ns.run_dir, device=ns.device, checkpoint=ns.checkpoint,
                            expert_parallel=ns.expert_parallel, with_data=ns.data_path is None)
@@ -72,8 +81,16 @@ def eval_main(argv: Optional[List[str]] = None) -> int:
         text = json.dumps(result, indent=2)
         print(text)
         if ns.out is not None:
-            ns.out.parent.mkdir(parents=True, exist_ok=True)
-            ns.out.write_text(text + "\n")
+            try:
+                ns.out.parent.mkdir(parents=True, exist_ok=True)
+                ns.out.write_text(text + "\n")
+            except OSError as err:  # a full disk: the result above is still printed
+                message = write_failure_message(err, ns.out, "--out")
+                if message is None:
+                    raise
+                with contextlib.suppress(OSError):
+                    ns.out.unlink(missing_ok=True)  # a cut-off result is no result
+                return fail(PROG, message)
     return 0
 
 
