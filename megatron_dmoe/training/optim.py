@@ -28,6 +28,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
+from megatron_dmoe.compat.host_grad_norm import use_float64_host_grad_norm
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.transformer_config import params_dtype
 from megatron_dmoe.parallel.param_roles import is_expert_parallel
@@ -213,7 +214,9 @@ def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda
     config = optimizer_config(cfg)
     if not on_cuda and config.use_distributed_optimizer:
         # megatron's, on gloo through parallel/cpu_compat.py; parameters sharded over the
-        # data-parallel group, expert parameters over the expert-data-parallel group
+        # data-parallel group, expert parameters over the expert-data-parallel group; its grad norm
+        # summed as accurately as CpuOptimizer's (compat/host_grad_norm.py)
+        use_float64_host_grad_norm()
         optimizer = get_megatron_optimizer(config, model_chunks)
         _expert_duplicates_by_expert_tensor_group(optimizer)
         return optimizer
