@@ -17,8 +17,6 @@ from train_helpers import SMALL, losses, run_train
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = Environment(cuda=False, transformer_engine=False, apex=False)
-needs_transformers = pytest.mark.skipif(tokenizers.missing_module("GPT2BPETokenizer") is not None,
-                                        reason="transformers is not installed (the test extra has it)")
 EOD = "<|endoftext|>"
 
 
@@ -45,7 +43,6 @@ def gpt2_files(tmp_path, monkeypatch):
     return str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"), vocab
 
 
-@needs_transformers
 def test_gpt2_bpe_from_vocab_and_merges(gpt2_files):
     vocab_file, merge_file, vocab = gpt2_files
     tok = TokenizerSpec("GPT2BPETokenizer", vocab_file=vocab_file, merge_file=merge_file).build()
@@ -68,7 +65,6 @@ def test_sentencepiece_types_read_the_model(tiny_model):
         assert tok.vocab_size == 400 and tok.detokenize(tok.tokenize("def f(x):  return x")) == "def f(x):  return x"
 
 
-@needs_transformers
 def test_huggingface_tokenizer_from_a_local_folder(gpt2_files, tmp_path):
     vocab_file, merge_file, vocab = gpt2_files
     folder = tmp_path / "hf"
@@ -111,7 +107,6 @@ def test_validation_names_the_key_before_any_work():
     assert "data.data_path is empty" in find_problems(cfg, env=CPU)[0][1]
 
 
-@needs_transformers
 def test_gpt2_bpe_data_trains_as_it_is(gpt2_files, tmp_path):
     """Preprocess with Megatron-LM's flags, then a few steps of dmoe-train naming the same files."""
     vocab_file, merge_file, vocab = gpt2_files

@@ -2,14 +2,13 @@
 import json
 
 import pytest
+import safetensors.torch
 import torch
+import transformers  # the test extra installs it: a missing one fails the suite at collection
 
-transformers = pytest.importorskip("transformers")
-safetensors_torch = pytest.importorskip("safetensors.torch")
-
-from megatron_dmoe.inference.generate import generate  # noqa: E402
-from megatron_dmoe.inference.run_model import load_run  # noqa: E402
-from megatron_dmoe.parallel.distributed import destroy_distributed  # noqa: E402
+from megatron_dmoe.inference.generate import generate
+from megatron_dmoe.inference.run_model import load_run
+from megatron_dmoe.parallel.distributed import destroy_distributed
 
 TEXT = "import os\n\ndef main(argv):\n    return os.path.join(argv[0], 'x')  # héllo ☃\n"
 
@@ -58,8 +57,8 @@ def test_exported_tokenizer_gives_our_tokens(runs, exported):
 
 
 def test_checkpoint_saved_at_expert_parallel_2_exports_as_one_saved_at_1(exported):
-    one = safetensors_torch.load_file(exported["mixtral"] / "model.safetensors")
-    two = safetensors_torch.load_file(exported["mixtral_ep2"] / "model.safetensors")
+    one = safetensors.torch.load_file(exported["mixtral"] / "model.safetensors")
+    two = safetensors.torch.load_file(exported["mixtral_ep2"] / "model.safetensors")
     assert sorted(one) == sorted(two)
     assert any(".block_sparse_moe.experts.3.w2.weight" in k for k in one)
     for key in one:
