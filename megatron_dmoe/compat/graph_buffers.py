@@ -6,8 +6,8 @@ pool as soon as the layer's forward graph is captured. But the forward's saved t
 there (the input norm keeps its input for backward), and the pool hands the buffer on: to later
 graphs' inputs and to the incoming-gradient buffer of a model chunk's last layer, whose backward
 replay copies its output gradient over it. The first layer of every chunk then computes its norm's
-backward from the wrong input: forwards and losses stay exact, gradients do not (two H100s, PP 2 x
-virtual 2: grad norms 0.5-1.4 % off from the first replay). Megatron-LM later removed that early
+backward from the wrong input: forwards and losses stay exact, gradients do not (docs/performance.md,
+"CUDA-graph input buffers under megatron-core 0.16"). Megatron-LM later removed that early
 return; 0.19 has no TensorReusePool and needs nothing here.
 
 Held buffers go back to the pool once their runner's backward graph is captured: graphs captured

@@ -9,9 +9,9 @@ gradients in fp32 registers; the per-program partial sums (a few hundred rows of
 added by torch. No atomics, so the result does not depend on scheduling.
 
 The kernels live in dmoe_kernels.norms, imported on first use (triton is a Linux-only dependency).
-torch's own LayerNorm backward spends most of its time on the weight and bias gradients (on an H200,
-77 us per [16384, 768] bf16 call, where reading x and dy once takes about 12 us): 15 ms of a 304 ms
-GPT Small training step. On CPU tensors the module uses torch's functional norms; the kernels run
+torch's own LayerNorm backward spends most of its time on the weight and bias gradients, several
+times what reading x and dy once costs, and that was a visible share of a GPT Small training step
+(docs/performance.md, "LayerNorm backward in torch"). On CPU tensors the module uses torch's functional norms; the kernels run
 there only when called directly under Triton's interpreter (the tests do).
 """
 from __future__ import annotations

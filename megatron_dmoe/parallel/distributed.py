@@ -148,8 +148,9 @@ def seed_everything(seed: int, env: DistEnv, cuda_graphs: bool = False) -> None:
 def destroy_distributed(abort: bool = False) -> None:
     """Tear the process groups down. abort=True after a failure on this rank: the other ranks may
     be waiting in a collective this rank will never join, and a graceful NCCL teardown then waits
-    for them forever (measured on 2 H200s: destroy_process_group blocked until killed, abort
-    returned in 0.5 s), so the process could not exit and torchrun never stopped the job."""
+    for them forever (destroy_process_group blocked until killed where abort returned at once:
+    docs/performance.md, "Process-group teardown after a failure"), so the process could not exit
+    and torchrun never stopped the job."""
     _forget_group_state()
     if not dist.is_initialized():
         return

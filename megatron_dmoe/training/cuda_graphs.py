@@ -47,8 +47,10 @@ def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None,
     first_step (training.cuda_graphs: auto): the recording step's memory. Where the graphs' pool
     would not fit in the room an eager step leaves on any rank's GPU, nothing is captured: the layers
     run eagerly from now on, with one note. The pool is private, so the shared one cannot reuse its
-    free blocks: on an 80 GB card a model whose eager steps peak at 74.8 GiB captured a 10.1 GiB pool
-    and ran out of memory on the next step (and, its graphs dropped after capture, still did)."""
+    free blocks: a model whose eager steps nearly filled the card captured a pool of about one
+    micro-batch's activations and ran out of memory on the next step, and still did with its graphs
+    dropped after capture (docs/performance.md, "Capture after the optimizer update, and `auto`'s
+    memory check")."""
     if not any(_uses_layer_graphs(chunk) for chunk in chunks):
         return
     from megatron.core.transformer.cuda_graphs import _CudagraphGlobalRecord, create_cudagraphs

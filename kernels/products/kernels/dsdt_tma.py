@@ -20,8 +20,8 @@ stores C = S^T @ B without reading C (an fp32 main_grad just zeroed). STRIPS > 0
 16-bit operands, TMA-ready, not accumulated): C = S^T @ B through TMA stores instead, c_desc's
 block [BS, BLOCK_N // STRIPS], one column strip of the fp32 tile at a time staged in shared memory
 beside the pipeline's buffers (a whole fp32 [128, 256] tile would not fit) and written
-asynchronously: 0.25 against 0.47 ms for the pointer epilogue's add on paper-small's dw1
-(docs/kernels.md, "Weight gradients into main_grad"). Adding through TMA strips (reading C's strip
+asynchronously, which halves the call against the pointer epilogue's add where main_grad's traffic
+bounds it (docs/kernels.md, "Weight gradients into main_grad"). Adding through TMA strips (reading C's strip
 first) measured no faster than the pointer epilogue.
 """
 import triton

@@ -18,9 +18,9 @@ BACKEND_REGISTRY: "MappingProxyType[str, ExpertBackend]" = MappingProxyType({
     b.name: b for b in (ReferenceBackend(), GroupedBackend(), SparseBackend())
 })
 AUTO_ORDER = ("sparse", "grouped", "reference")  # preferred first
-# torch's grouped_mm on CPU is a plain loop, measured ~3x slower than per-expert matmuls in our
-# default training run; the block-sparse kernels run on CPU only under Triton's (slow) interpreter.
-# 'auto' keeps both for accelerators.
+# torch's grouped_mm on CPU is a plain loop, slower than per-expert matmuls in our default training
+# run (docs/performance.md, "Expert backends on CPU"); the block-sparse kernels run on CPU only
+# under Triton's (slow) interpreter. 'auto' keeps both for accelerators.
 AUTO_SKIP_ON_CPU = frozenset({"grouped", "sparse"})
 
 
