@@ -4,6 +4,8 @@ Relative error against a float64 reference within bf16 tolerance; every output i
 NaN so that an unwritten block or element fails the test. The topology build and the products must
 not copy anything to the host (CUDA sync debug mode turns a copy into an error).
 """
+import zlib
+
 import pytest
 import torch
 
@@ -14,13 +16,22 @@ pytestmark = pytest.mark.gpu
 BF16_TOL = 1e-2
 
 
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """Every test draws from torch's generator seeded from its own name; the seed is printed, so a
+    failure's report shows it (captured output) and the draw can be repeated."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(seed)
+    print(f"torch.manual_seed({seed})")
+
+
 def _rel_err(out, expected):
     assert torch.isfinite(out).all(), "non-finite values: an output was not written"
     return float((out.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30))
 
 
 def _counts(kind, num_experts, num_routed, device):
-    g = None  # fresh draws on every run
+    g = None  # torch's generator, seeded per test (_seeded)
     if kind == "balanced":
         counts = torch.full((num_experts,), num_routed // num_experts)
         counts[: num_routed - int(counts.sum())] += 1
