@@ -12,9 +12,9 @@ then runs once per forward (no retain_graph through the loss).
 
 megatron-core's native fused cross-entropy (torch.compile'd, vocabulary-parallel) makes about ten
 passes over an fp32 copy of the logits; with a 50k vocabulary that was a large share of a GPT Small
-training step (docs/performance.md, "Cross-entropy in megatron-core"). This one serves tensor-parallel size 1 (whole vocabulary rows on one
-rank); vocabulary-parallel logits keep megatron's. Labels must lie in [0, V): they are not checked
-(that would need a device-to-host copy).
+training step (docs/performance.md, "Cross-entropy in megatron-core"). This one serves
+tensor-parallel size 1 (whole vocabulary rows on one rank); vocabulary-parallel logits keep
+megatron's. Labels must lie in [0, V): they are not checked (that would need a device-to-host copy).
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ Without Transformer Engine, megatron's ColumnParallelLinear and RowParallelLinea
 separate broadcast add: inside the layer (`linear_qkv`), or returned under skip_bias_add and added
 later by the MLP (`linear_fc1`) or by bias-dropout-add (`linear_proj`, `linear_fc2`). Each add is
 one more pass over the layer's output, and the four per transformer layer were a visible share of a
-GPT Small training step (docs/performance.md, "Bias adds outside the matmul"). At tensor-parallel size 1 these subclasses call F.linear, whose
-cuBLAS epilogue adds the bias, and return no separate bias (megatron's callers skip a None bias).
+GPT Small training step (docs/performance.md, "Bias adds outside the matmul"). At tensor-parallel
+size 1 these subclasses call F.linear, whose cuBLAS epilogue adds the bias, and return no separate
+bias (megatron's callers skip a None bias).
 The backward is the same arithmetic: the input and weight gradients, and the bias gradient as the
 sum of the output gradient over tokens.
 

@@ -11,8 +11,9 @@ added by torch. No atomics, so the result does not depend on scheduling.
 The kernels live in dmoe_kernels.norms, imported on first use (triton is a Linux-only dependency).
 torch's own LayerNorm backward spends most of its time on the weight and bias gradients, several
 times what reading x and dy once costs, and that was a visible share of a GPT Small training step
-(docs/performance.md, "LayerNorm backward in torch"). On CPU tensors the module uses torch's functional norms; the kernels run
-there only when called directly under Triton's interpreter (the tests do).
+(docs/performance.md, "LayerNorm backward in torch"). On CPU tensors the module uses torch's
+functional norms; the kernels run there only when called directly under Triton's interpreter (the
+tests do).
 """
 from __future__ import annotations
 
