@@ -2,12 +2,13 @@
 processes start at once."""
 import json
 import multiprocessing
-import time
+import os
 from pathlib import Path
 
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+from megatron_dmoe.data import builtin
 from megatron_dmoe.data.builtin import (
     builtin_documents,
     corpus_key,
@@ -16,7 +17,7 @@ from megatron_dmoe.data.builtin import (
     split_source,
     stdlib_sources,
 )
-from megatron_dmoe.data.tokenizer import load_tokenizer
+from megatron_dmoe.data.tokenizer import SentencePieceTokenizer, load_tokenizer
 
 TINY_BYTES = 120_000  # a few standard-library files: prepared in well under a second
 VOCAB = 512
@@ -26,16 +27,22 @@ def _mtimes(folder):
     return {p.name: p.stat().st_mtime_ns for p in Path(folder).iterdir()}
 
 
-def test_prepares_once_then_reuses(tmp_path):
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("a reuse of the cache prepared (read, trained or tokenized) the corpus again")
+
+
+def test_prepares_once_then_reuses(tmp_path, monkeypatch):
     prefix, model, prepared = ensure_builtin_corpus(VOCAB, tmp_path, max_bytes=TINY_BYTES)
     assert prepared
     folder = Path(prefix).parent
     assert folder.parent == tmp_path and folder.name.startswith("builtin-")
     before = _mtimes(folder)
 
-    start = time.perf_counter()
+    # a reuse does none of the preparation's work: no documents read, no tokenizer trained
+    for name in ("_build", "builtin_documents", "train_tokenizer"):
+        monkeypatch.setattr(builtin, name, _must_not_run)
     again = ensure_builtin_corpus(VOCAB, tmp_path, max_bytes=TINY_BYTES)
-    assert time.perf_counter() - start < 1.0
+    monkeypatch.undo()
     assert again == (prefix, model, False)
     assert _mtimes(folder) == before, "a reuse must not rewrite the cache"
     assert prepare_builtin_corpus(VOCAB, tmp_path, max_bytes=TINY_BYTES) == (prefix, model)
@@ -68,14 +75,30 @@ def test_selection_is_bounded_and_exact():
 
 
 @pytest.mark.slow
-def test_default_corpus_prepares_quickly(tmp_path):
-    start = time.perf_counter()
+def test_default_corpus_preparation_is_bounded(tmp_path, monkeypatch):
+    """Preparing stays a small part of the default run because its work is bounded: at most
+    DEFAULT_MAX_BYTES of source read, one tokenizer trained on it (on every thread, up to 8), and
+    the documents tokenized in one batched call."""
+    calls = {"train_tokenizer": [], "tokenize_batch": []}
+    train_tokenizer, tokenize_batch = builtin.train_tokenizer, SentencePieceTokenizer.tokenize_batch
+
+    def counted_training(docs, *args, **kwargs):
+        calls["train_tokenizer"].append((len(docs), kwargs.get("num_threads")))
+        return train_tokenizer(docs, *args, **kwargs)
+
+    def counted_tokenizing(self, docs, *args, **kwargs):
+        calls["tokenize_batch"].append(len(docs))
+        return tokenize_batch(self, docs, *args, **kwargs)
+
+    monkeypatch.setattr(builtin, "train_tokenizer", counted_training)
+    monkeypatch.setattr(SentencePieceTokenizer, "tokenize_batch", counted_tokenizing)
     prefix, model = prepare_builtin_corpus(4096, tmp_path)
-    seconds = time.perf_counter() - start
-    # the default training run has 5 minutes in all; preparing must stay a small part of it
-    assert seconds < 30, f"preparing the built-in corpus took {seconds:.1f} s"
+    sources = stdlib_sources()
+    assert sum(f.stat().st_size for f in sources) <= builtin.DEFAULT_MAX_BYTES
     ds = IndexedDataset(prefix)
-    assert len(ds) > 1000 and ds.sequence_lengths.sum() > 1_000_000
+    threads = min(os.cpu_count() or 1, 8)
+    assert calls == {"train_tokenizer": [(len(ds), threads)], "tokenize_batch": [len(ds)]}, calls
+    assert len(ds) > 1000 and 1_000_000 < ds.sequence_lengths.sum() < 4_000_000
 
 
 def _prepare_when_released(cache, start, results):
