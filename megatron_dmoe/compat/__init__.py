@@ -1,1 +1,16 @@
-"""Where the supported megatron-core releases differ (see mcore.py)."""
+"""Everything this project changes or works around in megatron-core, and where its releases differ.
+
+When a new megatron-core release lands, this folder is what to re-check: each module says which
+releases need it and what upstream would have to change for it to go. Still outside, to move
+here: training/optim.py's multi-tensor ops and data/datasets.py's rank 0 for 0.16.1's
+BlendedDataset. These modules import only megatron-core, torch and each other.
+
+mcore.py            which release is installed, and where its objects live (no patches)
+patching.py         replace an attribute for the length of a block and put it back
+cpu/                megatron-core's CUDA-minded code paths redirected to the host (CPU runs)
+torch_dist_save.py  our writer class and results queue inside the torch_dist checkpoint save
+distopt_state.py    the distributed optimizer's reshardable checkpoint state at its own offsets
+host_grad_norm.py   megatron-core's gradient norm on the host accumulated in float64
+graph_buffers.py    0.16's CUDA-graph input buffers held until their backward is captured
+schedule_capture.py the forward-backward schedules kept from capturing CUDA graphs themselves
+"""

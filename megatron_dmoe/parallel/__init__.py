@@ -6,10 +6,10 @@ expert_layout.py    which experts (or expert FFN shards) each EP rank holds, in 
 all_to_all.py       variable-split all-to-all with autograd (NCCL, gloo)
 symmetric_exchange.py  rows stored straight into the peers' symmetric memory (the kernels:
                     dmoe_kernels.exchange)
-cpu_compat.py       megatron-core's CUDA assumptions redirected for CPU runs
 param_roles.py      parameter roles (expert-parallel, main_grad_only, ...): the attributes on a
                     Parameter that megatron-core's DDP and our code read, set and read by name here
 
 The MoE dispatcher that uses these exchanges is megatron_dmoe/moe/dispatch/expert_parallel.py: nothing here
-imports megatron_dmoe.moe.
+imports megatron_dmoe.moe. What CPU runs need of megatron-core (gloo in place of NCCL) is in
+megatron_dmoe/compat/cpu/, with the project's other patches of megatron-core.
 """

@@ -2,7 +2,7 @@
 
 Works the same under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the environment) and
 as a plain single process (a private rendezvous on a free local port). CPU runs use gloo and get
-megatron-core's CUDA assumptions redirected (cpu_compat.py); CUDA runs use NCCL.
+megatron-core's CUDA assumptions redirected (compat/cpu/); CUDA runs use NCCL.
 """
 from __future__ import annotations
 
@@ -68,11 +68,9 @@ def init_distributed(
         torch.cuda.set_device(local_rank)
         torch_device = torch.device("cuda", local_rank)
     else:
-        from megatron_dmoe.parallel.cpu_compat import apply_cpu_compat
-        from megatron_dmoe.parallel.tensor_parallel_cpu import apply_tensor_parallel_cpu_compat
+        from megatron_dmoe.compat.cpu import apply_cpu_compat
 
         apply_cpu_compat()
-        apply_tensor_parallel_cpu_compat()
         torch_device = torch.device("cpu")
 
     if not dist.is_initialized():
@@ -140,7 +138,7 @@ def seed_everything(seed: int, env: DistEnv, cuda_graphs: bool = False) -> None:
 
         model_parallel_cuda_manual_seed(seed, use_cudagraphable_rng=cuda_graphs is True, force_reset_rng=True)
     else:
-        from megatron_dmoe.parallel.cpu_compat import seed_rng_trackers
+        from megatron_dmoe.compat.cpu.rng import seed_rng_trackers
 
         seed_rng_trackers(seed)
 

@@ -6,21 +6,20 @@ tracker) to carry the write results back. The Manager stays for the rest of the 
 nothing ties it to its parent: a training process killed with SIGKILL leaves it, and the tracker,
 running. Here the same buckets are written by threads of the training process (file writes release
 the GIL), with the same files and results, so no process outlives a run however it ends.
+megatron-core takes neither the writer class nor the results queue as an argument: both are
+swapped in for the length of a save by compat/torch_dist_save.py.
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import List
-from unittest import mock
 
-from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
-from megatron_dmoe.compat import mcore as mcore_compat
+from megatron_dmoe.compat.torch_dist_save import in_process_results_queue, writer_class
 
 
 def _write_buckets(transform_list: List, rank: int, write_buckets: List, results_queue) -> None:
@@ -44,14 +43,10 @@ def _write_buckets(transform_list: List, rank: int, write_buckets: List, results
     results_queue.put(results)
 
 
-def _plain_queue(*args, **kwargs) -> queue.Queue:
-    return queue.Queue()
-
-
 class InProcessWriter(FileSystemWriterAsync):
     def prepare_write_data(self, plan, planner) -> None:
         # The results travel within this process: a plain queue instead of the Manager's.
-        with mock.patch.object(filesystem_async, mcore_compat.write_results_queue_name(), _plain_queue):
+        with in_process_results_queue():
             super().prepare_write_data(plan, planner)
 
     def get_save_function_and_args(self):
@@ -69,7 +64,5 @@ class InProcessSaveStrategy(TorchDistSaveShardedStrategy):
         super().__init__("torch_dist", 1)
 
     def async_save(self, sharded_state_dict, checkpoint_dir, *args, **kwargs):
-        with contextlib.ExitStack() as patches:
-            for home in mcore_compat.checkpoint_writer_homes():  # where this megatron-core looks
-                patches.enter_context(mock.patch.object(home, "FileSystemWriterAsync", InProcessWriter))
+        with writer_class(InProcessWriter):  # compat/torch_dist_save.py: megatron-core takes no argument for it
             return super().async_save(sharded_state_dict, checkpoint_dir, *args, **kwargs)

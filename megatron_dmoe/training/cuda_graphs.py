@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_dmoe.compat.graph_buffers import hold_inputs_until_backward
+from megatron_dmoe.compat.schedule_capture import schedules_leave_capture
 
 
 def _graph_managers(chunks: Sequence[torch.nn.Module]) -> dict:
@@ -145,18 +146,13 @@ def capture_after_schedule(chunks) -> Iterator[None]:
     """megatron-core's forward-backward schedules capture the recorded layers themselves at the end
     of a step (`create_cudagraphs`); inside this block they leave that to the caller, who captures
     with `capture_layer_graphs` once the step's deferred expert weight gradients are done, so the
-    warm-up runs touch neither those nor the MoE metrics and module buffers."""
-    from megatron.core.pipeline_parallel import schedules
-
+    warm-up runs touch neither those nor the MoE metrics and module buffers (megatron-core has no
+    option for it: compat/schedule_capture.py)."""
     if not any(_uses_layer_graphs(chunk) for chunk in chunks):
         yield
         return
-    original = schedules.create_cudagraphs
-    schedules.create_cudagraphs = lambda *args, **kwargs: None
-    try:
+    with schedules_leave_capture():
         yield
-    finally:
-        schedules.create_cudagraphs = original
 
 
 def release_layer_graphs(chunks: Sequence[torch.nn.Module] = ()) -> None:

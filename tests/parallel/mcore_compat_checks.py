@@ -74,7 +74,7 @@ def _distopt_checkpoint_state_is_each_parameters_own() -> None:
     from megatron.core.transformer.module import MegatronModule
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from megatron_dmoe.parallel.cpu_compat import apply_cpu_compat
+    from megatron_dmoe.compat.cpu import apply_cpu_compat
     from megatron_dmoe.training.checkpoint import _optimizer_metadata
 
     apply_cpu_compat()

@@ -16,8 +16,10 @@ def test_installed_release_is_in_the_supported_range():
 
 def test_the_patch_targets_exist_on_this_release():
     from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from megatron.core.pipeline_parallel import schedules
 
     assert mcore.checkpoint_writer_homes() and mcore.checkpoint_finalize_homes()
+    assert callable(schedules.create_cudagraphs)  # compat/schedule_capture.py swaps it
     assert callable(getattr(filesystem_async, mcore.write_results_queue_name()))
 
 

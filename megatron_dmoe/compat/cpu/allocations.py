@@ -1,0 +1,34 @@
+"""megatron-core's buffers made on the current CUDA device, made on the host in a CPU run.
+
+Needed by megatron-core 0.16 through 0.19 (checked: 0.16.1, 0.19.1), whose global memory buffer
+(unfused attention's scratch), DDP's gradient buffers and RoPE's frequency table allocate on
+`torch.cuda.current_device()`, and whose default causal mask is made on 'cuda', whatever device
+the model's tensors are on. Could go once upstream allocates on the device of the tensors it is
+given (or honours `use_cpu_initialization` there, as RoPE's constructor already does).
+"""
+from __future__ import annotations
+
+import torch
+
+from megatron_dmoe.compat.cpu.devices import run_on_cpu
+
+
+def _cpu_causal_mask(sq: int) -> torch.Tensor:
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+def allocate_on_host() -> None:
+    """Apply once (compat/cpu/__init__.py's apply_cpu_compat guards against a second time)."""
+    from megatron.core import utils as mcore_utils
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+    from megatron.core.transformer import utils as transformer_utils
+
+    mcore_utils.GlobalMemoryBuffer.get_tensor = run_on_cpu(mcore_utils.GlobalMemoryBuffer.get_tensor)
+    grad_buffer = param_and_grad_buffer._ParamAndGradBuffer
+    grad_buffer.__init__ = run_on_cpu(grad_buffer.__init__)
+    rope = rotary_pos_embedding.RotaryEmbedding
+    rope.get_emb = run_on_cpu(rope.get_emb)
+    transformer_utils.get_default_causal_mask = _cpu_causal_mask
+    fused_softmax.get_default_causal_mask = _cpu_causal_mask
