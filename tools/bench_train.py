@@ -2,8 +2,12 @@
 """Training throughput of GPT models: dense, dMoE and capacity-factor MoE in one run, on one device
 or on the GPUs of one host.
 
-The dMoE runs twice: expert weight gradients accumulated per micro-batch (the default) and once per
-step (dmoe-per-step, moe.expert_wgrad_per_step: true).
+The dMoE runs three times: expert weight gradients accumulated per micro-batch (the default), once per
+step (dmoe-per-step, moe.expert_wgrad_per_step: true), and with random router logits
+(dmoe-balanced, moe.router_force_load_balancing: true). A fresh router on synthetic tokens sends most
+of a layer's tokens to a few experts (its inputs share one large component); dmoe-balanced loads
+every expert evenly, as a trained router's load-balancing loss does: with expert parallelism the
+two bracket what training sees, since an overloaded rank makes the others wait at every exchange.
 
 Each model trains for --warmup steps, then --steps timed steps of one global batch (micro-batches
 accumulated as in training) on synthetic tokens, with the same optimizer, mixed precision and DDP
@@ -56,6 +60,7 @@ MODELS = {
     "dense": "zoo/dense_small",
     "dmoe": "zoo/dmoe_small",
     "dmoe-per-step": "zoo/dmoe_small",
+    "dmoe-balanced": "zoo/dmoe_small",
     "capacity": "zoo/capacity1.0_small",
 }
 # Overrides that make a named model differ from its config (before --set's). The MoE models keep
@@ -66,6 +71,10 @@ MODEL_OVERRIDES = {
     "dmoe": [ALL_MOE],
     "dmoe-per-step": [ALL_MOE, "moe.expert_wgrad_per_step=true"],  # expert weight gradients once per step
     "capacity": [ALL_MOE],
+    # random router logits (moe.router_force_load_balancing): every expert, and so every expert-parallel
+    # rank, evenly loaded, as a trained router's load-balancing loss makes them; a fresh router on
+    # synthetic tokens sends most tokens of a layer to a few experts instead
+    "dmoe-balanced": [ALL_MOE, "moe.router_force_load_balancing=true"],
 }
 # Models that run eagerly only: captured layers accumulate weight gradients per micro-batch.
 WITHOUT_GRAPHS = {"dmoe-per-step"}
@@ -92,8 +101,9 @@ def vocab_size(args, cfg) -> int:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None,
-                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all four; "
-                        f"dmoe-per-step is the dMoE with moe.expert_wgrad_per_step: true); with --zoo, names "
+                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all; "
+                        f"dmoe-per-step is the dMoE with moe.expert_wgrad_per_step: true, dmoe-balanced with "
+                        f"moe.router_force_load_balancing: true); with --zoo, names "
                         f"from {sorted(ZOO_MODELS)} (default: all)")
     p.add_argument("--zoo", action="store_true",
                    help="run the zoo's Small configs exactly as shipped: dense_small, dmoe_small, dmoe_small with "

@@ -14,15 +14,16 @@ from typing import Dict, Iterable, List, Tuple
 # (part, pattern on the kernel's name), first match wins: the order matters where names overlap
 # (dsdt before dsd, the exchange's pushes before the permutation's row moves).
 PARTS: Tuple[Tuple[str, str], ...] = (
-    ("exchange waits", r"barrier|nccl"),
-    ("exchange rows", r"push_rows|push_copies|post_counts|exchange_plan"),
-    ("weight gradients", r"dsdt|wgrad"),
-    ("expert products", r"\bsdd|\bdsd|_sdd|_dsd|grouped_mm|grouped_gemm"),
-    ("permutation", r"expand|gather_rows|reduce_kernel|weighted_backward|block_histogram|block_positions"
-                    r"|expert_prefix|expert_index|permute|scatter_rows"),
-    ("expert activation", r"activation_(forward|backward)"),
-    ("router", r"route_(forward|backward)|balance_loss|topk"),
-    ("optimizer", r"adam|multi_tensor|foreach|l2norm|lamb|sgd"),
+    ("exchange waits", r"barrier_kernel|nccl"),
+    ("exchange rows", r"^(push_rows|push_copies|post_counts|exchange_plan)_kernel$"),
+    ("weight gradients", r"^dsdt"),
+    ("expert products", r"^(sdd|dsd)(_tma)?_kernel$|grouped_mm|grouped_gemm"),
+    # this project's Triton kernels are named plainly; torch's own (at::native::reduce_kernel<...>) are not
+    ("permutation", r"^(expand|gather_rows|reduce|weighted_backward|block_histogram|block_positions"
+                    r"|expert_prefix|expert_index|scatter_rows)_kernel$"),
+    ("expert activation", r"^activation_(forward|backward)_kernel$"),
+    ("router", r"^(route_forward|route_backward|balance_loss|balance_loss_backward)_kernel$"),
+    ("optimizer", r"FusedOptimizer|adam|LpNorm|l2norm"),
 )
 ORDER = [name for name, _ in PARTS] + ["rest"]
 _COMPILED = [(name, re.compile(pattern, re.IGNORECASE)) for name, pattern in PARTS]

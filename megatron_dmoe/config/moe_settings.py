@@ -113,6 +113,9 @@ MOE_SETTINGS: Tuple[MoESetting, ...] = (
                limits=_AT_LEAST_1, integer=True, default=None),
     MoESetting("moe.router_group_score", "router_group_score", choices=GROUP_SCORES, default="sum"),
     MoESetting("moe.router_impl", "router_impl", choices=ROUTER_IMPLS, default="auto"),
+    # random router logits (straight-through gradient): evenly loaded experts, for speed measurements
+    MoESetting("moe.router_force_load_balancing", "force_load_balancing", "moe_router_force_load_balancing",
+               "--moe-router-force-load-balancing", default=False),
     # where the MoE layers are: TransformerConfig's moe_layer_freq is the resulting pattern
     MoESetting("moe.layer_freq", megatron="moe_layer_freq", flag="--moe-layer-freq", key_limits=_AT_LEAST_1),
     MoESetting("moe.first_dense_layers", key_limits=_AT_LEAST_0),

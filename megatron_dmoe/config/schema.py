@@ -8,7 +8,7 @@ loading, `extends:` and `key.sub=value` overrides in `load.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 
 @dataclass
@@ -17,6 +17,7 @@ class ModelConfig:
     hidden_size: int = 128
     num_attention_heads: int = 4
     num_query_groups: Optional[int] = None  # grouped-query attention; None = multi-head
+    kv_channels: Optional[int] = None  # the attention heads' width; None = hidden_size / num_attention_heads
     ffn_hidden_size: Optional[int] = None  # dense MLP width; None = 4 * hidden_size
     seq_length: int = 128
     max_position_embeddings: Optional[int] = None  # None = seq_length
@@ -25,6 +26,11 @@ class ModelConfig:
     position_embedding_type: str = "learned_absolute"  # learned_absolute | rope
     rotary_base: int = 10000
     normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
+    norm_epsilon: float = 1e-5  # the epsilon of every LayerNorm / RMSNorm
+    # an RMSNorm (LayerNorm) of the queries and of the keys before RoPE: per head (Qwen3-MoE) or over
+    # all heads of the projection at once (OLMoE)
+    qk_layernorm: bool = False
+    qk_layernorm_scope: str = "head"  # head | projection
     activation: str = "gelu"  # gelu | swiglu, for dense MLPs and experts alike
     # biases in the linear layers (experts never have any); Megatron-LM's --disable-bias-linear sets false
     add_bias_linear: bool = True
@@ -86,6 +92,10 @@ class MoEConfig:
     # router_pre_softmax, no groups, no expert bias, <= 256 experts), else torch's ops; fused = always
     # (an error where it cannot); torch = always torch's.
     router_impl: str = "auto"  # auto | fused | torch
+    # Random router logits with a straight-through gradient (megatron-core's
+    # moe_router_force_load_balancing): experts evenly loaded whatever the model has learnt. For
+    # speed measurements only: the model does not learn to route.
+    router_force_load_balancing: bool = False
     # With checkpoint.upcycle_from: each dense MLP becomes this many experts of width ffn / N
     # (moe.ffn_hidden_size must be model.ffn_hidden_size / N)
     upcycle_granularity: int = 1
@@ -139,6 +149,10 @@ class TrainingConfig:
     # CUDA runs where capture is correct, else off with a note saying why (resolved at start-up;
     # the run's config.yaml holds the result); true = on, refused where capture is not correct.
     cuda_graphs: Union[bool, str] = "auto"  # auto | true | false
+    # A GPU run whose estimated peak memory (training/memory_estimate.py, printed at start-up) exceeds
+    # this share of its GPU's memory is refused before the model is built: true = 0.9, a number in
+    # (0, 1] = that share, false = never refused.
+    memory_check: Union[bool, float] = True
     device: str = "auto"  # auto | cpu | cuda
 
 
@@ -192,5 +206,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # the dotted keys whose values resolve() derived from other keys (DERIVED_FROM there) instead of
+    # the user setting them: a run's config.yaml lists them, and resolving derives them again
+    derived: Tuple[str, ...] = field(default=(), compare=False, repr=False)
 
 SECTIONS = ("model", "moe", "parallel", "training", "data", "checkpoint", "logging")

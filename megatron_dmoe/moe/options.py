@@ -49,6 +49,7 @@ class MoEOptions:
     router_group_topk: Optional[int] = None  # ... of which each token picks this many, then top_k inside
     router_group_score: str = "sum"  # sum (of each group's best top_k / group_topk; megatron-core) | max
     router_impl: str = "auto"  # auto | fused | torch: see ROUTER_IMPLS (config/moe_settings.py)
+    force_load_balancing: bool = False  # random logits instead of the router's (benchmarks only)
 
     def __post_init__(self):
         problems = option_problems(dataclasses.asdict(self))

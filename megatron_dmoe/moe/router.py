@@ -132,6 +132,19 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.to(compute_dtype), weight.to(compute_dtype))
 
 
+class _RandomLogits(torch.autograd.Function):
+    """Standard-normal logits in place of the router's, gradient passed straight through
+    (megatron-core's RandomSTE): every expert gets about the same share of tokens."""
+
+    @staticmethod
+    def forward(ctx, logits):
+        return torch.randn_like(logits)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 class TopKRouter(torch.nn.Module):
     """Router weight [E, h] (logits computed in fp32) and, optionally, the expert-bias state.
 
@@ -188,6 +201,8 @@ class TopKRouter(torch.nn.Module):
             x = x.to(torch.promote_types(x.dtype, torch.float32))
             x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
         logits = router_logits(x, self.weight)
+        if opts.force_load_balancing:
+            logits = _RandomLogits.apply(logits)
         colsum = None
         if self.uses_fused(logits):
             from dmoe_kernels.router.functional import fused_route  # imports triton

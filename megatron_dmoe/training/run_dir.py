@@ -19,7 +19,8 @@ from typing import Any, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from megatron_dmoe.config import RunConfig, config_to_dict, save_config
+from megatron_dmoe.config import RunConfig, config_to_dict, load_config, resolve, save_config
+from megatron_dmoe.config.resolve import DERIVED_FROM
 from megatron_dmoe.training.metrics import METRICS_FILE, TENSORBOARD_DIR
 from megatron_dmoe.training.write_errors import write_failure
 
@@ -131,29 +132,50 @@ MAY_CHANGE = {
     "model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl",
     "moe.backend", "moe.block_size", "moe.memory_optimized", "moe.expert_wgrad_per_step",
     "moe.ep_exchange", "moe.aux_loss_coeff", "moe.z_loss_coeff", "moe.router_bias_update_rate",
-    "moe.input_jitter_eps",
+    "moe.input_jitter_eps", "moe.router_force_load_balancing",
     "training.train_iters", "training.time_limit_minutes", "training.micro_batch_size", "training.eval_interval",
     "training.eval_iters", "training.recompute_granularity", "training.cuda_graphs",
     "training.device", "training.clip_grad", "training.adam_beta1", "training.adam_beta2",
     "training.adam_eps", "training.loss_scale", "training.initial_loss_scale", "training.use_distributed_optimizer",
-    "data.cache_dir", "data.num_workers",
+    "training.memory_check", "data.cache_dir", "data.num_workers",
 }
 
 Mismatch = Tuple[str, Any, Any]  # (dotted key, saved value, requested value)
 
 
+def _differences(saved: RunConfig, requested: RunConfig) -> List[Mismatch]:
+    old, new = config_to_dict(saved), config_to_dict(requested)
+    return [(f"{section}.{key}", value, new[section][key]) for section, values in old.items()
+            for key, value in values.items() if new[section][key] != value]
+
+
+def _follows_its_sources(dotted: str, saved: RunConfig, requested: RunConfig) -> bool:
+    """Set by neither run: derived from other keys (the learning rate's decay length from
+    training.train_iters), it follows their new values."""
+    return dotted in saved.derived and dotted in requested.derived
+
+
 def resume_mismatches(saved: RunConfig, requested: RunConfig) -> List[Mismatch]:
     """Keys the run's checkpoints depend on whose values differ; both configs resolved."""
-    old, new = config_to_dict(saved), config_to_dict(requested)
-    found = []
-    for section, values in old.items():
-        if section in MAY_CHANGE_SECTIONS:
-            continue
-        for key, value in values.items():
-            dotted = f"{section}.{key}"
-            if dotted not in MAY_CHANGE and new[section][key] != value:
-                found.append((dotted, value, new[section][key]))
-    return found
+    return [(dotted, old, new) for dotted, old, new in _differences(saved, requested)
+            if dotted.split(".")[0] not in MAY_CHANGE_SECTIONS and dotted not in MAY_CHANGE
+            and not _follows_its_sources(dotted, saved, requested)]
+
+
+def resume_notes(run_dir: Optional[Path], requested: RunConfig) -> List[str]:
+    """For a resume: one line naming the keys the run never set that change with the keys they
+    follow (the learning rate's decay length with training.train_iters); [] when none do."""
+    saved_path = Path(run_dir) / CONFIG_FILE if run_dir is not None else None
+    if saved_path is None or not has_checkpoints(run_dir) or not saved_path.is_file():
+        return []
+    saved = resolve(load_config(str(saved_path)))
+    changed = [(dotted, old, new) for dotted, old, new in _differences(saved, requested)
+               if _follows_its_sources(dotted, saved, requested)]
+    if not changed:
+        return []
+    what = "; ".join(f"{dotted} {old} -> {new} (follows {', '.join(DERIVED_FROM[dotted])})"
+                     for dotted, old, new in changed)
+    return [f"resuming with {what}; set a key to keep its saved value"]
 
 
 def mismatch_message(run_dir, mismatches: List[Mismatch]) -> str:

@@ -216,3 +216,36 @@ def test_half_input_logits_equal_an_fp32_gemm_of_the_upcast_operands(dtype):
     assert dx.dtype == dtype and dw.dtype == dtype
     for got, want in ((dx, grad.double() @ w.detach().double()), (dw, grad.double().t() @ x.detach().double())):
         assert ((got.double() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_forced_load_balancing_spreads_collapsed_routing_and_passes_gradients_through():
+    # every token the same: the router's own logits send all of them to one expert
+    opts = MoEOptions(hidden_size=8, ffn_hidden_size=16, num_experts=8, top_k=2, router_impl="torch",
+                      force_load_balancing=True)
+    router = TopKRouter(opts, dtype=torch.float64)
+    x = torch.ones(4096, 8, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(7)
+    routing = router(x)
+    counts = routing.tokens_per_expert.double()
+    assert counts.sum().item() == 4096 * 2
+    assert counts.max().item() / counts.mean().item() < 1.15  # 1024 per expert, a few % of noise
+    own = router_logits_of(router, x)
+    assert not torch.equal(routing.logits, own)
+    # straight through: d(sum of logits * g)/d(router weight) is what the router's own logits give
+    g = torch.randn_like(routing.logits)
+    (routing.logits * g).sum().backward()
+    expected = g.t() @ x.detach()
+    assert torch.allclose(router.weight.grad, expected, rtol=1e-12, atol=1e-12)
+
+
+def router_logits_of(router, x):
+    from megatron_dmoe.moe.router import router_logits
+
+    return router_logits(x.detach(), router.weight.detach())
+
+
+def test_forced_load_balancing_is_megatron_lm_s_flag():
+    from megatron_dmoe.config.megatron_names import flags_to_overrides
+
+    assert flags_to_overrides(["--moe-router-force-load-balancing"], []) == (
+        [], ["moe.router_force_load_balancing=true"], [])

@@ -21,7 +21,9 @@ def test_kernels_fall_into_their_parts():
         "reduce_kernel": "permutation",
         "activation_backward_kernel": "expert activation",
         "route_forward_kernel": "router",
-        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)"
+        "::FusedOptimizerTensorListMetadata<4>, at": "optimizer",
+        "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16, at::native::func": "rest",
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "rest",
         "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>": "rest",
     }
