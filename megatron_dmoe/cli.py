@@ -157,6 +157,15 @@ def _check_run_dir(ns, cfg) -> Optional[str]:
     saved_path = run_dir / CONFIG_FILE
     if not has_checkpoints(run_dir) or not saved_path.is_file():
         return None
+    from megatron_dmoe.training.checkpoint import checkpoint_dir, latest_iteration
+    from megatron_dmoe.training.checkpoint_damage import damage_message
+    from megatron_dmoe.training.run_dir import checkpoint_root
+    from megatron_dmoe.training.stops import resume_command
+
+    root = checkpoint_root(run_dir)
+    damage = damage_message(checkpoint_dir(root, latest_iteration(root)), resume_command(run_dir))
+    if damage:
+        return damage
     saved = resolve(load_config(str(saved_path)))
     mismatches = resume_mismatches(saved, cfg)
     return mismatch_message(run_dir, mismatches) if mismatches else None
@@ -205,7 +214,8 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.config.environment import cuda_available
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
-    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, unwritable_run_dir
+    from megatron_dmoe.training.memory_estimate import MemoryCheckError
+    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, resume_notes, unwritable_run_dir
 
     ns, config_name, overrides = parse_train_args(argv)
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
@@ -225,6 +235,8 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         return _fail_once(str(err))
     if problem:
         return _fail_once(problem)
+    if ns.resume:
+        notices = [*notices, *resume_notes(ns.run_dir, cfg)]
     # the default run directory is made under runs/ (its name needs the process group)
     problem = unwritable_run_dir(ns.run_dir or Path("runs") / "new")
     if problem:
@@ -251,7 +263,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         run_dir = ns.run_dir or default_run_dir(config_name or "tiny")
         result = train(cfg, env, run_dir, resume=ns.resume, overwrite=ns.overwrite, notices=notices)
         failed = False
-    except (DataError, CheckpointError, RunDirError) as err:
+    except (DataError, CheckpointError, RunDirError, MemoryCheckError) as err:
         return _fail(str(err))
     except torch.OutOfMemoryError as err:
         return _fail(out_of_memory_message(err, cfg))

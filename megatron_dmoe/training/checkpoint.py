@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_dmoe.compat import mcore as mcore_compat
 from megatron_dmoe.compat.distopt_state import fix_reshardable_offsets
+from megatron_dmoe.training.checkpoint_damage import damage_message, iteration_of, newest_whole_before
 from megatron_dmoe.training.checkpoint_writer import InProcessSaveStrategy
 from megatron_dmoe.training.optimizer_switch import load_switched_optimizer_state, saved_with_distributed_optimizer
 from megatron_dmoe.training.write_errors import causes, free_space, write_failure
@@ -63,9 +64,14 @@ def latest_iteration(root: Path) -> Optional[int]:
     if not marker.exists():
         return None
     text = marker.read_text().strip()
-    if not text.isdigit() or not checkpoint_dir(root, int(text)).is_dir():
+    if not text.isdigit():
+        older = newest_whole_before(root, None)
+        offer = (f"the newest complete checkpoint is {older}: write {iteration_of(older)} into it to continue "
+                 "from there" if older is not None else "delete it to start over")
+        raise CheckpointError(f"{marker} is damaged (it holds {text!r}, not an iteration); {offer}")
+    if not checkpoint_dir(root, int(text)).is_dir():
         raise CheckpointError(
-            f"{marker} names iteration {text!r}, but {checkpoint_dir(root, int(text) if text.isdigit() else 0)} "
+            f"{marker} names iteration {text!r}, but {checkpoint_dir(root, int(text))} "
             "is missing; restore it or delete the marker to start over"
         )
     return int(text)
@@ -215,8 +221,9 @@ def _quiet_loading():
 def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=None) -> Progress:
     """Load a checkpoint directory into the model (and optimizer, scheduler, RNG when given)."""
     path = Path(path)
-    if not (path / "metadata.json").exists():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no metadata.json); pick another one")
+    problem = damage_message(path)  # a file cut off or missing, named with the checkpoint before it
+    if problem:
+        raise CheckpointError(problem)
     problem = mcore_compat.checkpoint_format_problem(path)  # a newer megatron-core's format
     if problem:
         raise CheckpointError(problem)

@@ -3,12 +3,15 @@ training.time_limit_minutes spent. Every rank gets the same answer, so all ranks
 and save at the same step.
 
 SIGTERM (a scheduler's preemption notice) and Ctrl-C (SIGINT) mean 'save a checkpoint, then exit
-cleanly'. A second Ctrl-C aborts at once, without saving.
+cleanly'. A second Ctrl-C aborts at once, without saving. A run file that rank 0 could not write
+(metrics.jsonl on a full disk) stops every rank the same way: save, then exit with the reason.
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -16,14 +19,36 @@ import torch.distributed as dist
 
 # Signal -> code shared across ranks (the largest wins, so Ctrl-C on any rank is reported).
 STOP_SIGNALS = {signal.SIGTERM: 1, signal.SIGINT: 2}
-NAMES = {1: "SIGTERM", 2: "SIGINT"}
+WRITE_FAILED = "a failed write"  # what should_stop() answers after write_failed()
+NAMES = {1: "SIGTERM", 2: "SIGINT", 3: WRITE_FAILED}
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues this run with the layout it runs with now: dmoe-train in one
+    process, torchrun with as many processes (and nodes) under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    tail = f"-m megatron_dmoe --run-dir {run_dir} --resume"
+    if world == 1:
+        return f"dmoe-train --run-dir {run_dir} --resume"
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if per_node >= world:
+        return f"torchrun --nproc_per_node {world} {tail}"
+    return f"torchrun --nnodes {world // per_node} --nproc_per_node {per_node} (and this job's rendezvous) {tail}"
+
+
+def _tell(text: str) -> None:
+    """One line on stderr from a signal handler, on rank 0 only: os.write, as print() may be in the
+    middle of writing to the same stream when the signal arrives."""
+    if os.environ.get("RANK", "0") == "0":
+        os.write(2, f"dmoe-train: {text}\n".encode())
 
 
 class PreemptionWatcher:
     """Records stop signals; `should_stop()` agrees across ranks so every rank saves at the same step."""
 
-    def __init__(self, device: torch.device, repeat_after: float = 1.0):
+    def __init__(self, device: torch.device, repeat_after: float = 1.0, saves: bool = True):
         self.device = device
+        self.saves = saves  # whether a stop saves a checkpoint (not with checkpoint.save_interval 0)
         self.code = 0
         # One Ctrl-C can arrive twice within milliseconds: from the terminal, and forwarded by
         # torchrun to its workers. Only a SIGINT this many seconds after the first one aborts.
@@ -42,7 +67,18 @@ class PreemptionWatcher:
                 self._first_interrupt = now
             elif now - self._first_interrupt >= self.repeat_after:
                 raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the save
+        if self.code == 0:  # said at once: a step can take minutes
+            if self.saves:
+                again = "; Ctrl-C again to stop without saving" if signum == signal.SIGINT else ""
+                _tell(f"{signal.Signals(signum).name}: stopping after this step, then saving{again}")
+            else:
+                _tell(f"{signal.Signals(signum).name}: stopping after this step (checkpoint.save_interval is 0: "
+                      "no checkpoint)")
         self.code = max(self.code, STOP_SIGNALS[signum])
+
+    def write_failed(self) -> None:
+        """This rank could not write a run file: every rank stops at this step (and saves)."""
+        self.code = max(self.code, 3)
 
     def should_stop(self) -> Optional[str]:
         """The name of the stop signal any rank received, or None to go on."""
