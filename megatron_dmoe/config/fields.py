@@ -29,10 +29,6 @@ def section_class(section: str) -> type:
     return typing.get_type_hints(RunConfig)[section]
 
 
-def all_keys() -> List[str]:
-    return [f"{s}.{k}" for s, fields in section_types().items() for k in fields]
-
-
 def did_you_mean(name: str, candidates: List[str]) -> Optional[str]:
     matches = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return matches[0] if matches else None

@@ -53,10 +53,6 @@ class SweepSpec:
     def name(self) -> str:
         return self.path.stem
 
-    @property
-    def varied_keys(self) -> List[str]:
-        return list(self.grid) + list(self.zip)
-
 
 def load_sweep(path: os.PathLike) -> SweepSpec:
     """Parse and check a sweep file; raises SweepError listing every problem found."""

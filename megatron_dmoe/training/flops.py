@@ -77,30 +77,6 @@ def mfu(tflops_per_gpu: float, peak_tflops: float) -> float:
     return tflops_per_gpu / peak_tflops
 
 
-# Dense (no sparsity) tensor-core peaks from NVIDIA's data sheets, TFLOP/s: (16-bit, 32-bit).
-# 32-bit is the TF32 tensor-core rate, which torch uses for fp32 matmuls only when
-# torch.backends.cuda.matmul.allow_tf32 is set; otherwise fp32 runs slower and MFU reads low.
-_PEAK_TFLOPS = (
-    ("H200 NVL", (835.5, 417.5)),
-    ("H200", (989.4, 494.7)),
-    ("H100 PCIE", (756.0, 378.0)),
-    ("H100", (989.4, 494.7)),
-    ("A100", (312.0, 156.0)),
-)
-
-
-def peak_tflops_for_device(device_name: str, sixteen_bit: bool = True) -> Optional[float]:
-    """The data-sheet peak of a known GPU (``torch.cuda.get_device_name()``), else None.
-
-    None means MFU cannot be reported (CPUs, unknown GPUs); the caller should leave it out.
-    """
-    name = device_name.upper()
-    for key, (peak16, peak32) in _PEAK_TFLOPS:
-        if key in name:
-            return peak16 if sixteen_bit else peak32
-    return None
-
-
 def _vocab_size(cfg: RunConfig, vocab_size: Optional[int]) -> int:
     vocab = vocab_size if vocab_size is not None else cfg.model.vocab_size
     if vocab is None:

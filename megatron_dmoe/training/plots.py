@@ -111,14 +111,6 @@ def plot_expert_load(run_dir: PathLike, out_png: PathLike, average: bool = False
     return _save(fig, out_png)
 
 
-def expert_load_fractions(run_dir: PathLike, average: bool = False) -> np.ndarray:
-    """[MoE layers, experts]: each expert's fraction of its layer's tokens, from ``expert_load``
-    of the last logged step, or averaged over all logged steps with ``average=True``."""
-    run_dir = Path(run_dir)
-    _, fractions = _load_fractions(run_dir, read_metrics(run_dir))
-    return fractions.mean(axis=0) if average else fractions[-1]
-
-
 def default_labels(run_dirs: Sequence[PathLike]) -> List[str]:
     """Each run directory's name, or the paths as given when two names are the same."""
     run_dirs = [Path(d) for d in run_dirs]

@@ -58,12 +58,6 @@ def forward_step(data: Iterator[dict], model):
     return output, functools.partial(masked_mean_loss, batch["loss_mask"])
 
 
-def micro_batch_loss(model, batch: dict) -> torch.Tensor:
-    """Mean next-token loss over the micro-batch's unmasked tokens (one stage holding the whole model)."""
-    per_token = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
-    return masked_mean_loss(batch["loss_mask"], per_token)[0]
-
-
 def _run_schedule(chunks: List[torch.nn.Module], data: Iterator[dict], num_micro_batches: int,
                   device: torch.device, forward_only: bool) -> List[torch.Tensor]:
     """One global batch's micro-batches through the layout's schedule; the losses on the last

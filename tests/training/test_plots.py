@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgb
 
-from megatron_dmoe.training.metrics import MetricsLogger
-from megatron_dmoe.training.plots import expert_load_fractions, plot_expert_load, plot_runs
+from megatron_dmoe.training.metrics import MetricsLogger, read_metrics
+from megatron_dmoe.training.plots import _load_fractions, plot_expert_load, plot_runs
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "plot_runs.py"
 
@@ -75,16 +75,16 @@ def test_plot_runs_errors(tmp_path):
         plot_runs([tmp_path / "no_loss"], tmp_path / "loss.png")
 
 
-def test_expert_load_fractions_last_and_average(tmp_path):
+def test_expert_load_is_normalised_per_layer_at_every_step(tmp_path):
+    """The fractions the heatmap draws (the last step's, or their mean with average=True)."""
     loads = write_run(tmp_path / "run", seed=3, steps=12, layers=3, experts=5)
     loads = np.asarray(loads, dtype=np.float64)
     expected = np.empty_like(loads)
     for s in range(loads.shape[0]):
         for layer in range(loads.shape[1]):
             expected[s, layer] = loads[s, layer] / loads[s, layer].sum()
-    np.testing.assert_allclose(expert_load_fractions(tmp_path / "run"), expected[-1], rtol=1e-12)
-    np.testing.assert_allclose(expert_load_fractions(tmp_path / "run", average=True),
-                               expected.mean(axis=0), rtol=1e-12)
+    _, fractions = _load_fractions(tmp_path / "run", read_metrics(tmp_path / "run"))
+    np.testing.assert_allclose(fractions, expected, rtol=1e-12)
 
 
 def test_expert_load_heatmap(tmp_path):
