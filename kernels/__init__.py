@@ -29,8 +29,8 @@ One folder per family of kernels, each laid out alike:
 
 Exported here: Topology, max_padded_rows, padded_expert_offsets, sdd, dsd, dds, permute, unpermute,
 fused_route, balance_loss, SddConfig, DsdConfig, the modules reference and launch, and these names
-for the families' launcher modules: ops (products.ops), activation (activations.ops), permute_ops and
-regroup (permutation.ops), router_ops (router.ops); permute_reference is reference.
+for the families' launcher modules: ops (products.ops), activation (activations.ops), permute_ops
+(permutation.ops), router_ops (router.ops).
 
 See README.md in this folder for an example.
 """
@@ -45,9 +45,6 @@ from .products.tuning import DsdConfig, SddConfig
 from .router import ops as router_ops
 from .router.functional import balance_loss, fused_route
 
-permute_reference = reference
-regroup = permute_ops
-
 __all__ = [
     "Topology",
     "max_padded_rows",
@@ -58,12 +55,10 @@ __all__ = [
     "ops",
     "reference",
     "permute_ops",
-    "permute_reference",
     "permute",
     "unpermute",
     "activation",
     "launch",
-    "regroup",
     "router_ops",
     "fused_route",
     "balance_loss",

@@ -283,13 +283,13 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
     stash = ([dh] * micro_batches, [topo] * micro_batches, [x] * micro_batches)
 
     def per_step():
-        dk.regroup.summed_transposed_products(*stash, main_grad)
+        dk.permute_ops.summed_transposed_products(*stash, main_grad)
 
     def regroup_only():  # where rows come from, and the gathers, without the product
-        _, source_tensor, source_row = dk.regroup.regroup_by_expert(stash[1])
+        _, source_tensor, source_row = dk.permute_ops.regroup_by_expert(stash[1])
         rows = [topo.block_rows] * micro_batches
-        dk.regroup.gather_block_rows(stash[0], source_tensor, source_row, rows)
-        dk.regroup.gather_block_rows(stash[2], source_tensor, source_row, rows)
+        dk.permute_ops.gather_block_rows(stash[0], source_tensor, source_row, rows)
+        dk.permute_ops.gather_block_rows(stash[2], source_tensor, source_row, rows)
 
     main_grad.zero_()
     per_step()
