@@ -15,7 +15,9 @@ CONFIG is a YAML file, or the name of a shipped config (e.g. `tiny`, `zoo/dmoe_s
 it the built-in default run (configs/tiny.yaml) trains on a corpus made from the Python standard
 library, prepared and cached on first use. Any number of `section.key=value` overrides follow,
 e.g. `moe.top_k=2 training.train_iters=50`. The config is validated before anything is built;
-every problem is reported with its key.
+every problem is reported with its key. On GPUs the estimated peak memory per GPU is printed at
+start, and a run estimated not to fit is refused before its model is built
+(`training.memory_check=false` runs it anyway).
 
 Also runs as `python -m megatron_dmoe` and under torchrun
 (`torchrun --nproc_per_node 2 -m megatron_dmoe CONFIG ...`).
@@ -214,6 +216,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.config.environment import cuda_available
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
+    from megatron_dmoe.training.memory_estimate import MemoryCheckError
     from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, unwritable_run_dir
 
     ns, config_name, overrides = parse_train_args(argv)
@@ -260,7 +263,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         run_dir = ns.run_dir or default_run_dir(config_name or "tiny")
         result = train(cfg, env, run_dir, resume=ns.resume, overwrite=ns.overwrite, notices=notices)
         failed = False
-    except (DataError, CheckpointError, RunDirError) as err:
+    except (DataError, CheckpointError, RunDirError, MemoryCheckError) as err:
         return _fail(str(err))
     except torch.OutOfMemoryError as err:
         return _fail(out_of_memory_message(err, cfg))

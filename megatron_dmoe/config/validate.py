@@ -547,6 +547,10 @@ class _Checker:
         if ok("training.device") and v("training.device") == "cuda" and not self.env.cuda:
             self.problem("training.device", "'cuda' but CUDA is not available here; use auto or "
                          "cpu")
+        check = self.raw("training.memory_check")
+        if ok("training.memory_check") and not isinstance(check, bool) and not 0 < check <= 1:
+            self.problem("training.memory_check", f"{fmt(check)} is out of range; use true, false or the share "
+                         "of the GPU's memory a run may be estimated to need (above 0, at most 1)", bad=True)
         self._check_cuda_graphs()
         self._check_ep_exchange()
         self._check_expert_wgrad_per_step()

@@ -30,6 +30,7 @@ from megatron_dmoe.moe import MoERunState
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
+from megatron_dmoe.training.memory_estimate import check_memory, known_vocab_size
 from megatron_dmoe.training.metrics import METRICS_FILE
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.run_dir import (
@@ -85,8 +86,15 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
         afresh = f" ({METRICS_FILE} starts afresh)" if METRICS_FILE in previous_run_files(run_dir) else ""
         say(f"no checkpoint in {ckpt_root}: starting a new run at step 0{afresh}")
     say(f"device: {describe_device(cfg, env)}")
+    # GPU runs: the estimated peak memory, refused when it cannot fit (MemoryCheckError); before the
+    # data where the config tells the vocabulary, else once the tokenizer is read
+    vocab = known_vocab_size(cfg)
+    memory = memory_line(cfg, env, vocab) if vocab is not None else None
     data = prepare_run_data(cfg, env)  # raises DataError before anything is built
     say(f"data: {describe_data(cfg, data)}")
+    memory = memory or memory_line(cfg, env, data.vocab_size)
+    if memory:
+        say(memory)
 
     seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
     run_state = MoERunState()
@@ -120,6 +128,14 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     return Run(cfg=cfg, env=env, run_dir=run_dir, ckpt_root=ckpt_root, data=data, run_state=run_state,
                model=model, optimizer=optimizer, scheduler=scheduler, progress=progress,
                graphs_must_fit=graphs_auto and cfg.training.cuda_graphs is True)
+
+
+def memory_line(cfg: RunConfig, env: DistEnv, vocab_size: int) -> Optional[str]:
+    """The start-up summary's memory line on GPUs (None on CPU, where nothing is refused)."""
+    if not env.on_cuda:
+        return None
+    total = torch.cuda.get_device_properties(env.device).total_memory
+    return check_memory(cfg, vocab_size, env.world_size, total)
 
 
 # --- data: tokenizer and datasets, checked before any model is built
