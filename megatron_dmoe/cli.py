@@ -217,7 +217,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
     from megatron_dmoe.training.memory_estimate import MemoryCheckError
-    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, unwritable_run_dir
+    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, resume_notes, unwritable_run_dir
 
     ns, config_name, overrides = parse_train_args(argv)
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
@@ -237,6 +237,8 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         return _fail_once(str(err))
     if problem:
         return _fail_once(problem)
+    if ns.resume:
+        notices = [*notices, *resume_notes(ns.run_dir, cfg)]
     # the default run directory is made under runs/ (its name needs the process group)
     problem = unwritable_run_dir(ns.run_dir or Path("runs") / "new")
     if problem:

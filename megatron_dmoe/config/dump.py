@@ -8,7 +8,7 @@ import platform
 from pathlib import Path
 from typing import Dict, Optional, Union
 
-from .load import EXTENDS_KEY, IGNORED_KEYS, config_to_dict
+from .load import DERIVED_KEY, EXTENDS_KEY, IGNORED_KEYS, config_to_dict
 from .resolve import resolve
 from .schema import SECTIONS, RunConfig
 from .yaml_io import dump_yaml
@@ -50,15 +50,19 @@ def config_to_yaml(cfg: RunConfig, header: Optional[Dict[str, object]] = None) -
 
 def save_config(cfg: RunConfig, path: Union[str, os.PathLike],
                 versions: Optional[Dict[str, str]] = None) -> Path:
-    """Write ``resolve(cfg)`` to ``path`` with a ``versions:`` block; returns the path.
+    """Write ``resolve(cfg)`` to ``path`` with a ``versions:`` block and a ``derived:`` list (the
+    keys resolve() filled in); returns the path.
 
     ``versions`` None records software_versions(). The file loads back with load_config to a
     RunConfig equal to resolve(cfg). The write is atomic: a reader never sees half a file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = config_to_yaml(resolve(cfg), {"versions": software_versions() if versions is None
-                                         else dict(versions)})
+    resolved = resolve(cfg)
+    header = {"versions": software_versions() if versions is None else dict(versions)}
+    if resolved.derived:  # loaded again, resolve() derives them from their sources' values then
+        header[DERIVED_KEY] = list(resolved.derived)
+    text = config_to_yaml(resolved, header)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open(), unlike mkstemp, keeps umask
     try:
         tmp.write_text(text, encoding="utf-8")

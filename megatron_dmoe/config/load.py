@@ -24,8 +24,9 @@ from .yaml_io import parse_yaml, yaml_error_text
 SHIPPED_PACKAGE = "megatron_dmoe_configs"
 DEFAULT_CONFIG = "tiny.yaml"
 EXTENDS_KEY = "extends"
+DERIVED_KEY = "derived"  # a run's config.yaml: the keys whose values resolve() derived
 # Top-level blocks that describe a run without configuring it (written by save_config).
-IGNORED_KEYS = ("versions",)
+IGNORED_KEYS = ("versions", DERIVED_KEY)
 
 
 def load_config(path_or_name: Optional[str] = None, overrides: Sequence[str] = ()) -> RunConfig:
@@ -58,7 +59,21 @@ def load_config_partly(path_or_name: Optional[str] = None,
     override_values = {section: {key: value for key, value in body.items() if f"{section}.{key}" not in bad}
                        for section, body in override_values.items() if section not in bad}
     cfg = _build_config(deep_merge(merged, override_values), problems)
+    cfg.derived = _still_derived(merged.get(DERIVED_KEY), override_values, problems)
     return cfg, problems + override_problems
+
+
+def _still_derived(listed: Any, override_values: Dict[str, Dict[str, Any]], problems: List[Problem]):
+    """The keys a run's config.yaml lists as derived (`derived:`, written by save_config) that no
+    override sets: resolve() derives them again from their sources."""
+    if listed is None:
+        return ()
+    if not isinstance(listed, list) or not all(isinstance(key, str) for key in listed):
+        problems.append((DERIVED_KEY, f"expected a list of keys such as training.lr_decay_iters, got "
+                                      f"{listed!r}; remove the block to keep the values written"))
+        return ()
+    overridden = {f"{section}.{key}" for section, body in override_values.items() for key in body}
+    return tuple(key for key in listed if key not in overridden)
 
 
 # a sweep file's top-level keys (megatron_dmoe/sweep/spec.py reads them)

@@ -26,13 +26,30 @@ def default_router_renormalize(score_function: str, top_k: int, pre_softmax: boo
     return not pre_softmax
 
 
+def _get(cfg: RunConfig, dotted: str):
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
+
+
+def _set(cfg: RunConfig, dotted: str, value) -> None:
+    section, key = dotted.split(".")
+    setattr(getattr(cfg, section), key, value)
+
+
 def resolve(cfg: RunConfig) -> RunConfig:
     """A copy of ``cfg`` with every derived default filled in; explicit values are kept.
 
+    The keys filled in are recorded in ``derived``; the keys already recorded there (a run's
+    config.yaml lists them) are derived again from their sources' current values, so a resumed run
+    whose training.train_iters changed decays its learning rate over the new length.
     model.vocab_size stays None when unset: the tokenizer decides it when the data is built.
     Resolving a resolved config changes nothing.
     """
     out = copy.deepcopy(cfg)
+    for dotted in cfg.derived:
+        if dotted in DERIVED_FROM:
+            _set(out, dotted, None)
+    out.derived = tuple(dotted for dotted in DERIVED_FROM if _get(out, dotted) is None)
     model, moe, training = out.model, out.moe, out.training
     if model.ffn_hidden_size is None:
         model.ffn_hidden_size = 4 * model.hidden_size  # for swiglu too, as Megatron's default

@@ -254,6 +254,10 @@ def build_scheduler(cfg: RunConfig, optimizer: MegatronOptimizer) -> OptimizerPa
         end_wd=tr.weight_decay,
         wd_incr_steps=decay_iters,
         wd_incr_style="constant",
+        # a resume keeps the config's schedule, not the checkpoint's: the run directory check lets
+        # only a derived decay length differ (it follows training.train_iters)
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=True,
     )
 
 

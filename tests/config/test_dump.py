@@ -14,8 +14,9 @@ def test_tiny_round_trip_through_a_run_directory(tmp_path):
     again = load_config(str(path))
     assert again == resolve(cfg)
     assert again.moe.router_renormalize is False and again.model.ffn_hidden_size == 512
+    assert again.derived == resolve(cfg).derived and "training.lr_decay_iters" in again.derived
     assert save_config(again, tmp_path / "second.yaml", {}).read_text() == \
-        config_to_yaml(again, {"versions": {}})
+        config_to_yaml(again, {"versions": {}, "derived": list(again.derived)})
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["config.yaml"]  # no temp file left
 
 

@@ -35,8 +35,11 @@ def test_a_changed_model_is_refused_in_one_line_and_the_run_stays_resumable(cli_
 
 def test_schedule_keys_must_match_but_the_length_of_the_run_may_change():
     saved = resolve(load_config(None, ["training.train_iters=20"]))
-    # the saved config.yaml fixes lr_decay_iters, so continuing for longer keeps the schedule
     assert resume_mismatches(saved, resolve(load_config(None, ["training.train_iters=20", "training.lr_decay_iters=20",
                                                               "logging.log_interval=1"]))) == []
+    # lr_decay_iters set by neither run follows train_iters (tests/training/test_extend_run.py)
     longer_from_config = resolve(load_config(None, ["training.train_iters=50"]))
-    assert resume_mismatches(saved, longer_from_config) == [("training.lr_decay_iters", 20, 50)]
+    assert resume_mismatches(saved, longer_from_config) == []
+    # a decay length the first run set is part of its schedule
+    set_before = resolve(load_config(None, ["training.train_iters=20", "training.lr_decay_iters=20"]))
+    assert resume_mismatches(set_before, longer_from_config) == [("training.lr_decay_iters", 20, 50)]
