@@ -81,7 +81,7 @@ def padded_vocab(vocab_size: int, cfg: RunConfig) -> int:
 
 
 def _head_dim(cfg: RunConfig) -> int:
-    return cfg.model.hidden_size // cfg.model.num_attention_heads
+    return cfg.model.kv_channels or cfg.model.hidden_size // cfg.model.num_attention_heads
 
 
 def _query_groups(cfg: RunConfig) -> int:
@@ -104,7 +104,12 @@ def attention_params(cfg: RunConfig) -> int:
     qkv_out = (m.num_attention_heads + 2 * _query_groups(cfg)) * d // tp
     proj_in = m.num_attention_heads * d // tp
     bias = qkv_out + h if m.add_bias_linear else 0
-    return qkv_out * h + h * proj_in + bias + 2 * _norm_params(cfg)
+    qk_norms = 0
+    if m.qk_layernorm and m.qk_layernorm_scope == "projection":  # RMSNorms over this rank's heads
+        qk_norms = (m.num_attention_heads + _query_groups(cfg)) * d // tp
+    elif m.qk_layernorm:  # one norm over a head's width, for the queries and for the keys
+        qk_norms = 2 * d * (2 if m.normalization == "LayerNorm" else 1)
+    return qkv_out * h + h * proj_in + bias + 2 * _norm_params(cfg) + qk_norms
 
 
 def dense_mlp_params(cfg: RunConfig) -> int:
