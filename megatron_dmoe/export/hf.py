@@ -62,6 +62,7 @@ def export_hf(run: LoadedRun, out: Path) -> Path:
     save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(staging / "model.safetensors"),
               metadata={"format": "pt"})
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copymode(staging / "config.json", staging / "model.safetensors")  # safetensors writes 0600
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": tok.eod}
     (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     write_tokenizer_files(tok, staging, run.cfg.model.max_position_embeddings)

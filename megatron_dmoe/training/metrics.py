@@ -291,8 +291,9 @@ def _human(value: float) -> str:
 
 
 def _write_scalars(writer, record: Dict[str, Any]) -> None:
-    """Numbers become scalars under their key; flat lists (one value per MoE layer, N counting
-    from 0 in list order) become KEY/layer_N, skipping None entries."""
+    """Numbers become scalars under their key; flat lists (one value per MoE layer) become
+    KEY/layer_N, skipping None entries. N is the layer's number in the model as `moe_layers` logs
+    it (the numbers metrics.jsonl and the plots use, counting from 1), else its place from 1."""
     step = record["step"]
     for key, value in record.items():
         if key in NOT_SCALARS:
@@ -300,7 +301,10 @@ def _write_scalars(writer, record: Dict[str, Any]) -> None:
         if _is_number(value):
             writer.add_scalar(key, value, step)
         elif isinstance(value, list) and all(_is_number(v) or v is None for v in value):
-            for layer, v in enumerate(value):
+            numbers = record.get("moe_layers")
+            if not (isinstance(numbers, list) and len(numbers) == len(value)):
+                numbers = range(1, len(value) + 1)
+            for layer, v in zip(numbers, value):
                 if v is not None:
                     writer.add_scalar(f"{key}/layer_{layer}", v, step)
     writer.flush()

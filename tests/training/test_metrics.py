@@ -220,10 +220,11 @@ def test_moe_snapshot_becomes_per_layer_lists(tmp_path):
     with quiet_logger(tmp_path, tensorboard=True) as logger:
         logger.log(1, values)
     assert read_metrics(tmp_path)[0]["expert_load_imbalance"][1] is None
-    tags = [f"expert_load_imbalance/layer_{n}" for n in (0, 2)]
+    # TensorBoard numbers the layers as metrics.jsonl and the plots do (moe_layers)
+    tags = [f"expert_load_imbalance/layer_{n}" for n in (1, 5)]
     assert [scalars(tmp_path / "tensorboard", tag) for tag in tags] == [
         [(1, pytest.approx(values["expert_load_imbalance"][n], rel=1e-6))] for n in (0, 2)]
     with pytest.raises(KeyError):
-        scalars(tmp_path / "tensorboard", "expert_load_imbalance/layer_1")
+        scalars(tmp_path / "tensorboard", "expert_load_imbalance/layer_3")
     with pytest.raises(KeyError):
         scalars(tmp_path / "tensorboard", "moe_layers/layer_0")
