@@ -5,8 +5,8 @@
 # training throughput (dense, dMoE, capacity factor, eager and graphs; micro-batch 16 and 32; the zoo's
 # Small models as shipped); with
 # two or more, the gpu-marked expert-parallel tests, the exchange and layer at EP 1 and 2 (with a
-# shared expert) and training at EP 2 against data-parallel dense.
-# Usage: scripts/gpu_bench.sh OUT_DIR [GPUS]    (GPUS: 1 (default) or 2)
+# shared expert) and training at EP 2 (and EP 4 with four GPUs) against data-parallel dense.
+# Usage: scripts/gpu_bench.sh OUT_DIR [GPUS]    (GPUS: 1 (default), 2 or 4)
 set -u
 out=${1:?usage: scripts/gpu_bench.sh OUT_DIR [GPUS]}
 gpus=${2:-1}
@@ -26,8 +26,16 @@ if [ "$gpus" -ge 2 ]; then
     step ep_tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/parallel
     step bench_ep torchrun --standalone --nproc_per_node 2 tools/bench_ep.py --ep 1,2 \
         --exchange nccl,symmetric --shared-ffn 1024 --out "$out/bench_ep.json"
-    step bench_train_ep2 python3 tools/bench_train.py --nproc-per-node 2 --ep 2 \
-        --models dense,dmoe,capacity --cuda-graphs both --out "$out/bench_train_ep2.json"
+    # the zoo's batch (global 512, micro-batch 16), every layer MoE: the fresh router's collapsed
+    # routing (dmoe) and evenly loaded experts (dmoe-balanced); a profiled step of each says where
+    # the time goes (exchange waits, expert products, weight gradients, optimizer, rest)
+    for ep in 2 4; do
+        [ "$gpus" -ge "$ep" ] || continue
+        step "bench_train_ep$ep" python3 tools/bench_train.py --nproc-per-node "$ep" --ep "$ep" \
+            --models dense,dmoe,dmoe-balanced --cuda-graphs both --global-batch-size 512 \
+            --micro-batch-size 16 --steps 3 --warmup 2 --profile "$out/profile_ep$ep" \
+            --out "$out/bench_train_ep$ep.json"
+    done
 else
     step bench_launch python3 tools/bench_launch.py --out "$out/bench_launch.json"
     step bench_epilogues python3 tools/bench_epilogues.py --out "$out/bench_epilogues.json"
