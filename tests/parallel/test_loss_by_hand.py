@@ -1,0 +1,17 @@
+"""train_step and evaluate (training/step.py) against a float64 hand computation: the masked-mean
+loss over padded micro-batches, its mean over micro-batches and data-parallel ranks, the grad norm,
+and two clipped AdamW steps of a bigram model (loss_checks)."""
+import pytest
+
+from loss_checks import check_against_reference
+from process_group import run_in_processes
+
+
+def test_one_process_steps_and_evaluates_as_computed_by_hand(cpu_dist):
+    check_against_reference()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("distributed_optimizer", [False, True], ids=["adam", "distributed-adam"])
+def test_two_data_parallel_processes_average_as_computed_by_hand(distributed_optimizer):
+    run_in_processes(2, check_against_reference, distributed_optimizer, timeout=240)
