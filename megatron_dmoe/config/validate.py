@@ -91,6 +91,7 @@ RANGES = {
     "training.eval_interval": (0, None, True, None),
     "training.eval_iters": (0, None, True, None),
     "training.time_limit_minutes": (0, None, False, None),
+    "training.memory_check": (0, 1, False, True),  # or true / false
     "data.builtin_vocab_size": (1, None, True, None),
     "data.vocab_size": (1, None, True, None),
     "data.num_workers": (0, None, True, None),
@@ -240,7 +241,7 @@ class _Checker:
     def check_ranges(self) -> None:
         for key, (low, high, low_in, high_in) in RANGES.items():
             value = self.raw(key)
-            if value is None or not self.ok(key):
+            if value is None or isinstance(value, bool) or not self.ok(key):  # true/false: no range
                 continue
             too_low = low is not None and (value < low if low_in else value <= low)
             too_high = high is not None and (value > high if high_in else value >= high)
@@ -547,10 +548,6 @@ class _Checker:
         if ok("training.device") and v("training.device") == "cuda" and not self.env.cuda:
             self.problem("training.device", "'cuda' but CUDA is not available here; use auto or "
                          "cpu")
-        check = self.raw("training.memory_check")
-        if ok("training.memory_check") and not isinstance(check, bool) and not 0 < check <= 1:
-            self.problem("training.memory_check", f"{fmt(check)} is out of range; use true, false or the share "
-                         "of the GPU's memory a run may be estimated to need (above 0, at most 1)", bad=True)
         self._check_cuda_graphs()
         self._check_ep_exchange()
         self._check_expert_wgrad_per_step()
