@@ -192,6 +192,18 @@ def _load_and_validate(config_name: Optional[str], overrides: List[str]):
     return cfg
 
 
+def _saved_layout_hint(ns, config_name, overrides, cfg, err) -> Optional[str]:
+    """A resume refused only because the run's saved parallel layout needs other processes: the
+    line naming its config.yaml, the keys and the commands that work (None otherwise)."""
+    from megatron_dmoe.training.layout_hint import saved_layout_message
+    from megatron_dmoe.training.run_dir import CONFIG_FILE
+
+    if not ns.resume or cfg is None or config_name != str(ns.run_dir / CONFIG_FILE):
+        return None
+    return saved_layout_message(ns.run_dir, ns.run_dir / CONFIG_FILE, cfg, [key for key, _ in err.problems],
+                                overrides, int(os.environ.get("WORLD_SIZE", 1)))
+
+
 def parse_train_args(argv: Optional[List[str]]):
     """dmoe-train's command line -> (namespace, config name or None, overrides); exits on misuse."""
     parser = _train_parser()
@@ -223,12 +235,13 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
         config_name = str(ns.run_dir / CONFIG_FILE)
     # Everything below up to train() only reads: a refused run leaves the run directory as it was.
+    cfg = None
     try:
         cfg = _load_and_validate(config_name, overrides)
         cfg, notices = cpu_precision_fallback(cfg, cuda_available())
         validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except ConfigError as err:
-        return _fail_once(str(err))
+        return _fail_once(_saved_layout_hint(ns, config_name, overrides, cfg, err) or str(err))
     try:
         problem = _check_run_dir(ns, cfg)
     except ConfigError as err:
@@ -239,6 +252,12 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         return _fail_once(problem)
     if ns.resume:
         notices = [*notices, *resume_notes(ns.run_dir, cfg)]
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # one process: training reports it the same, in order
+        from megatron_dmoe.training.data_precheck import data_problem
+
+        problem = data_problem(cfg)
+        if problem:
+            return _fail_once(problem)
     # the default run directory is made under runs/ (its name needs the process group)
     problem = unwritable_run_dir(ns.run_dir or Path("runs") / "new")
     if problem:
@@ -266,13 +285,16 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         result = train(cfg, env, run_dir, resume=ns.resume, overwrite=ns.overwrite, notices=notices)
         failed = False
     except (DataError, CheckpointError, RunDirError, MemoryCheckError) as err:
-        return _fail(str(err))
+        return _fail(str(err)) if str(err) else 2  # no text: another rank tells why
     except torch.OutOfMemoryError as err:
         return _fail(out_of_memory_message(err, cfg))
     except KeyboardInterrupt:
         # The second Ctrl-C: stop at once; an unfinished save never becomes `latest`.
-        print("dmoe-train: interrupted without saving; the newest complete checkpoint (if any) is kept; "
-              "continue with --resume", file=sys.stderr)
+        from megatron_dmoe.training.stops import resume_command
+
+        if env.is_main:
+            print("dmoe-train: interrupted without saving; the newest complete checkpoint (if any) is kept; "
+                  f"continue with: {resume_command(ns.run_dir or 'RUN_DIR')}", file=sys.stderr)
         return 130
     finally:
         # after a failure the other ranks may never arrive: abort instead of waiting for them

@@ -35,6 +35,7 @@ from megatron_dmoe.compat.distopt_state import fix_reshardable_offsets
 from megatron_dmoe.training.checkpoint_damage import damage_message, iteration_of, newest_whole_before
 from megatron_dmoe.training.checkpoint_writer import InProcessSaveStrategy
 from megatron_dmoe.training.optimizer_switch import load_switched_optimizer_state, saved_with_distributed_optimizer
+from megatron_dmoe.training.stops import resume_command
 from megatron_dmoe.training.write_errors import causes, free_space, write_failure
 
 LATEST = "latest"
@@ -179,6 +180,9 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
     except BaseException as err:  # torch's CheckpointException is a BaseException
         reason = write_failure(err)
         if reason is None:
+            if isinstance(err, KeyboardInterrupt) and dist.get_rank() == 0:
+                # a second Ctrl-C stops the save: its staging directory (the size of a checkpoint) goes
+                shutil.rmtree(staging, ignore_errors=True)
             raise
         if dist.get_rank() == 0:
             shutil.rmtree(staging, ignore_errors=True)  # frees what the failed save took
@@ -189,8 +193,8 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
                      else "there is no earlier checkpoint")
         raise CheckpointError(
             f"cannot save the checkpoint of step {progress.iteration} to {staging}: {reason} "
-            f"({free_space(root)} free there); {kept_text}; make room (or fix the permissions) and "
-            "continue with --resume") from err
+            f"({free_space(root)} free there); {kept_text}; make room (or fix the permissions), then "
+            f"continue with: {resume_command(root.parent)}") from err
     if dist.get_rank() == 0:
         _prune(root, keep_last, keep=progress.iteration)
     dist.barrier()

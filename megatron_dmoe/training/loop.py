@@ -4,6 +4,7 @@ save when due, stop when asked or out of time.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,11 @@ from megatron_dmoe.training.checkpoint import checkpoint_dir, save_checkpoint
 from megatron_dmoe.training.cuda_graphs import release_layer_graphs
 from megatron_dmoe.training.flops import mfu, model_flops_per_token
 from megatron_dmoe.training.metrics import MetricsLogger, moe_log_values, over_pipeline
+from megatron_dmoe.training.run_dir import RunDirError
 from megatron_dmoe.training.setup import Run, release_after_training, run_loader, set_up_run
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
-from megatron_dmoe.training.stops import PreemptionWatcher, time_limit_reached
+from megatron_dmoe.training.stops import WRITE_FAILED, PreemptionWatcher, resume_command, time_limit_reached
+from megatron_dmoe.training.write_errors import free_space, write_failure
 
 
 @dataclass
@@ -35,6 +38,9 @@ class TrainResult:
     preempted: bool = False
     out_of_time: bool = False  # stopped by training.time_limit_minutes
     stop_signal: Optional[str] = None  # SIGTERM or SIGINT when a signal stopped the run
+    # a run file could not be written (metrics.jsonl on a full disk): the run stopped after saving;
+    # the one line to tell (rank 0; the other ranks stopped with it and have nothing to add)
+    write_error: Optional[str] = None
 
 
 def _num_micro_batches(cfg: RunConfig) -> int:
@@ -88,7 +94,9 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
         release_after_training(run.model)
         loop.train_data.close()
         loop.watcher.close()
-        loop.logger.close()
+        # after a failed write the file (or TensorBoard's events) may refuse to flush again
+        with contextlib.suppress(OSError) if loop.result.write_error else contextlib.nullcontext():
+            loop.logger.close()
     result = loop.result
     result.iteration = run.progress.iteration
     result.out_of_time = loop.out_of_time
@@ -129,7 +137,7 @@ def _start_loop(run: Run) -> _Loop:
     else:
         logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, "
                        f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
-    watcher = PreemptionWatcher(env.device)
+    watcher = PreemptionWatcher(env.device, saves=cfg.checkpoint.save_interval != 0)
     result = TrainResult(run_dir=run.run_dir, iteration=progress.iteration)
     run.run_state.metrics.megatron_tracker = False  # this loop logs the sums itself
     for chunk in run.model:
@@ -162,11 +170,28 @@ def _run_one_step(loop: _Loop) -> bool:
     if values is not None:
         values["train_time_s"] = progress.train_time_s  # seconds of training steps so far
         values["tokens"] = progress.consumed_samples * run.cfg.model.seq_length
-        loop.logger.log(step, values)
+        _log_or_stop(loop, step, values)
 
     stop_signal = loop.watcher.should_stop()
     _save_if_due(loop, step, last, stop_signal)
     return _stopped(loop, step, stop_signal)
+
+
+def _log_or_stop(loop: _Loop, step: int, values: Dict[str, Any]) -> None:
+    """Log the step; when metrics.jsonl (or TensorBoard's events) cannot be written for space or
+    permissions, every rank stops at this step and saves, and the run ends with one line."""
+    try:
+        loop.logger.log(step, values)
+    except OSError as err:
+        reason = write_failure(err)
+        if reason is None:
+            raise
+        path = Path(err.filename) if err.filename else loop.logger.path
+        loop.result.write_error = (f"cannot write {path}: {reason} ({free_space(path.parent)} free there); "
+                                   f"step {step} is not logged")
+        with contextlib.suppress(OSError):  # the file's unwritten buffer is dropped with it
+            loop.logger.close()
+        loop.watcher.write_failed()
 
 
 def _train_one_step(loop: _Loop):
@@ -247,13 +272,15 @@ def _stopped(loop: _Loop, step: int, stop_signal: Optional[str]) -> bool:
     """Whether a stop signal or training.time_limit_minutes ends the run at this step (saying so)."""
     run = loop.run
     tr = run.cfg.training
+    if stop_signal == WRITE_FAILED:
+        _end_on_write_error(loop, step)
     if stop_signal:
         if run.cfg.checkpoint.save_interval == 0:
             loop.logger.message(f"stopping at step {step} on {stop_signal}; no checkpoint saved "
                                 "(checkpoint.save_interval is 0)")
         else:
             loop.logger.message(f"stopping at step {step} on {stop_signal}; continue with: "
-                                f"dmoe-train --run-dir {run.run_dir} --resume")
+                                f"{resume_command(run.run_dir)}")
         loop.result.preempted = True
         loop.result.stop_signal = stop_signal
         return True
@@ -263,6 +290,19 @@ def _stopped(loop: _Loop, step: int, stop_signal: Optional[str]) -> bool:
                             "minutes of training steps)")
         return True
     return False
+
+
+def _end_on_write_error(loop: _Loop, step: int) -> None:
+    """A run file could not be written: the checkpoint of `step` is saved (unless saving is off);
+    raise RunDirError with the one line on rank 0, on the other ranks a quiet stop."""
+    run = loop.run
+    saved = (f"the checkpoint of step {step} is saved"
+             if run.cfg.checkpoint.save_interval != 0 else "no checkpoint saved (checkpoint.save_interval is 0)")
+    text = loop.result.write_error
+    if text is None:
+        raise RunDirError("")  # rank 0 tells why
+    raise RunDirError(f"{text}; {saved}; make room (or fix the permissions), then continue with: "
+                      f"{resume_command(run.run_dir)}")
 
 
 def _plot(run: Run) -> None:

@@ -1,6 +1,7 @@
 """Failures a user meets after the first hour each end in one line (no traceback) that names the
 file or setting and what to do, with exit 2 (130 for an interrupt); the run directory stays intact
 and no temporary file is left."""
+import errno
 import shutil
 
 import pytest
@@ -76,3 +77,136 @@ def test_a_damaged_latest_marker_offers_the_newest_complete_checkpoint(cli_run, 
     message = _one_line(cli_run(run, "--resume"))
     assert (f"{run / 'checkpoints' / 'latest'} is damaged (it holds '', not an iteration); the newest complete "
             f"checkpoint is {run / 'checkpoints' / 'iter_0000002'}: write 2 into it") in message
+
+
+def test_resuming_a_pipeline_run_in_one_process_names_the_saved_config_and_the_commands(cli_run, tmp_path,
+                                                                                      corpus_cache):
+    from megatron_dmoe.config import load_config, resolve, save_config
+
+    run = tmp_path / "run"
+    saved = resolve(load_config(None, small_args(corpus_cache, 2, "parallel.pipeline_model_parallel_size=2")))
+    save_config(saved, run / "config.yaml", versions={})
+    before = snapshot(run)
+    message = _one_line(cli_run(run, "--resume", "training.train_iters=4"))
+    assert (f"cannot resume {run} with 1 process: its saved config {run / 'config.yaml'} sets "
+            "parallel.pipeline_model_parallel_size: 2, a layout of 2 processes; continue with: "
+            f"torchrun --nproc_per_node 2 -m megatron_dmoe --run-dir {run} --resume training.train_iters=4, or: "
+            f"dmoe-train --run-dir {run} --resume parallel.pipeline_model_parallel_size=1 training.train_iters=4"
+            ) in message
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("env, command", [
+    ({}, "dmoe-train --run-dir R --resume"),
+    ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, "torchrun --nproc_per_node 2 -m megatron_dmoe --run-dir R --resume"),
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
+     "torchrun --nnodes 2 --nproc_per_node 4 (and this job's rendezvous) -m megatron_dmoe --run-dir R --resume"),
+])
+def test_resume_hints_name_the_command_for_the_runs_layout(monkeypatch, env, command):
+    from megatron_dmoe.training.stops import resume_command
+
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert resume_command("R") == command
+
+
+def test_the_first_ctrl_c_is_acknowledged_at_once(capfd):
+    import os
+    import signal
+    import time
+
+    import torch
+
+    from megatron_dmoe.training.stops import PreemptionWatcher
+
+    watcher = PreemptionWatcher(device=torch.device("cpu"))
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs between bytecodes
+    finally:
+        watcher.close()
+    assert capfd.readouterr().err == ("dmoe-train: SIGINT: stopping after this step, then saving; Ctrl-C again to "
+                                      "stop without saving\n")
+
+
+def test_a_second_ctrl_c_during_a_save_leaves_no_staging_directory(cli_run, tmp_path, corpus_cache, monkeypatch):
+    import functools
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    run = tmp_path / "run"
+    write_item = filesystem_async._write_item
+
+    @functools.wraps(write_item)  # megatron reads its signature
+    def interrupted_at_step_2(*args, **kwargs):
+        stream = next(a for a in args if hasattr(a, "name") and hasattr(a, "write"))
+        if "iter_0000002" in str(stream.name):
+            stream.write(b"partial")
+            raise KeyboardInterrupt  # what the watcher raises on a second Ctrl-C
+        return write_item(*args, **kwargs)
+
+    monkeypatch.setattr(filesystem_async, "_write_item", interrupted_at_step_2)
+    try:
+        result = cli_run(run, *small_args(corpus_cache, 3, "checkpoint.save_interval=1"))
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped dmoe-train")
+    message = _one_line(result, code=130)
+    assert message == ("dmoe-train: interrupted without saving; the newest complete checkpoint (if any) is kept; "
+                       f"continue with: dmoe-train --run-dir {run} --resume")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_0000001", "latest"]
+
+
+def test_a_full_disk_under_metrics_jsonl_saves_the_checkpoint_and_ends_in_one_line(cli_run, tmp_path, corpus_cache,
+                                                                                  monkeypatch):
+    from megatron_dmoe.training import metrics
+
+    class FullDisk:
+        """metrics.jsonl's file once the disk is full: every write and flush fails, close too."""
+        name = None
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        flush = close = lambda self: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+
+    log = metrics.MetricsLogger.log
+
+    def log_until_step_2(self, step, values):
+        if step == 2:
+            self._file = FullDisk()
+        return log(self, step, values)
+
+    monkeypatch.setattr(metrics.MetricsLogger, "log", log_until_step_2)
+    run = tmp_path / "run"
+    message = _one_line(cli_run(run, *small_args(corpus_cache, 4, "logging.tensorboard=false")))
+    assert (f"cannot write {run / 'metrics.jsonl'}: no space left on the device (" in message
+            and "free there); step 2 is not logged; the checkpoint of step 2 is saved; make room (or fix the "
+            f"permissions), then continue with: dmoe-train --run-dir {run} --resume") in message
+    assert (run / "checkpoints" / "latest").read_text() == "2"
+    assert not list(run.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_bad_data_path_under_torchrun_is_told_once_before_the_process_group(cli_run, tmp_path, corpus_cache,
+                                                                              monkeypatch, rank):
+    from megatron_dmoe import cli
+    from megatron_dmoe.data import prepare_builtin_corpus
+    from megatron_dmoe.parallel import distributed
+
+    # what torchrun sets for each of 2 workers; rank 1 would otherwise meet rank 0's exit in a barrier
+    for key, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(cli, "_QUIET_RANK_EXIT_DELAY_S", 0)
+    monkeypatch.setattr(distributed, "init_distributed", lambda *a, **k: pytest.fail("process group started"))
+    _, tokenizer = prepare_builtin_corpus(4096, corpus_cache)  # a real tokenizer: the data files are what is wrong
+    result = cli_run(tmp_path / "run", f"data.data_path=[{tmp_path}/missing_text_document]",
+                     f"data.tokenizer_model={tokenizer}")
+    if rank == "0":  # the data check's own message (it lists each missing file on a line of its own)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.startswith("dmoe-train: error: data files not found (data.data_path):")
+        assert "missing_text_document.bin" in result.stderr
+    else:
+        assert result.returncode == 2 and result.stderr == "", result.stderr
+    assert not (tmp_path / "run").exists()
