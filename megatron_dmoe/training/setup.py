@@ -30,7 +30,7 @@ from megatron_dmoe.moe import MoERunState
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
-from megatron_dmoe.training.memory_estimate import check_memory, known_vocab_size
+from megatron_dmoe.training.memory_estimate import MemoryCheckError, check_memory, known_vocab_size
 from megatron_dmoe.training.metrics import METRICS_FILE
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.run_dir import (
@@ -135,7 +135,12 @@ def memory_line(cfg: RunConfig, env: DistEnv, vocab_size: int) -> Optional[str]:
     if not env.on_cuda:
         return None
     total = torch.cuda.get_device_properties(env.device).total_memory
-    return check_memory(cfg, vocab_size, env.world_size, total)
+    try:
+        return check_memory(cfg, vocab_size, env.world_size, total)
+    except MemoryCheckError:
+        if env.is_main:
+            raise
+        raise MemoryCheckError("") from None  # every rank refuses alike: rank 0 tells why
 
 
 # --- data: tokenizer and datasets, checked before any model is built
