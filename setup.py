@@ -55,6 +55,7 @@ setup(
             "dmoe-eval=megatron_dmoe.inference.eval_cli:main",
             "dmoe-generate=megatron_dmoe.inference.generate_cli:main",
             "dmoe-export=megatron_dmoe.export.cli:main",
+            "dmoe-import=megatron_dmoe.hf_import.cli:main",
         ],
     },
 )

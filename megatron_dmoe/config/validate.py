@@ -41,6 +41,7 @@ MOE_KEYS = OPTION_KEYS
 CHOICES = {
     "model.position_embedding_type": ("learned_absolute", "rope"),
     "model.normalization": ("LayerNorm", "RMSNorm"),
+    "model.qk_layernorm_scope": ("head", "projection"),
     "model.transformer_impl": ("auto", "local", "transformer_engine"),
     "model.cross_entropy_fusion_impl": ("auto", "triton", "native"),
     **{s.key: s.choices for s in MOE_SETTINGS if s.choices},
@@ -63,6 +64,8 @@ RANGES = {
     "model.vocab_size": (1, None, True, None),
     "model.make_vocab_size_divisible_by": (1, None, True, None),
     "model.rotary_base": (0, None, False, None),
+    "model.kv_channels": (1, None, True, None),
+    "model.norm_epsilon": (0, None, False, None),
     "model.hidden_dropout": (0, 1, True, False),
     "model.attention_dropout": (0, 1, True, False),
     # the MoE settings' (config/moe_settings.py: model.hidden_size, moe.*)

@@ -1,19 +1,24 @@
 """Which transformers architecture, if any, computes exactly what a run's model computes.
 
-Our dense GPT (LayerNorm, learned positions, GELU, multi-head attention) is GPT-2; a model whose
+Our dense GPT (LayerNorm, learned positions, GELU, multi-head attention) is GPT-2. A model whose
 every layer is an MoE of SwiGLU experts with RMSNorm, RoPE, no linear biases and softmax top-k
-routing renormalised over the chosen experts is Mixtral. Everything else is refused with the
-settings that have no equivalent, so an export never silently changes what the model computes.
+routing is one of the MoE families of moe_families.py: Mixtral without a query/key norm (its
+routing weights renormalised over the chosen experts), Qwen3-MoE with a per-head one, OLMoE with one
+over the whole projection. Everything else is refused with the settings that have no equivalent,
+so an export never silently changes what the model computes.
 """
 from __future__ import annotations
 
 from typing import List
 
 from megatron_dmoe.config import RunConfig
+from megatron_dmoe.export import moe_families as families
 from megatron_dmoe.inference.errors import UsageError
 
 GPT2 = "gpt2"
-MIXTRAL = "mixtral"
+MIXTRAL = families.MIXTRAL.key
+QWEN3_MOE = families.QWEN3_MOE.key
+OLMOE = families.OLMOE.key
 
 
 def _gpt2_mismatches(cfg: RunConfig) -> List[str]:
@@ -30,50 +35,65 @@ def _gpt2_mismatches(cfg: RunConfig) -> List[str]:
     if m.num_query_groups != m.num_attention_heads:
         out.append(f"model.num_query_groups={m.num_query_groups} (GPT-2: multi-head attention, "
                    f"{m.num_attention_heads})")
+    if m.kv_channels not in (None, m.hidden_size // m.num_attention_heads):
+        out.append(f"model.kv_channels={m.kv_channels} (GPT-2: hidden_size / num_attention_heads)")
+    if m.qk_layernorm:
+        out.append("model.qk_layernorm=true (GPT-2 has no query/key norm)")
     return out
 
 
-def _mixtral_mismatches(cfg: RunConfig) -> List[str]:
+def _moe_mismatches(cfg: RunConfig, family: families.Family) -> List[str]:
     m, moe = cfg.model, cfg.moe
+    name = family.title
     out = []
     if not moe.num_experts:
-        out.append("moe.num_experts=0 (Mixtral: an MoE in every layer)")
+        out.append(f"moe.num_experts=0 ({name}: an MoE in every layer)")
     else:
         if moe.layer_freq != 1:
-            out.append(f"moe.layer_freq={moe.layer_freq} (Mixtral: an MoE in every layer, 1)")
+            out.append(f"moe.layer_freq={moe.layer_freq} ({name}: an MoE in every layer, 1)")
         if moe.first_dense_layers:
-            out.append(f"moe.first_dense_layers={moe.first_dense_layers} (Mixtral: an MoE in every layer, 0)")
+            out.append(f"moe.first_dense_layers={moe.first_dense_layers} ({name}: an MoE in every layer, 0)")
         if moe.router_score_function != "softmax":
-            out.append(f"moe.router_score_function={moe.router_score_function} (Mixtral: softmax)")
+            out.append(f"moe.router_score_function={moe.router_score_function} ({name}: softmax)")
         # Mixtral: softmax over all experts, top-k, weights renormalised to sum 1. A softmax over
-        # the k chosen logits (pre_softmax false) is the same weights.
-        elif moe.router_pre_softmax and not moe.router_renormalize:
+        # the k chosen logits (pre_softmax false) is the same weights. Qwen3-MoE and OLMoE
+        # renormalise or not (norm_topk_prob).
+        elif family is families.MIXTRAL and moe.router_pre_softmax and not moe.router_renormalize:
             out.append("moe.router_pre_softmax=true with moe.router_renormalize=false (Mixtral renormalises "
                        "the top-k weights: set router_renormalize=true, top_k > 1)")
         if moe.router_topk_scaling_factor != 1.0:
-            out.append(f"moe.router_topk_scaling_factor={moe.router_topk_scaling_factor} (Mixtral: 1.0)")
+            out.append(f"moe.router_topk_scaling_factor={moe.router_topk_scaling_factor} ({name}: 1.0)")
         if moe.router_enable_expert_bias:
-            out.append("moe.router_enable_expert_bias=true (Mixtral has no selection bias)")
+            out.append(f"moe.router_enable_expert_bias=true ({name} has no selection bias)")
         if moe.expert_capacity_factor is not None:
-            out.append(f"moe.expert_capacity_factor={moe.expert_capacity_factor} (Mixtral never drops tokens: null)")
+            out.append(f"moe.expert_capacity_factor={moe.expert_capacity_factor} ({name} never drops tokens: null)")
+        if moe.shared_expert_ffn_hidden_size:
+            out.append(f"moe.shared_expert_ffn_hidden_size={moe.shared_expert_ffn_hidden_size} "
+                       f"({name} has no shared experts: 0)")
     if m.activation != "swiglu":
-        out.append(f"model.activation={m.activation} (Mixtral: swiglu)")
+        out.append(f"model.activation={m.activation} ({name}: swiglu)")
     if m.normalization != "RMSNorm":
-        out.append(f"model.normalization={m.normalization} (Mixtral: RMSNorm)")
+        out.append(f"model.normalization={m.normalization} ({name}: RMSNorm)")
     if m.position_embedding_type != "rope":
-        out.append(f"model.position_embedding_type={m.position_embedding_type} (Mixtral: rope)")
+        out.append(f"model.position_embedding_type={m.position_embedding_type} ({name}: rope)")
     if m.add_bias_linear:
-        out.append("model.add_bias_linear=true (Mixtral's linear layers have no biases: false)")
+        out.append(f"model.add_bias_linear=true ({name}'s linear layers have no biases: false)")
+    if family is families.OLMOE and m.kv_channels not in (None, m.hidden_size // m.num_attention_heads):
+        out.append(f"model.kv_channels={m.kv_channels} (OLMoE's heads are hidden_size / num_attention_heads "
+                   f"wide: {m.hidden_size // m.num_attention_heads})")
     return out
 
 
 def hf_architecture(cfg: RunConfig) -> str:
-    """GPT2 or MIXTRAL for a run config (resolved); UsageError naming what has no equivalent."""
-    gpt2, mixtral = _gpt2_mismatches(cfg), _mixtral_mismatches(cfg)
+    """GPT2, MIXTRAL, QWEN3_MOE or OLMOE for a run config (resolved); UsageError naming what has
+    no equivalent. An MoE model's family is the one of its query/key norm (moe_families.py)."""
+    gpt2 = _gpt2_mismatches(cfg)
     if not gpt2:
         return GPT2
-    if not mixtral:
-        return MIXTRAL
-    closest, reasons = ("GPT-2", gpt2) if cfg.moe.num_experts == 0 else ("Mixtral", mixtral)
+    family = families.family_of_qk_norm(cfg)
+    moe = _moe_mismatches(cfg, family)
+    if not moe:
+        return family.key
+    closest, reasons = ("GPT-2", gpt2) if cfg.moe.num_experts == 0 else (family.title, moe)
     raise UsageError(f"this model has no transformers equivalent; as {closest} these settings differ: "
                      + "; ".join(reasons))

@@ -8,8 +8,14 @@ from pathlib import Path
 
 from megatron_dmoe.export.compat import GPT2, hf_architecture
 from megatron_dmoe.export.gpt2 import gpt2_config, gpt2_weights
-from megatron_dmoe.export.mixtral import mixtral_config, mixtral_weights
-from megatron_dmoe.export.tokenizer_files import check_exportable_tokenizer, write_tokenizer_files
+from megatron_dmoe.export.moe_families import BY_KEY, hf_config
+from megatron_dmoe.export.moe_weights import to_hf
+from megatron_dmoe.export.tokenizer_files import (
+    check_exportable_tokenizer,
+    copy_tokenizer_folder,
+    hf_tokenizer_folder,
+    write_tokenizer_files,
+)
 from megatron_dmoe.export.weights import model_state
 from megatron_dmoe.inference.errors import UsageError
 from megatron_dmoe.inference.run_model import LoadedRun, unwrapped
@@ -20,7 +26,8 @@ _DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.floa
 def check_hf_export(run: LoadedRun) -> str:
     """The architecture, after every check that needs no writing; raises UsageError."""
     arch = hf_architecture(run.cfg)
-    check_exportable_tokenizer(run.tokenizer)
+    if hf_tokenizer_folder(run.cfg) is None:
+        check_exportable_tokenizer(run.tokenizer)
     check_safetensors()
     return arch
 
@@ -51,8 +58,9 @@ def export_hf(run: LoadedRun, out: Path) -> Path:
         config = gpt2_config(run.cfg, tc, vocab, tok.eod)
         tensors = gpt2_weights(state, run.cfg)
     else:
-        config = mixtral_config(run.cfg, tc, vocab, tok.eod, _bos(tok))
-        tensors = mixtral_weights(state, run.cfg, tc.kv_channels)
+        family = BY_KEY[arch]
+        config = hf_config(family, run.cfg, tc, vocab, tok.eod, _bos(tok))
+        tensors = to_hf(state, family, run.cfg.model, tc.kv_channels)
     dtype = _DTYPES[str(state["embedding.word_embeddings.weight"].dtype)]
     config["torch_dtype"] = dtype
     staging = out.with_name(out.name + ".tmp")
@@ -65,7 +73,11 @@ def export_hf(run: LoadedRun, out: Path) -> Path:
     shutil.copymode(staging / "config.json", staging / "model.safetensors")  # safetensors writes 0600
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": tok.eod}
     (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    write_tokenizer_files(tok, staging, run.cfg.model.max_position_embeddings)
+    folder = hf_tokenizer_folder(run.cfg)
+    if folder is not None:
+        copy_tokenizer_folder(folder, staging)
+    else:
+        write_tokenizer_files(tok, staging, run.cfg.model.max_position_embeddings)
     if out.exists():
         out.rmdir()
     staging.rename(out)

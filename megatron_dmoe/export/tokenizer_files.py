@@ -1,4 +1,5 @@
-"""The run's sentencepiece tokenizer as files transformers loads offline.
+"""The run's tokenizer as files transformers loads offline: a sentencepiece model, or the folder of
+a transformers tokenizer (a run made by dmoe-import) copied as it is.
 
 transformers' LlamaTokenizer converts a sentencepiece BPE model (tokenizer.model) into its own
 byte-fallback BPE; with no prefix space and no added BOS/EOS it gives our token ids (checked by the
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import List, Optional
 
 from megatron_dmoe.inference.errors import UsageError
 
@@ -84,3 +86,27 @@ def write_tokenizer_files(tokenizer, out: Path, context_length: int) -> None:
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+# A transformers tokenizer folder's files (any of them), as dmoe-import copies them into a run and
+# dmoe-export back out
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                      "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+
+
+def hf_tokenizer_folder(cfg) -> Optional[Path]:
+    """The local transformers tokenizer folder a run reads (data.tokenizer_type HuggingFaceTokenizer),
+    or None for other tokenizers."""
+    data = cfg.data
+    if data.tokenizer_type != "HuggingFaceTokenizer" or not data.tokenizer_model:
+        return None
+    folder = Path(data.tokenizer_model).expanduser()
+    return folder if folder.is_dir() else None
+
+
+def copy_tokenizer_folder(folder: Path, out: Path) -> List[str]:
+    """Copy the tokenizer files of `folder` into `out`; the names copied."""
+    names = [name for name in HF_TOKENIZER_FILES if (Path(folder) / name).is_file()]
+    for name in names:
+        shutil.copyfile(Path(folder) / name, Path(out) / name)
+    return names

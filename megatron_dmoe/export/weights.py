@@ -1,4 +1,4 @@
-"""Our model's weights, read out of megatron-core's modules, in the shapes transformers' layers use."""
+"""Our model's weights, read out of megatron-core's modules, in the shapes transformers' layers use (and back)."""
 from __future__ import annotations
 
 from typing import Dict, Tuple
@@ -27,3 +27,15 @@ def split_qkv(fused: torch.Tensor, num_heads: int, num_groups: int, head_dim: in
     k = grouped[:, per_group].reshape(num_groups * head_dim, *rest)
     v = grouped[:, per_group + 1].reshape(num_groups * head_dim, *rest)
     return q, k, v
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, num_groups: int,
+             head_dim: int) -> torch.Tensor:
+    """q [heads * head_dim, ...], k and v [groups * head_dim, ...] -> megatron-core's linear_qkv
+    rows (the inverse of split_qkv)."""
+    per_group = num_heads // num_groups
+    rest = q.shape[1:]
+    grouped = torch.cat([q.reshape(num_groups, per_group, head_dim, *rest),
+                         k.reshape(num_groups, 1, head_dim, *rest),
+                         v.reshape(num_groups, 1, head_dim, *rest)], dim=1)
+    return grouped.reshape(num_groups * (per_group + 2) * head_dim, *rest)

@@ -11,6 +11,8 @@ grouped-query copies of keys and values, the kernel), in place of megatron's ree
 per-layer CUDA graphs cannot capture (megatron captures each layer's backward with
 torch.autograd.grad, which a reentrant checkpoint refuses). Without dropout only: its recompute
 would have to replay megatron's dropout RNG state, which megatron also refuses to graph.
+
+`ProjectionQKNorm`: OLMoE's query and key norm, over the whole projection rather than per head.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch.utils.checkpoint import checkpoint
+
+from megatron_dmoe.parallel.param_roles import mark_tensor_parallel
 
 
 class SDPAttention(MegatronModule):
@@ -101,3 +105,40 @@ class SDPAttention(MegatronModule):
             )
         # [b, n, s, d] -> [s, b, n*d]
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.heads_per_partition * self.head_dim)
+
+
+class ProjectionQKNorm(MegatronModule):
+    """An RMSNorm over all heads of the query (or key) projection at once, as OLMoE normalises them,
+    in megatron's q_layernorm / k_layernorm slot (whose own norm, `qk_layernorm`, is per head:
+    Qwen3-MoE's form). It gets [s, b, this rank's heads, head_dim]; its weight covers this rank's
+    heads ([heads / tp * head_dim], split over the tensor-parallel ranks as the heads are), and the
+    mean of squares is over every head of every rank: an all-reduce forward and backward.
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, heads: str = "query"):
+        super().__init__(config=config)
+        if config.normalization != "RMSNorm":
+            raise ValueError(f"ProjectionQKNorm is an RMSNorm; the model's normalization is {config.normalization}")
+        count = {"query": config.num_attention_heads, "key": config.num_query_groups}[heads]
+        self.tp = config.tensor_model_parallel_size
+        self.width = count * hidden_size  # over every rank's heads
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(count // self.tp * hidden_size, dtype=config.params_dtype))
+        if self.tp > 1:
+            mark_tensor_parallel(self.weight, 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(*x.shape[:-2], -1).float()
+        squares = flat.pow(2).sum(dim=-1, keepdim=True)
+        if self.tp > 1:
+            # the sum over every rank's heads; each rank's output depends on every rank's squares
+            squares = tensor_parallel.copy_to_tensor_model_parallel_region(
+                tensor_parallel.reduce_from_tensor_model_parallel_region(squares))
+        normed = (flat * torch.rsqrt(squares / self.width + self.eps)).to(x.dtype)
+        return (self.weight * normed).reshape(x.shape)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        state = self.state_dict(prefix="", keep_vars=True)
+        return make_sharded_tensors_for_checkpoint(state, prefix, {"weight": 0}, sharded_offsets)

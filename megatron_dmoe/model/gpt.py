@@ -99,6 +99,7 @@ def build_gpt_model(
         moe_params=moe_params,
         vp_stage=vp_stage,
         attention_recompute=attention_recompute,
+        qk_layernorm=cfg.model.qk_layernorm_scope if cfg.model.qk_layernorm else None,
     )
     model = GPTModelWithFusedLoss(
         config=config,

@@ -34,7 +34,7 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 
 from megatron_dmoe.compat import mcore as mcore_compat
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
-from megatron_dmoe.model.attention import SDPAttention
+from megatron_dmoe.model.attention import ProjectionQKNorm, SDPAttention
 from megatron_dmoe.model.layer_seed import seeded_layer_class
 from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
 from megatron_dmoe.model.norm import FusedNorm
@@ -42,6 +42,8 @@ from megatron_dmoe.moe.layer import MoELayer
 from megatron_dmoe.moe.run_state import MoERunState
 
 CORE_ATTENTIONS = ("sdpa", "unfused")
+# model.qk_layernorm_scope: megatron's per-head norm of queries and keys, or ours over the projection
+QK_NORM_SCOPES = ("head", "projection")
 
 
 class _OwnMLPNotice(logging.Filter):
@@ -94,6 +96,14 @@ def _with_fused_norms(spec: ModuleSpec) -> ModuleSpec:
     return _with_submodule(spec, **{n: FusedNorm for n in names}) if names else spec
 
 
+def _with_projection_qk_norms(spec: ModuleSpec) -> ModuleSpec:
+    """The q_layernorm / k_layernorm slots (megatron's per-head norms) -> ProjectionQKNorm."""
+    attention = spec.submodules.self_attention
+    norms = {name: ModuleSpec(module=ProjectionQKNorm, params={"heads": heads})
+             for name, heads in (("q_layernorm", "query"), ("k_layernorm", "key"))}
+    return _with_submodule(spec, self_attention=_with_submodule(attention, **norms))
+
+
 def moe_mlp_spec(moe_params: Optional[dict] = None) -> ModuleSpec:
     """Our MoE layer as an `mlp` slot; `moe_params` carries settings megatron has no field for.
     Every layer built from the spec shares its `run_state` (a new MoERunState unless given)."""
@@ -110,23 +120,30 @@ def layer_spec(
     core_attention: str = "sdpa",
     moe_params: Optional[dict] = None,
     attention_recompute: bool = False,
+    qk_layernorm: Optional[str] = None,
 ) -> ModuleSpec:
     """One TransformerLayer spec: dense (megatron's MLP) or MoE (ours). attention_recompute: SDPA's
-    own selective recompute (model/attention.py), where megatron's is switched off."""
+    own selective recompute (model/attention.py), where megatron's is switched off. qk_layernorm:
+    None, or a norm of the queries and keys per "head" (megatron's) or over the "projection"."""
     if core_attention not in CORE_ATTENTIONS:
         raise ValueError(f"core_attention must be one of {CORE_ATTENTIONS}, got {core_attention!r}")
+    if qk_layernorm not in (None, *QK_NORM_SCOPES):
+        raise ValueError(f"qk_layernorm must be None or one of {QK_NORM_SCOPES}, got {qk_layernorm!r}")
     # Asking megatron for an MoE layer gives the right pre-MLP norm (TE fuses it into fc1 otherwise);
     # 2 is a placeholder: we replace the MLP it would build.
     num_experts = 2 if moe else None
+    qk = qk_layernorm is not None
     if use_transformer_engine:
-        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts)
+        spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, qk_layernorm=qk)
     else:
-        spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization)
+        spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization, qk_layernorm=qk)
         spec = _with_fused_bias_linears(_with_fused_norms(spec))
         if core_attention == "sdpa":
             attention = spec.submodules.self_attention
             core = ModuleSpec(module=SDPAttention, params={"recompute": attention_recompute})
             spec = _with_submodule(spec, self_attention=_with_submodule(attention, core_attention=core))
+    if qk_layernorm == "projection":
+        spec = _with_projection_qk_norms(spec)
     if moe:
         spec = _with_submodule(spec, mlp=moe_mlp_spec(moe_params))
     return spec
@@ -153,6 +170,7 @@ def block_spec(
     moe_params: Optional[dict] = None,
     vp_stage: Optional[int] = None,
     attention_recompute: bool = False,
+    qk_layernorm: Optional[str] = None,
 ) -> TransformerBlockSubmodules:
     """Layer-by-layer specs for this pipeline stage, MoE where `config_moe_layers` says."""
     kinds = {
@@ -163,6 +181,7 @@ def block_spec(
             core_attention=core_attention,
             moe_params=moe_params,
             attention_recompute=attention_recompute,
+            qk_layernorm=qk_layernorm,
         )
         for moe in (False, True)
     }

@@ -1,0 +1,70 @@
+"""dmoe-import: a transformers MoE model directory as a run directory to continue training."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from megatron_dmoe.inference.cli_common import fail
+
+PROG = "dmoe-import"
+DESCRIPTION = """\
+Turn a transformers model directory (config.json, *.safetensors, tokenizer files) of
+MixtralForCausalLM, Qwen3MoeForCausalLM or OlmoeForCausalLM into a run directory: the resolved
+config.yaml, the checkpoint of step 0 (the model's weights, a fresh optimizer and learning-rate
+schedule) and the tokenizer (RUN_DIR/tokenizer). Then:
+
+  dmoe-train --run-dir RUN_DIR --resume       continue training (any layout: parallel.* overrides)
+  dmoe-eval RUN_DIR / dmoe-generate RUN_DIR    evaluate, generate
+  dmoe-export RUN_DIR OUT                      back to the same transformers architecture
+
+The model's settings come from config.json (shapes, norms and their epsilon, query/key norm, RoPE
+theta, grouped-query attention, routing with or without renormalisation); a field with no
+equivalent here (sliding windows, biases, clipped queries and keys, RoPE scaling, dense layers
+between the MoE layers) is refused before anything is written. Everything else is chosen with
+key=value overrides as for dmoe-train, here, because a resumed run keeps them: the data
+(data.data_path, required: tokenized with this model's tokenizer), the schedule (training.lr,
+training.train_iters, ...), the precision (training.bf16) and the MoE backend. Runs in one process.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("hf_dir", type=Path, metavar="HF_DIR", help="the transformers model directory to read")
+    parser.add_argument("--run-dir", type=Path, required=True, metavar="RUN_DIR",
+                        help="the run directory to create (new, or without a previous run's files)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="config overrides, as for dmoe-train (data.data_path=PREFIX is required)")
+    return parser
+
+
+def import_main(argv: Optional[List[str]] = None) -> int:
+    ns = _parser().parse_intermixed_args(argv)
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        return fail(PROG, "run dmoe-import as one process (not under torchrun); train the run at any layout after")
+    from megatron_dmoe.data import DataError
+    from megatron_dmoe.hf_import.plan import plan_import
+    from megatron_dmoe.hf_import.write_run import write_run
+    from megatron_dmoe.inference.errors import UsageError
+    from megatron_dmoe.training.checkpoint import CheckpointError
+    from megatron_dmoe.training.run_dir import RunDirError
+
+    try:
+        plan = plan_import(ns.hf_dir, ns.run_dir, ns.overrides)  # every check; nothing written
+        path = write_run(plan)
+    except (UsageError, DataError, CheckpointError, RunDirError) as err:
+        return fail(PROG, str(err))
+    print(f"imported {ns.hf_dir} ({plan.family.architecture}) into {ns.run_dir} as {path.name}; "
+          f"continue with: dmoe-train --run-dir {ns.run_dir} --resume")
+    return 0
+
+
+def main() -> None:
+    sys.exit(import_main())
+
+
+if __name__ == "__main__":
+    main()

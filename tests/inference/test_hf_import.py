@@ -1,0 +1,181 @@
+"""dmoe-import: a tiny random Mixtral, Qwen3-MoE and OLMoE built with transformers becomes a run that
+computes their logits, trains on, and exports back to the same weights."""
+import json
+import shutil
+
+import pytest
+import safetensors.torch
+import torch
+import transformers
+
+from megatron_dmoe.hf_import.cli import import_main
+from megatron_dmoe.inference.run_model import load_run
+from megatron_dmoe.parallel.distributed import destroy_distributed
+
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=128, initializer_range=0.1)
+FAMILIES = {
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
+                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)),
+    # heads wider than hidden / heads, a large RoPE theta, no renormalisation, tied embeddings
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                  dict(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                       head_dim=24, rope_theta=1000000.0, norm_topk_prob=False, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True)),
+    "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM,
+              dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)),
+}
+DATA = "data.data_path=data/never_read_text_document"  # refusals come first
+TRAIN = ["model.seq_length=32", "training.train_iters=5", "training.micro_batch_size=4",
+         "training.global_batch_size=4", "training.lr=3e-3", "training.lr_warmup_iters=0",
+         "training.lr_decay_style=constant", "training.eval_interval=0", "training.device=cpu",
+         "logging.log_interval=1", "logging.progress_bar=off", "logging.tensorboard=false", "logging.plot=false"]
+
+
+def _logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens).logits.float()
+
+
+def _our_logits(run, tokens):
+    with torch.no_grad():
+        return run.model(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None).float()
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_cache):
+    from megatron_dmoe.data.builtin import prepare_builtin_corpus
+    from megatron_dmoe.data.tokenizer import load_tokenizer
+
+    prefix, model = prepare_builtin_corpus(4096, corpus_cache)
+    return prefix, load_tokenizer(model)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def imported(request, corpus, tmp_path_factory):
+    """(family, transformers model, its directory, the imported run directory)."""
+    from megatron_dmoe.export.tokenizer_files import write_tokenizer_files
+
+    prefix, tokenizer = corpus
+    config_class, model_class, extra = FAMILIES[request.param]
+    config = config_class(vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eod, bos_token_id=tokenizer.eod,
+                          pad_token_id=None, **COMMON, **extra)
+    torch.manual_seed(0)
+    hf = model_class(config).eval()
+    with torch.no_grad():  # norms away from their initial ones
+        for name, param in hf.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    root = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(root / "hf")
+    write_tokenizer_files(tokenizer, root / "hf", 128)
+    assert import_main([str(root / "hf"), "--run-dir", str(root / "run"), f"data.data_path={prefix}", *TRAIN]) == 0
+    return request.param, hf, root / "hf", root / "run"
+
+
+@pytest.fixture
+def tokens(corpus):
+    return torch.randint(0, corpus[1].vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+
+
+def test_imported_run_computes_the_models_logits(imported, tokens):
+    _, hf, _, run_dir = imported
+    run = load_run(run_dir, device="cpu")
+    try:
+        ours = _our_logits(run, tokens)
+    finally:
+        destroy_distributed()
+    theirs = _logits(hf, tokens)
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_export_gives_back_the_same_weights_and_logits(imported, tokens, tmp_path):
+    from megatron_dmoe.export.cli import export_main
+
+    family, hf, hf_dir, run_dir = imported
+    assert export_main([str(run_dir), str(tmp_path / "out")]) == 0
+    before = safetensors.torch.load_file(hf_dir / "model.safetensors")
+    after = safetensors.torch.load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(after) == sorted(before)
+    for name, tensor in before.items():
+        assert torch.equal(after[name], tensor), name
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == json.loads((hf_dir / "config.json").read_text())["architectures"]
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back) is type(hf)
+    assert torch.equal(_logits(back, tokens), _logits(hf, tokens))
+
+
+def test_resumed_run_trains_and_exports(imported, tokens, cli_run, tmp_path):
+    from megatron_dmoe.export.cli import export_main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(imported[3], run_dir)  # the module's run stays at step 0
+    result = cli_run(run_dir, "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 5 and losses[-1] < losses[0], losses
+    # fine-tuned here, the model goes back out and computes what ours does
+    assert export_main([str(run_dir), str(tmp_path / "out")]) == 0
+    run = load_run(run_dir, device="cpu")
+    try:
+        ours = _our_logits(run, tokens)
+    finally:
+        destroy_distributed()
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    torch.testing.assert_close(_logits(back, tokens), ours, rtol=0, atol=1e-5)
+
+
+@pytest.fixture
+def qwen3_dir(tmp_path):
+    """A Qwen3-MoE directory with neither weights nor a real tokenizer: every refusal below comes
+    before they are read (these tests need no corpus: the fast lane runs them)."""
+    config_class, _, extra = FAMILIES["qwen3_moe"]
+    config_class(vocab_size=256, architectures=["Qwen3MoeForCausalLM"], **COMMON, **extra).save_pretrained(
+        tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text("{}")
+    return tmp_path / "hf"
+
+
+def _refusal(args, capsys):
+    assert import_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("changes, named", [
+    (dict(architectures=["LlamaForCausalLM"]), "architectures=['LlamaForCausalLM'] is not supported"),
+    (dict(attention_bias=True), "attention_bias=true is not supported"),
+    (dict(use_sliding_window=True), "use_sliding_window=true is not supported"),
+    (dict(clip_qkv=8.0), "clip_qkv=8.0 is not supported"),
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}), "rope_parameters.rope_type='yarn'"),
+    (dict(hidden_act="gelu"), 'hidden_act="gelu" is not supported'),
+    (dict(mlp_only_layers=[0]), "mlp_only_layers=[0] is not supported"),
+])
+def test_an_unsupported_config_is_refused_in_one_line_before_any_work(changes, named, qwen3_dir, tmp_path, capsys):
+    config = json.loads((qwen3_dir / "config.json").read_text())
+    (qwen3_dir / "config.json").write_text(json.dumps({**config, **changes}))
+    err = _refusal([str(qwen3_dir), "--run-dir", str(tmp_path / "run"), DATA], capsys)
+    assert named in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["model.hidden_size=128"], "model.hidden_size is read from"),
+    (["data.tokenizer_model=other"], "data.tokenizer_model: the run uses"),
+    ([], "give data.data_path=PREFIX"),
+])
+def test_overrides_of_the_models_settings_and_a_missing_data_path_are_refused(overrides, named, qwen3_dir, tmp_path,
+                                                                              capsys):
+    data = [DATA] if overrides else []
+    err = _refusal([str(qwen3_dir), "--run-dir", str(tmp_path / "run"), *data, *overrides], capsys)
+    assert named in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_weights_are_refused_before_any_work(qwen3_dir, tmp_path, capsys):
+    err = _refusal([str(qwen3_dir), "--run-dir", str(tmp_path / "run"), DATA], capsys)
+    assert "has no *.safetensors files" in err
+    assert not (tmp_path / "run").exists()
