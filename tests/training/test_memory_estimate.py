@@ -90,6 +90,9 @@ def test_activations_by_hand():
      "model.num_query_groups=2", "model.position_embedding_type=rope", "model.untie_embeddings_and_output_weights=true",
      "moe.shared_expert_ffn_hidden_size=128", "moe.shared_expert_gate=true", "moe.layer_freq=2",
      "moe.first_dense_layers=0"],
+    ["model.qk_layernorm=true", "model.kv_channels=32"],  # a norm per head of queries and keys, wider heads
+    ["model.qk_layernorm=true", "model.qk_layernorm_scope=projection", "model.normalization=RMSNorm",
+     "model.num_query_groups=2"],
 ])
 def test_parameter_term_equals_a_built_model(cpu_dist, overrides):
     from megatron_dmoe.model.gpt import build_gpt_model
