@@ -1,11 +1,14 @@
-"""Where prepared data lives by default (the built-in corpus and staged tokenizer folders), and the
-lock that keeps concurrent runs from reading megatron-core's index cache while another writes it."""
+"""Where prepared data lives by default (the built-in corpus and staged tokenizer folders), the
+lock that keeps concurrent runs from reading megatron-core's index cache while another writes it,
+and the rank that writes it in a node that does not share rank 0's (data/cache_sharing.py)."""
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+import torch
 
 try:
     import fcntl
@@ -37,3 +40,20 @@ def index_cache_lock(cache_dir: str, writer: bool) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def as_index_cache_writer(writer: bool) -> Iterator[None]:
+    """megatron-core's dataset builder and datasets write the index cache on `get_rank() == 0`:
+    while this block runs, a writer other than rank 0 answers 0 (its barriers are unchanged,
+    so it builds before them, as rank 0 does, and its node's other ranks read after them)."""
+    dist = torch.distributed
+    if not writer or not dist.is_initialized() or dist.get_rank() == 0:
+        yield
+        return
+    original = dist.get_rank
+    dist.get_rank = lambda group=None: 0 if group is None else original(group)
+    try:
+        yield
+    finally:
+        dist.get_rank = original

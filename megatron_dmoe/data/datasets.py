@@ -9,7 +9,8 @@ megatron-core assertion or a hang.
 
 With torch.distributed initialised, `build_datasets` must be called on every rank: megatron-core
 builds on rank 0 first (writing the index cache), waits at a barrier, then the other ranks build
-from the cache. `is_built_on_rank` says which ranks get a dataset (others receive None).
+from the cache (on nodes that do not share rank 0's cache, one rank per node writes it:
+cache_sharing.py). `is_built_on_rank` says which ranks get a dataset (others receive None).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
 from megatron_dmoe.data.builtin import prepare_builtin_corpus
-from megatron_dmoe.data.cache import default_cache_dir, index_cache_lock
+from megatron_dmoe.data.cache import as_index_cache_writer, default_cache_dir, index_cache_lock
 from megatron_dmoe.data.checks import check_data_files, check_splits, check_tokenizer_matches
 from megatron_dmoe.data.errors import DataError
 from megatron_dmoe.data.tokenizer import load_tokenizer
@@ -123,8 +124,12 @@ def build_datasets(
     tokenizer,
     num_samples: Tuple[Optional[int], Optional[int], Optional[int]],
     is_built_on_rank: Optional[Callable[[], bool]] = None,
+    writer: Optional[bool] = None,
 ):
     """(train, valid, test) GPTDatasets (or BlendedDatasets) of `num_samples` samples each.
+
+    `writer`: whether this rank writes the index cache (data/cache_sharing.py's
+    `index_cache_writer`, for nodes that do not share it); None: rank 0 only, megatron-core's rule.
 
     A sample is a window of model.seq_length + 1 tokens as `tokens` and `labels` shifted by one,
     with `loss_mask` and `position_ids`; None for a split whose data.split weight is 0, and for
@@ -175,8 +180,9 @@ def build_datasets(
         is_built_on_rank or (lambda: True),
         config,
     )
-    writer = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-    with _rank_zero_without_distributed(), index_cache_lock(cache, writer):
+    if writer is None:
+        writer = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    with _rank_zero_without_distributed(), as_index_cache_writer(writer), index_cache_lock(cache, writer):
         train, valid, test = builder.build()
     return train, valid, test
 

@@ -23,6 +23,7 @@ from megatron.core.utils import get_model_config
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
+from megatron_dmoe.data.cache_sharing import index_cache_writer
 from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 from megatron_dmoe.model.gpt import build_model_chunks
 from megatron_dmoe.model.layer_seed import set_layer_init_seed
@@ -160,6 +161,7 @@ def prepare_run_data(cfg: RunConfig, env: DistEnv) -> RunData:
     Rank 0 goes first so the built-in corpus and megatron's index caches are made once; the other
     ranks then find them ready.
     """
+    writer = index_cache_writer(cfg)  # before rank 0 goes first: every rank takes part
     if not env.is_main:
         dist.barrier()
     tokenizer = build_tokenizer(cfg)
@@ -172,6 +174,7 @@ def prepare_run_data(cfg: RunConfig, env: DistEnv) -> RunData:
         tokenizer,
         (tr.train_iters * tr.global_batch_size, valid_samples, 0),
         is_built_on_rank=lambda: True,
+        writer=writer,
     )
     if env.is_main:
         dist.barrier()
