@@ -26,6 +26,8 @@ TESTS = Path(__file__).resolve().parent
 STARTS_PROCESSES = re.compile(
     r"\b(subprocess|multiprocessing|torchrun|Popen|process_group|ep_runs|run_train)\b|torch\.distributed\.run")
 TRAINING_FIXTURES = frozenset({"corpus_cache", "runs", "exported", "slurm_cluster"})
+# modules whose processes are quick (no torch in them), kept in the fast lane
+QUICK_PROCESSES = {"test_lint.py": "ruff", "test_docs_links.py": "git ls-files"}
 
 # CI's second leg (megatron-core 0.19, `pytest -m mcore`) runs the tests marked `mcore`: every test
 # but those here, which cannot tell one megatron-core version from another. A new test module is in
@@ -70,15 +72,21 @@ def _module_source(path):
     return Path(path).read_text(encoding="utf-8")
 
 
+def _relative(path):
+    return Path(path).resolve().relative_to(TESTS).as_posix()
+
+
 def _mcore_free(path):
-    relative = Path(path).resolve().relative_to(TESTS).as_posix()
+    relative = _relative(path)
     return any(relative == entry or (entry.endswith("/") and relative.startswith(entry)) for entry in MCORE_FREE)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = str(item.path)
-        if TRAINING_FIXTURES.intersection(item.fixturenames) or STARTS_PROCESSES.search(_module_source(path)):
+        starts_processes = (_relative(path) not in QUICK_PROCESSES
+                            and STARTS_PROCESSES.search(_module_source(path)))
+        if starts_processes or TRAINING_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.slow)
         if not _mcore_free(path):
             item.add_marker(pytest.mark.mcore)

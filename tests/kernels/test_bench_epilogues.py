@@ -20,6 +20,7 @@ def _tool():
     return bench
 
 
+@pytest.mark.slow
 def test_bench_epilogues_toy_writes_its_rows(tmp_path, capsys):
     out = tmp_path / "epilogues.json"
     _tool().main(["--toy", "--out", str(out)])

@@ -63,6 +63,7 @@ def test_positions_match_the_plain_walk(kind, T, E, K, bs, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("H", [40, 600])  # 600: more than one column chunk per program at K=3
 @pytest.mark.parametrize("kind,T,E,K,bs", ROUTINGS[1:3])
+@pytest.mark.slow
 def test_expand_and_reduce_match_references(kind, T, E, K, bs, H, dtype, device):
     indices = _routing(kind, T, E, K, device)
     counts, offsets, rows = _layout(indices, E, bs)
@@ -103,6 +104,7 @@ def test_expand_and_reduce_match_references(kind, T, E, K, bs, H, dtype, device)
 
 
 @pytest.mark.parametrize("kind,T,E,K,bs", ROUTINGS[:2] + ROUTINGS[3:4])
+@pytest.mark.slow
 def test_permute_unpermute_gradients(kind, T, E, K, bs, device):
     """Values and gradients of x -> permute -> f -> unpermute(weights) against float64 torch indexing."""
     H = 24

@@ -83,6 +83,7 @@ def topology(request, device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.slow
 def test_sdd(topology, dtype, device):
     rows, cols = topology.shape
     a = _randn((rows, K_DENSE), dtype, device).requires_grad_()
@@ -102,6 +103,7 @@ def test_sdd(topology, dtype, device):
 
 @pytest.mark.parametrize("transpose", [False, True], ids=["S@B", "St@B"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.slow
 def test_dsd(topology, dtype, transpose, device):
     rows, cols = topology.shape
     data = _randn(topology.data_shape(), dtype, device).requires_grad_()
@@ -121,6 +123,7 @@ def test_dsd(topology, dtype, transpose, device):
 
 @pytest.mark.parametrize("transpose", [False, True], ids=["A@S", "A@St"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.slow
 def test_dds(topology, dtype, transpose, device):
     rows, cols = topology.shape
     data = _randn(topology.data_shape(), dtype, device).requires_grad_()
@@ -138,6 +141,7 @@ def test_dds(topology, dtype, transpose, device):
     assert _sparse_err(data.grad, d64.grad, topology) < TOLERANCE[dtype]
 
 
+@pytest.mark.slow
 def test_raw_ops_write_every_output(topology, device):
     """Outputs poisoned with NaN: every existing block and every dense element must be overwritten."""
     dtype = torch.float32
@@ -247,6 +251,7 @@ SDD_CONFIGS, DSD_CONFIGS = _config_cases()
 
 @pytest.mark.parametrize("counts, ffn", [([5, 0, 40, 17, 33], 64), ([0, 0, 70, 1, 0], 48)],
                          ids=["F4-9rows", "F3-skewed"])
+@pytest.mark.slow
 def test_every_config_on_expert_topologies(counts, ffn, device):
     """Program orders (GROUP_M not dividing the rows), multi-block tiles and persistent kernels."""
     counts = torch.tensor(counts, device=device)

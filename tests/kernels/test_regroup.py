@@ -50,6 +50,7 @@ FP32_SUM_TOL = 1e-6
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.slow
 def test_sum_of_products_matches_float64(case, dtype, device):
     _check(case, device, dtype, FP32_SUM_TOL)
 

@@ -45,6 +45,7 @@ def _err(a, b):
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("k", [1, 2, 6])
 @pytest.mark.parametrize("E", [8, 64, 160])
+@pytest.mark.slow
 def test_fused_route_matches_torch_values_and_gradients(E, k, renormalize, device):
     logits = _logits(T, E, (E, k, renormalize), device).requires_grad_()
     ref_logits = logits.detach().double().requires_grad_()

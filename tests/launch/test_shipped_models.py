@@ -18,6 +18,8 @@ CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 RUN_CONFIGS = sorted(p for p in CONFIGS_DIR.rglob("*.yaml") if "sweeps" not in p.parts)
 VOCAB = 100
 
+pytestmark = pytest.mark.slow  # every shipped config builds a model
+
 
 def reduced(path):
     """The config at CPU-test size, and the original it came from."""

@@ -42,6 +42,7 @@ def _compare(heads, groups, seq, batch, device, dtype, tol):
 
 @pytest.mark.parametrize("heads,groups", [(4, 4), (4, 2), (6, 1)])
 @pytest.mark.parametrize("seq,batch", [(32, 2), (17, 3)])
+@pytest.mark.slow
 def test_sdpa_matches_megatron_attention_cpu(cpu_dist, heads, groups, seq, batch):
     _compare(heads, groups, seq, batch, "cpu", torch.float32, 1e-5)
 

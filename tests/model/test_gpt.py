@@ -46,6 +46,7 @@ def _batch(cfg, vocab):
     return tokens[:, :-1], tokens[:, 1:], torch.arange(s).expand(b, s)
 
 
+@pytest.mark.slow
 def test_dmoe_gpt_from_yaml_learns_a_fixed_batch(cpu_dist, tmp_path):
     cfg = _config(tmp_path)
     model = build_gpt_model(cfg, vocab_size=50, on_cuda=False)
@@ -74,6 +75,7 @@ def test_layer_freq_mixes_dense_and_moe_layers(cpu_dist, tmp_path):
 
 
 @pytest.mark.parametrize("freq, first_dense, expected", [(1, 2, "ddmm"), (2, 1, "ddmd"), (1, 0, "mmmm")])
+@pytest.mark.slow
 def test_first_dense_layers_keep_the_dense_mlp(cpu_dist, tmp_path, freq, first_dense, expected):
     cfg = _config(tmp_path, "model.num_layers=4", f"moe.layer_freq={freq}", f"moe.first_dense_layers={first_dense}")
     model = build_gpt_model(cfg, vocab_size=50, on_cuda=False)
@@ -108,6 +110,7 @@ def test_megatron_lm_ready_spec_builds_from_transformer_config(cpu_dist, tmp_pat
     assert torch.isfinite(model(tokens, positions, None, labels=labels).mean())
 
 
+@pytest.mark.slow
 def test_full_activation_recompute_gives_the_same_gradients(cpu_dist, tmp_path):
     from megatron_dmoe.moe import AuxLossScaler, run_state_of
     from megatron_dmoe.parallel.distributed import seed_everything
@@ -147,6 +150,7 @@ def test_pipeline_exchange_is_the_one_the_cpu_runs_check(tmp_path, virtual):
 
 
 @pytest.mark.parametrize("dropout, ours", [(0.0, True), (0.1, False)])
+@pytest.mark.slow
 def test_selective_recompute_is_the_sdpa_attentions_own_without_dropout(cpu_dist, tmp_path, dropout, ours):
     """Without attention dropout the SDPA core attention checkpoints itself (capturable) and
     megatron's reentrant checkpoint is off; with dropout megatron's stays (it replays the RNG)."""

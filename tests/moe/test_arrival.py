@@ -56,6 +56,7 @@ def _reference(x, counts, w1, v1, w2, activation):
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 @pytest.mark.parametrize("backend", ["reference", "grouped", "sparse"])
+@pytest.mark.slow
 def test_backends_run_arrival_order_like_a_per_row_loop(backend, activation):
     g = torch.Generator().manual_seed(7)
     hidden, ffn, experts = 8, 32, 3
@@ -96,6 +97,7 @@ def test_rows_past_the_real_ones_map_past_every_group():
 
 
 @pytest.mark.parametrize("backend", ["reference", "grouped", "sparse"])
+@pytest.mark.slow
 def test_rows_past_the_real_ones_change_nothing(backend):
     """Junk (NaN) rows past the received ones: the real rows' outputs and every weight gradient are
     those of the exact-size call, and the junk rows' gradients stay in the junk rows."""

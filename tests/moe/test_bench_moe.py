@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_moe.py"
 
 
@@ -14,6 +16,7 @@ def _load():
     return bench
 
 
+@pytest.mark.slow
 def test_bench_moe_reports_every_backend(tmp_path):
     bench = _load()
     out, png = tmp_path / "moe.json", tmp_path / "moe.png"
@@ -44,6 +47,7 @@ def test_bench_moe_refuses_unknown_names():
             bench.parse_args(argv)
 
 
+@pytest.mark.slow
 def test_bench_moe_memory_optimized_reaches_the_layer(tmp_path):
     import torch
 
@@ -61,6 +65,7 @@ def test_bench_moe_memory_optimized_reaches_the_layer(tmp_path):
     assert [r["backend"] for r in data["results"]] == ["sparse", "dense-equiv"]
 
 
+@pytest.mark.slow
 def test_bench_moe_case_with_its_own_activation_and_skewed_routing_beside_balanced(tmp_path):
     """toy-fine (a small deepseek-v2-lite) is SwiGLU without --swiglu, counted 18*T*k*d*f; --skew 2
     runs each case balanced and skewed, dense-equiv once, and rows carry skew and load."""
@@ -125,6 +130,7 @@ def test_bench_moe_fine_grained_case_and_activation_choice():
         bench.parse_args(["--skew", "-1"])
 
 
+@pytest.mark.slow
 def test_bench_moe_router_choice_reaches_the_layers(tmp_path):
     """--router torch|fused|auto sets the MoE backends' router; rows say which path ran (auto on CPU:
     torch; fused: the kernels under Triton's interpreter)."""

@@ -103,6 +103,7 @@ CASES = [
 @pytest.mark.parametrize("mode", ["flag", "main_grad_only"])
 @pytest.mark.parametrize("kind, activation, memory_optimized, dtype", CASES,
                          ids=[f"{k}-{a}-{'memopt-' if m else ''}{str(d)[6:]}" for k, a, m, d in CASES])
+@pytest.mark.slow
 def test_weight_gradients_are_added_into_main_grad(kind, activation, memory_optimized, dtype, mode):
     """flag: megatron's convention (placeholder gradient, grad_added_to_main_grad set);
     main_grad_only: the weights enter detached and no gradient tensor ever exists."""
@@ -149,6 +150,7 @@ def test_main_grad_only_falls_back_when_the_input_needs_no_gradient():
             assert _rel(p.main_grad - m0, q.grad) < 1e-6
 
 
+@pytest.mark.slow
 def test_main_grad_in_the_weights_dtype_is_accumulated_too():
     x, state, weights = _problem(12, "gelu", torch.float16, kind="combine")
     out_grad = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(4))
@@ -165,6 +167,7 @@ def test_main_grad_in_the_weights_dtype_is_accumulated_too():
 
 
 @pytest.mark.parametrize("how", ["opt-out", "non-contiguous-main-grad", "other-dtype-main-grad"])
+@pytest.mark.slow
 def test_unfused_weights_keep_main_grad_and_get_the_real_gradient(how):
     x_pad, state, weights = _problem(13, "swiglu", torch.float32)
     out_grad = torch.randn(x_pad.shape[0], HIDDEN, generator=torch.Generator().manual_seed(5))
@@ -189,6 +192,7 @@ def test_unfused_weights_keep_main_grad_and_get_the_real_gradient(how):
         assert torch.equal(p.grad, q.grad)
 
 
+@pytest.mark.slow
 def test_zero_out_wgrad_gets_a_zero_placeholder():
     """megatron's `zero_out_wgrad` parameters have DDP add the returned gradient anyway: it must be zero."""
     x, state, weights = _problem(14, "gelu", torch.float32, kind="combine")
@@ -206,6 +210,7 @@ def test_zero_out_wgrad_gets_a_zero_placeholder():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.slow
 def test_megatron_ddp_accumulates_two_micro_batches(cpu_dist, dtype):
     """megatron-core's DDP (fp32 grad buffers) around the layer: after two micro-batches, the expert
     weights' main_grad is the sum of the two reference gradients, added by the kernels alone."""

@@ -138,6 +138,7 @@ def random_cfg(rng: random.Random) -> RunConfig:
 
 
 @pytest.mark.parametrize("seed", range(6))
+@pytest.mark.slow
 def test_matches_torch_flop_counter_forward_and_backward(seed):
     rng = random.Random(seed)
     cfg, vocab = random_cfg(rng), rng.randint(10, 50)

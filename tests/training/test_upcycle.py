@@ -54,6 +54,7 @@ def _upcycled(run, *overrides):
 
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+@pytest.mark.slow
 def test_upcycled_moe_gives_the_dense_models_outputs_and_loss(cpu_dist, tmp_path, activation):
     run, dense = _dense_run(tmp_path, f"model.activation={activation}")
     cfg, moe = _upcycled(run, f"model.activation={activation}", "moe.num_experts=4", "moe.top_k=2",
