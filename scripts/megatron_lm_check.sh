@@ -1,19 +1,37 @@
 #!/usr/bin/env bash
-# Train with Megatron-LM's own pretrain_gpt.py and this repository's MoE layer spec on one GPU, and
-# check that the loss falls and that the aux losses appear in Megatron-LM's log.
+# Train with Megatron-LM's own pretrain_gpt.py and this repository's MoE layer spec (one GPU, or a
+# parallel layout over several), check that the loss falls and that the aux losses appear in
+# Megatron-LM's log, and compare the per-iteration loss with a reference run's log.
 set -euo pipefail
 
 usage() {
     cat <<'EOF'
-Usage: scripts/megatron_lm_check.sh MEGATRON_LM_DIR [WHEEL_DIR]
+Usage: scripts/megatron_lm_check.sh MEGATRON_LM_DIR [WHEEL_DIR] [--tp N] [--sp] [--pp N] [--ep N]
+           [--nproc N] [--reference LOG] [--tolerance T]
 
 Runs Megatron-LM's pretrain_gpt.py (a checkout of tag core_v0.16.1 or core_v0.19.0 at
-MEGATRON_LM_DIR) on one GPU with `--spec megatron_dmoe.model.spec dmoe_layer_spec`, mock data and
+MEGATRON_LM_DIR) with `--spec megatron_dmoe.model.spec dmoe_layer_spec`, mock data and
 Megatron-LM's NullTokenizer, for a few dozen iterations, then checks Megatron-LM's log:
   - the `lm loss` of the last logged iteration is below 90 % of the first one;
   - `load_balancing_loss` (written by our layer into megatron-core's aux-loss tracker) is logged
-    with a positive value.
-Exits 0 when both hold, 1 otherwise, 2 on a setup problem. Nothing is downloaded.
+    with a positive value;
+  - with --reference LOG (the log of another run of this script, e.g. the one-GPU run): the
+    `lm loss` of every iteration both logs hold differs by at most T (--tolerance, absolute,
+    default 2e-2: bf16 rounding).
+Exits 0 when all hold, 1 otherwise, 2 on a setup problem. Nothing is downloaded.
+
+The layout (Megatron-LM's flags; the defaults are 1, on one GPU):
+  --tp N      --tensor-model-parallel-size N
+  --sp        --sequence-parallel (needs --tp 2 or more)
+  --pp N      --pipeline-model-parallel-size N
+  --ep N      --expert-model-parallel-size N
+  --nproc N   processes (GPUs) for torchrun: default tp x pp x ep; the rest is data parallelism
+Every run draws its weights on the CPU (--use-cpu-initialization), so one seed gives the same model
+at any tensor-parallel size (Megatron-LM offsets the seed per pipeline stage: a --pp run starts from
+other weights). The log is WORK_DIR/train_<layout>.log: train_tp1_pp1_ep1.log for the one-GPU
+run, train_tp2_sp_pp1_ep1.log, ... For example, on two GPUs:
+  scripts/megatron_lm_check.sh MLM                  # the reference: one GPU, TRAIN_ITERS=20
+  scripts/megatron_lm_check.sh MLM --tp 2 --sp --reference /tmp/megatron_lm_check/train_tp1_pp1_ep1.log
 
 The script learns the checkout's release from its git tag, or (a checkout without git metadata)
 from its megatron/core/package_info.py, and requires the installed megatron-core to be the same
@@ -34,24 +52,72 @@ megatron-core, since Megatron-LM compiles the helpers at start-up (needs make, a
 pybind11).
 
 Settings (environment):
-  WORK_DIR    work folder: staged imports, log, TensorBoard events (default /tmp/megatron_lm_check)
+  WORK_DIR    work folder: staged imports, logs, TensorBoard events (default /tmp/megatron_lm_check)
   TRAIN_ITERS iterations (default 40)
   PYTHON      python interpreter (default python3)
-  CUDA_VISIBLE_DEVICES  the GPU to use (default: the first)
+  CUDA_VISIBLE_DEVICES  the GPUs to use (default: the first --nproc)
 EOF
 }
 
-if [[ $# -ge 1 && ( $1 == -h || $1 == --help ) ]]; then usage; exit 0; fi
-if [[ $# -lt 1 || $# -gt 2 ]]; then usage >&2; exit 2; fi
-
 fail_setup() { echo "megatron_lm_check: error: $*" >&2; exit 2; }
 
-mlm=$(cd "$1" 2>/dev/null && pwd) || fail_setup "MEGATRON_LM_DIR '$1' is not a folder"
-wheels=${2:-}
+# "iteration    5/   40 | ... | lm loss: 1.043921E+01 | ..." -> "5 1.043921E+01"
+per_iteration() { sed -n 's/.*iteration *\([0-9][0-9]*\)\/.*lm loss: \([0-9.E+-]*\).*/\1 \2/p' "$1"; }
+
+# compare_losses REFERENCE_LOG LOG TOLERANCE: one line (iterations compared, largest difference);
+# status 1 when an iteration differs by more than TOLERANCE or none is in both logs
+compare_losses() {
+    awk -v tol="$3" 'BEGIN { worst = 0; at = "-" }
+        NR == FNR { ref[$1] = $2; next }
+        ($1 in ref) { n++; d = $2 - ref[$1]; if (d < 0) d = -d
+                      if (d > worst) { worst = d; at = $1 }
+                      if (d > tol + 0) bad++ }
+        END { if (n == 0) { print "no iteration in common with the reference"; exit 1 }
+              printf "%d iterations compared, largest difference %.3g (iteration %s)\n", n, worst, at
+              exit bad > 0 }' <(per_iteration "$1") <(per_iteration "$2")
+}
+
+tp=1 pp=1 ep=1 sp=0 nproc="" reference="" tolerance=2e-2
+positional=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        -h|--help) usage; exit 0 ;;
+        --sp) sp=1; shift ;;
+        --tp|--pp|--ep|--nproc|--reference|--tolerance)
+            [[ $# -ge 2 ]] || fail_setup "$1 needs a value (see --help)"
+            case $1 in
+                --tp) tp=$2 ;;
+                --pp) pp=$2 ;;
+                --ep) ep=$2 ;;
+                --nproc) nproc=$2 ;;
+                --reference) reference=$2 ;;
+                --tolerance) tolerance=$2 ;;
+            esac
+            shift 2 ;;
+        -*) fail_setup "unknown option $1 (see --help)" ;;
+        *) positional+=("$1"); shift ;;
+    esac
+done
+if [[ ${#positional[@]} -lt 1 || ${#positional[@]} -gt 2 ]]; then usage >&2; exit 2; fi
+for pair in "--tp:$tp" "--pp:$pp" "--ep:$ep" "--nproc:${nproc:-1}"; do
+    [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] || fail_setup "${pair%%:*} ${pair#*:}: give a positive integer"
+done
+nproc=${nproc:-$((tp * pp * ep))}
+(( nproc % (tp * pp) == 0 )) || fail_setup "--nproc $nproc is not a multiple of --tp x --pp ($((tp * pp)))"
+(( (nproc / pp) % ep == 0 )) || fail_setup "--ep $ep does not divide the $((nproc / pp)) processes of a pipeline stage"
+(( sp == 0 || tp > 1 )) || fail_setup "--sp splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more"
+awk -v t="$tolerance" 'BEGIN { exit !(t + 0 > 0) }' || fail_setup "--tolerance $tolerance: give a positive number"
+if [[ -n $reference && ! -f $reference ]]; then fail_setup "--reference $reference: no such log file"; fi
+
+mlm=$(cd "${positional[0]}" 2>/dev/null && pwd) || fail_setup "MEGATRON_LM_DIR '${positional[0]}' is not a folder"
+wheels=${positional[1]:-}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=${WORK_DIR:-/tmp/megatron_lm_check}
 iters=${TRAIN_ITERS:-40}
 python=${PYTHON:-python3}
+layout=tp${tp}
+if [[ $sp == 1 ]]; then layout+=_sp; fi
+layout+=_pp${pp}_ep${ep}
 
 # -- which Megatron-LM release the checkout is -------------------------------------------------------
 tag=""
@@ -111,9 +177,12 @@ cp "$mlm/megatron/core/datasets/Makefile" "$mlm/megatron/core/datasets/helpers.c
     || fail_setup "Megatron-LM's training code or megatron_dmoe cannot be imported with PYTHONPATH=$PYTHONPATH"
 
 # -- the run -------------------------------------------------------------------------------------------
-log=$work/train.log
+log=$work/train_$layout.log
 args=(
     --spec megatron_dmoe.model.spec dmoe_layer_spec
+    --tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp" --expert-model-parallel-size "$ep"
+    # the whole weights drawn on the CPU from the seed, then split: the same model at any TP size
+    --use-cpu-initialization
     # no apex, no Transformer Engine
     --transformer-impl local --no-gradient-accumulation-fusion --no-masked-softmax-fusion
     --no-bias-gelu-fusion --no-bias-dropout-fusion --no-persist-layer-norm
@@ -125,14 +194,16 @@ args=(
     --micro-batch-size 4 --global-batch-size 16
     --train-iters "$iters" --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --lr-decay-style cosine
     --bf16 --seed 1234
-    --log-interval 5 --eval-interval 20 --eval-iters 1
-    --tensorboard-dir "$work/tensorboard"
+    # every iteration's loss, to compare runs iteration by iteration
+    --log-interval 1 --eval-interval 20 --eval-iters 1
+    --tensorboard-dir "$work/tensorboard_$layout"
 )
-echo "megatron_lm_check: training $iters iterations; log in $log"
+if [[ $sp == 1 ]]; then args+=(--sequence-parallel); fi
+echo "megatron_lm_check: training $iters iterations at $layout on $nproc process(es); log in $log"
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 set +e
-"$python" -m torch.distributed.run --standalone --nproc_per_node 1 "$work/stage/pretrain_gpt.py" "${args[@]}" \
-    > "$log" 2>&1
+"$python" -m torch.distributed.run --standalone --nproc_per_node "$nproc" "$work/stage/pretrain_gpt.py" \
+    "${args[@]}" > "$log" 2>&1
 status=$?
 set -e
 if [[ $status -ne 0 ]]; then
@@ -160,4 +231,11 @@ else
     echo "megatron_lm_check: ok: load_balancing_loss logged ${#aux[@]} times, last ${aux[-1]}"
 fi
 grep -o 'expert_load_imbalance: [0-9.E+-]*' "$log" | tail -n 1 | sed 's/^/megatron_lm_check: /' || true
+if [[ -n $reference ]]; then
+    if ! verdict=$(compare_losses "$reference" "$log" "$tolerance"); then
+        echo "megatron_lm_check: FAIL: lm loss differs from $reference by more than $tolerance: $verdict" >&2; ok=1
+    else
+        echo "megatron_lm_check: ok: lm loss within $tolerance of $reference: $verdict"
+    fi
+fi
 exit $ok
