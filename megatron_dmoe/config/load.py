@@ -222,8 +222,8 @@ def parse_overrides(overrides: Iterable[str]) -> Tuple[Dict[str, Any], List[Prob
         key = key.strip()
         parts = key.split(".")
         if not sep and looks_like_key(key):
-            problems.append((item, f"a malformed override: it has no value; write {key}=VALUE "
-                                   "(overrides look like section.key=value, e.g. moe.top_k=2)"))
+            problems.append((item, "an override must look like section.key=value, and this malformed "
+                                   f"override has no value; write {key}=VALUE"))
             continue
         if not sep or len(parts) != 2 or not all(parts):
             problems.append((item, "an override must look like section.key=value, "

@@ -18,8 +18,9 @@ def _one_line(result, code=2):
 
 def test_an_override_without_a_value_is_a_malformed_override(cli_run, tmp_path):
     message = _one_line(cli_run(tmp_path / "run", "training.train_iters"))
-    assert "training.train_iters: a malformed override: it has no value" in message
-    assert "training.train_iters=VALUE" in message and "config not found" not in message
+    assert ("training.train_iters: an override must look like section.key=value, and this malformed override has "
+            "no value; write training.train_iters=VALUE") in message
+    assert "config not found" not in message
     assert not (tmp_path / "run").exists()
 
 
