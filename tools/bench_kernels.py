@@ -263,13 +263,6 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
     def unfused():
         main_grad.add_(dk.ops.dsd(dh, topo, x, transpose=True))
 
-    def fused_pointers():  # the add through pointers (each tile of main_grad read into the program first)
-        dk.ops.TMA_REDUCE_ADD = False
-        try:
-            fused()
-        finally:
-            dk.ops.TMA_REDUCE_ADD = True
-
     def overwrite():
         dk.ops.dsd(dh, topo, x, transpose=True, out=main_grad)
 
@@ -281,9 +274,6 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
     main_grad.zero_()
     unfused()
     err = rel_err(once, main_grad)
-    main_grad.zero_()
-    fused_pointers()
-    err = max(err, rel_err(once, main_grad))
     main_grad.fill_(float("nan"))
     overwrite()
     err = max(err, rel_err(once, main_grad))
@@ -308,8 +298,7 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
         raise SystemExit(f"{name}: the per-step sum differs from the per-micro-batch sum (rel err {err:.3g})")
     copy_src = torch.empty_like(main_grad)
     ms = {label: do_bench(fn, warmup=10, rep=100, return_mode="median")
-          for label, fn in (("fused", fused), ("fused_pointers", fused_pointers), ("unfused", unfused),
-                            ("overwrite", overwrite), ("dense", dense),
+          for label, fn in (("fused", fused), ("unfused", unfused), ("overwrite", overwrite), ("dense", dense),
                             ("floor", lambda: main_grad.copy_(copy_src)))}
     ms["per_step_per_micro_batch"] = do_bench(per_step, warmup=3, rep=50, return_mode="median") / micro_batches
     ms["regroup_per_micro_batch"] = do_bench(regroup_only, warmup=3, rep=50, return_mode="median") / micro_batches
@@ -319,8 +308,7 @@ def run_wgrad_accumulate(name: str, bs: int, log, dtype: torch.dtype = torch.bfl
               "main_grad_gb_moved": gbytes,
               "fused_gb_per_s": gbytes / (ms["fused"] * 1e-3), "copy_gb_per_s": gbytes / (ms["floor"] * 1e-3),
               "rel_err": err}
-    log(f"  {name} dw1 into fp32 main_grad: fused {ms['fused']:.3f} ms (reduce-add; through pointers "
-        f"{ms['fused_pointers']:.3f}), bf16 + add {ms['unfused']:.3f} ms, "
+    log(f"  {name} dw1 into fp32 main_grad: fused {ms['fused']:.3f} ms, bf16 + add {ms['unfused']:.3f} ms, "
         f"overwrite {ms['overwrite']:.3f} ms, "
         f"dense-equiv + add {ms['dense']:.3f} ms ({result['fused_gb_per_s']:.0f} GB/s of main_grad traffic fused; "
         f"floor {ms['floor']:.3f} ms at the copy bandwidth, {result['copy_gb_per_s']:.0f} GB/s); "

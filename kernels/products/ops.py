@@ -39,11 +39,6 @@ from .topology import Topology
 from .tuning import DsdConfig, SddConfig, dsd_config, sdd_config
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# On CUDA the weight-gradient kernel adds into an fp32 main_grad through the TMA unit's reduce-add
-# (True) or through pointers, reading each tile of main_grad first (False; Triton's interpreter has
-# no reduce-add, so CPU tensors always take pointers). A module switch so that a benchmark can time
-# both on one machine.
-TMA_REDUCE_ADD = True
 
 
 def _check_operands(topology: Topology, op: str, **tensors: torch.Tensor) -> torch.dtype:
@@ -257,20 +252,16 @@ def dsd(
     if cfg.persistent and regular and tma_ready(b) and (pointers or tma_ready(out)) and topology.max_blocks > 0:
         s_block = [cfg.block_k, bs] if transpose else [bs, cfg.block_k]
         grid = min(persistent_programs(b.device, cfg.programs_per_sm), num_programs)
-        # the weight-gradient kernel stores a wide out through TMA, in column strips, and adds into one
-        # by the TMA unit's reduce-add (TMA_REDUCE_ADD; reading C's strips through TMA and adding in the
-        # program measured no faster than the pointer epilogue)
+        # the weight-gradient kernel stores a wide out through TMA, in column strips (adding through TMA
+        # measured no faster than the pointer epilogue)
         strip = min(64, cfg.block_n)
         # the kernels take every epilogue argument (no defaults: a launch torch.compile traces,
         # launch.direct, applies none)
         epilogue = dict(c_ptr=None, stride_cm=None, ACCUMULATE=False, OVERWRITE=False)
         strips = 0
-        reduce_add = TMA_REDUCE_ADD and out is not None and out.is_cuda
-        if wide_out and transpose and cfg.flatten and tma_ready(out) and (not accumulate or reduce_add):
+        if wide_out and not accumulate and transpose and cfg.flatten and tma_ready(out):
             strips = cfg.block_n // strip
             c_desc = tma_descriptor(out, [bs, strip])
-            if accumulate:  # C += S^T @ B by the TMA unit's reduce-add
-                epilogue = dict(c_ptr=out, stride_cm=out.stride(0), ACCUMULATE=True, OVERWRITE=False)
         elif pointers:
             epilogue = dict(c_ptr=out, stride_cm=out.stride(0), ACCUMULATE=True, OVERWRITE=not accumulate)
             c_desc = None

@@ -59,9 +59,8 @@ DTYPE_PAIRS = {
 
 class _LaunchLog:
     """Wraps a kernel so that launches are recorded with their epilogue: (name, how, where), how
-    "add" (ACCUMULATE without OVERWRITE) or "store" (OVERWRITE, or TMA strips without ACCUMULATE),
-    where "strips" (STRIPS: TMA stores, or reduce-adds with ACCUMULATE), "pointers" (ACCUMULATE) or
-    "tma" (the plain TMA store)."""
+    "add" or "store" (OVERWRITE, or the TMA strips, which only store), where "pointers" (ACCUMULATE),
+    "strips" (STRIPS) or "tma" (the plain TMA store)."""
 
     def __init__(self, kernel, name, log):
         self.kernel, self.name, self.log = kernel, name, log
@@ -71,9 +70,7 @@ class _LaunchLog:
 
         def run(*args, **kwargs):
             where = "strips" if kwargs.get("STRIPS") else "pointers" if kwargs.get("ACCUMULATE") else "tma"
-            adds = kwargs.get("ACCUMULATE") and not kwargs.get("OVERWRITE")
-            self.log.append((self.name, "add" if adds or not (kwargs.get("OVERWRITE") or kwargs.get("STRIPS"))
-                             else "store", where))
+            self.log.append((self.name, "store" if kwargs.get("OVERWRITE") or kwargs.get("STRIPS") else "add", where))
             return launch(*args, **kwargs)
 
         return run
@@ -111,7 +108,6 @@ def _check_accumulates(topology, transpose, cfg, dtype, out_dtype, device, out_r
 @pytest.mark.parametrize("pair", list(DTYPE_PAIRS))
 @pytest.mark.parametrize("topology_name", list(REGULAR))
 @pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.slow
 def test_accumulate_on_regular_topologies(path, topology_name, pair, device, tma_launches):
     transpose, cfg, expected_kernel = PATHS[path]
     topology = REGULAR[topology_name](device)
@@ -120,21 +116,11 @@ def test_accumulate_on_regular_topologies(path, topology_name, pair, device, tma
     if expected_kernel is None or topology.max_blocks == 0:  # nothing stored: the generic kernel adds zeros
         assert tma_launches == []
     else:
-        assert tma_launches == [(expected_kernel, "add", _adds_through(expected_kernel, dtype, out_dtype, device))]
-
-
-def _adds_through(kernel, dtype, out_dtype, device):
-    """Where an accumulating TMA kernel adds a TMA-ready out: on CUDA the weight-gradient kernel adds an
-    fp32 out under 16-bit operands by the TMA unit's reduce-add, in strips; everything else (and
-    everything through Triton's interpreter) through pointers."""
-    wide = out_dtype == torch.float32 and dtype != torch.float32
-    reduce_add = dk.ops.TMA_REDUCE_ADD and torch.device(device).type == "cuda"
-    return "strips" if kernel == "dsdt_tma_kernel" and wide and reduce_add else "pointers"
+        assert tma_launches == [(expected_kernel, "add", "pointers")]
 
 
 @pytest.mark.parametrize("pair", list(DTYPE_PAIRS))
 @pytest.mark.parametrize("transpose", [False, True], ids=["S@B", "St@B"])
-@pytest.mark.slow
 def test_accumulate_on_irregular_topology(transpose, pair, device, tma_launches):
     """Irregular topologies always take the generic kernel, whatever the config asks."""
     dtype, out_dtype = DTYPE_PAIRS[pair]
@@ -208,13 +194,11 @@ def test_bf16_operands_accumulate_into_fp32_on_tma_paths(path, tma_launches):
     counts = torch.tensor([300, 0, 517, 64], device=device)
     topology = dk.Topology.for_experts(counts, int(counts.sum()), 256, 128)
     _check_accumulates(topology, transpose, None, torch.bfloat16, torch.float32, device)
-    assert tma_launches[0] == (expected_kernel, "add",
-                               _adds_through(expected_kernel, torch.bfloat16, torch.float32, device))
+    assert tma_launches[0] == (expected_kernel, "add", "pointers")
 
 
 @pytest.mark.parametrize("block_n", [128, 256])
 @pytest.mark.parametrize("flatten", [False, True], ids=["dsd-tma", "dsdt-tma"])
-@pytest.mark.slow
 def test_wide_tiles_add_in_column_strips(block_n, flatten, device):
     """Tiles wider than 64 columns are added in strips of 64 (halved once or twice); the last strip
     runs past N = 200 and is masked."""
@@ -243,7 +227,6 @@ def _check_overwrites(topology, transpose, cfg, device, out_row_stride=None):
 
 @pytest.mark.parametrize("topology_name", list(REGULAR))
 @pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.slow
 def test_wide_out_is_overwritten_on_regular_topologies(path, topology_name, device, tma_launches):
     transpose, cfg, expected_kernel = PATHS[path]
     topology = REGULAR[topology_name](device)

@@ -22,10 +22,7 @@ block [BS, BLOCK_N // STRIPS], one column strip of the fp32 tile at a time stage
 beside the pipeline's buffers (a whole fp32 [128, 256] tile would not fit) and written
 asynchronously, which halves the call against the pointer epilogue's add where main_grad's traffic
 bounds it (docs/kernels.md, "Weight gradients into main_grad"). Adding through TMA strips (reading C's strip
-first) measured no faster than the pointer epilogue. ACCUMULATE with STRIPS > 0 adds through the
-TMA unit's reduce-add instead (`c_desc.atomic_add`, fp32 strips): nothing of C is read into the
-program, and the store-and-add is asynchronous, so the traffic on main_grad overlaps the next tile's
-products rather than following each tile's.
+first) measured no faster than the pointer epilogue.
 """
 import triton
 import triton.language as tl
@@ -53,26 +50,6 @@ def _store_in_strips(c_desc, acc, row0, col0, BS: tl.constexpr, BLOCK_N: tl.cons
         c_desc.store([row0, col0 + BLOCK_N // 2], right)
     else:
         c_desc.store([row0, col0], acc)
-
-
-@triton.jit
-def _add_in_strips(c_desc, acc, row0, col0, BS: tl.constexpr, BLOCK_N: tl.constexpr, STRIPS: tl.constexpr):
-    # C += acc by the TMA unit's reduce-add, one column strip at a time: the read-modify-write of C
-    # runs asynchronously while the program goes on to its next tile
-    if STRIPS == 4:
-        left, right = halves(acc, BS, BLOCK_N)
-        q0, q1 = halves(left, BS, BLOCK_N // 2)
-        q2, q3 = halves(right, BS, BLOCK_N // 2)
-        c_desc.atomic_add([row0, col0], q0)
-        c_desc.atomic_add([row0, col0 + BLOCK_N // 4], q1)
-        c_desc.atomic_add([row0, col0 + BLOCK_N // 2], q2)
-        c_desc.atomic_add([row0, col0 + 3 * BLOCK_N // 4], q3)
-    elif STRIPS == 2:
-        left, right = halves(acc, BS, BLOCK_N)
-        c_desc.atomic_add([row0, col0], left)
-        c_desc.atomic_add([row0, col0 + BLOCK_N // 2], right)
-    else:
-        c_desc.atomic_add([row0, col0], acc)
 
 
 @triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs", "s_rows", "b_rows"])
@@ -130,9 +107,7 @@ def dsdt_tma_kernel(
         b = b_desc.load([b_row, tn * BLOCK_N])
         acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
         if ki == steps - 1:
-            if ACCUMULATE and STRIPS > 0:
-                _add_in_strips(c_desc, acc, tm * BS, tn * BLOCK_N, BS, BLOCK_N, STRIPS)
-            elif ACCUMULATE:
+            if ACCUMULATE:
                 add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, not OVERWRITE)
             elif STRIPS > 0:
                 _store_in_strips(c_desc, acc, tm * BS, tn * BLOCK_N, BS, BLOCK_N, STRIPS)
