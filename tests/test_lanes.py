@@ -1,10 +1,10 @@
-"""The lanes tests/conftest.py marks: every entry of its lists names a test file or folder here, and
+"""The lanes of tests/lanes.py: every entry of its lists names a test file or folder here, and
 none of the test files MCORE_FREE lists imports megatron-core itself (one that does can tell versions apart
 and belongs in CI's megatron-core 0.19 leg)."""
 import ast
 from pathlib import Path
 
-from conftest import MCORE_FREE, QUICK_PROCESSES, STARTS_PROCESSES
+from lanes import MCORE_FREE, QUICK_PROCESSES, STARTS_PROCESSES
 
 TESTS = Path(__file__).resolve().parent
 
@@ -27,7 +27,7 @@ def _imports_megatron_core(path):
 def test_every_entry_exists():
     missing = [entry for entry in [*MCORE_FREE, *QUICK_PROCESSES]
                if not ((TESTS / entry).is_dir() if entry.endswith("/") else (TESTS / entry).is_file())]
-    assert not missing, f"tests/conftest.py names what is not there: {missing}"
+    assert not missing, f"tests/lanes.py names what is not there: {missing}"
 
 
 def test_no_megatron_core_free_test_imports_megatron_core():
