@@ -3,7 +3,7 @@
 
 For every expert-parallel size EP in --ep that divides the number of processes, and every expert
 exchange in --exchange (nccl: variable-split all_to_all; symmetric: rows stored into peer GPUs'
-memory, see megatron_dmoe/parallel/symmetric_exchange.py):
+memory, see megatron_dmoe/moe/exchange/symmetric.py):
   * dispatch + combine (ExpertParallelDispatcher, identity experts in between; router weights that
     need a gradient, as in training) at each message size of --exchange-mib (MiB each rank sends
     per exchange): time per call against two raw all_to_all_single calls moving the same bytes in
@@ -245,7 +245,7 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float, prog
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from megatron_dmoe.moe.dispatch.expert_parallel import ExpertParallelDispatcher
+    from megatron_dmoe.moe.exchange.dispatcher import ExpertParallelDispatcher
     from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
     group = ps.get_expert_model_parallel_group()
@@ -253,7 +253,7 @@ def bench_exchange(args, ep: int, exchange: str, device, dtype, mib: float, prog
     # as with the sparse experts: the combine reads the received rows next
     dispatcher = ExpertParallelDispatcher(layout, group, exchange, rows_consumed_at_once=True)
     if exchange == "symmetric":
-        from megatron_dmoe.parallel.symmetric_exchange import SymmetricExchanges
+        from megatron_dmoe.moe.exchange.symmetric import SymmetricExchanges
 
         dispatcher.exchanges = SymmetricExchanges()
         dispatcher.exchanges.set_push_programs(programs)

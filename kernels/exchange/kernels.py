@@ -91,7 +91,7 @@ def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, tokens_per_e
                          R_P2: tl.constexpr, L_P2: tl.constexpr, V_P2: tl.constexpr):
     # inbox [ranks, ranks * local_experts]: row s = rank s's counts per virtual expert. The matrix
     # M[s, d] = rows s sends d; plan = [send_starts (R+1) | dest_base (R) | recv_starts (R+1) |
-    # return_base (R)] as in symmetric_exchange.ExchangePlan. Also: rows received per source and
+    # return_base (R)] as in ops.ExchangePlan. Also: rows received per source and
     # local expert, their sum per local expert, and my own counts [V] and group starts [V+1].
     s = tl.arange(0, R_P2)
     d = tl.arange(0, R_P2)

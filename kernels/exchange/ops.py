@@ -1,6 +1,6 @@
 """Launchers of the symmetric-memory exchange kernels (kernels.py): the offsets of an exchange from
 every rank's counts, and the stores of rows into the peers' buffers. megatron_dmoe's
-parallel/symmetric_exchange.py owns the buffers, the barriers and the autograd around them.
+moe/exchange/symmetric.py owns the buffers, the barriers and the autograd around them.
 
   exchange_plan(inbox, me, local_experts)   ExchangePlan: every offset, from the count matrix, one launch
   post_counts(counts, inbox_ptrs, me)       my counts into row `me` of every rank's inbox

@@ -12,7 +12,7 @@ own tokens (see `_load_balancing_loss`).
 
 With expert_model_parallel_size > 1 the router stays replicated, each rank holds its share of the
 experts, and dispatch/combine exchange rows with the other ranks of its expert-parallel group
-(megatron_dmoe.moe.dispatch.expert_parallel). With expert_tensor_parallel_size > 1 each expert's
+(megatron_dmoe.moe.exchange.dispatcher). With expert_tensor_parallel_size > 1 each expert's
 FFN is split over that many ranks too, and the exchange spans expert x expert-tensor ranks: every
 shard of an expert gets the expert's tokens and the combine adds the shards' partial outputs.
 

@@ -40,7 +40,7 @@ class MoEOptions:
     backend: str = "auto"  # auto | sparse | grouped | reference (auto: sparse on CUDA, reference on CPU)
     block_size: int = 128  # block size of the sparse backend: one of BLOCK_SIZES
     memory_optimized: bool = False  # keep only the expert input and pre-activation; recompute the rest
-    ep_exchange: str = "auto"  # expert parallelism: auto | nccl | symmetric (see moe/dispatch/expert_parallel.py)
+    ep_exchange: str = "auto"  # expert parallelism: auto | nccl | symmetric (see moe/exchange/)
     init_method_std: float = 0.02
     shared_expert_ffn_hidden_size: int = 0  # width of an MLP every token runs besides its experts; 0 = none
     shared_expert_gate: bool = False  # the shared MLP's output times sigmoid(x . g) per token

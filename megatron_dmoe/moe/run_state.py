@@ -5,7 +5,7 @@ and owns (and passes to the model it builds), instead of module globals:
 - `wgrad`      the stash that defers the sparse experts' weight gradients to the step's end
                (moe/experts/per_step_wgrad.py), opened by the loop around a step's backwards;
 - `exchanges`  the expert-parallel symmetric-memory exchanges, whose buffers every layer reuses
-               (parallel/symmetric_exchange.py);
+               (moe/exchange/symmetric.py);
 - numbers for layers built without a layer number (their metrics' keys: -1, -2, ...).
 
 A layer built without one gets a state of its own; `MoELayer.use_run_state` (or
@@ -17,8 +17,7 @@ import itertools
 
 import torch
 
-from megatron_dmoe.parallel.symmetric_exchange import SymmetricExchanges
-
+from .exchange.symmetric import SymmetricExchanges
 from .experts.per_step_wgrad import WgradStash
 from .metrics import MoEMetrics
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
-from megatron_dmoe.moe.dispatch.expert_parallel import ExpertParallelDispatcher
+from megatron_dmoe.moe.exchange.dispatcher import ExpertParallelDispatcher
 from megatron_dmoe.parallel.distributed import init_distributed
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 

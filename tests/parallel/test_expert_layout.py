@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megatron_dmoe.moe.dispatch.expert_parallel import expand_to_virtual_experts
+from megatron_dmoe.moe.exchange.dispatcher import expand_to_virtual_experts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
 # (experts, EP, ETP): the exchange has EP x ETP ranks

@@ -11,7 +11,7 @@ import torch
 
 from dmoe_kernels.exchange.ops import exchange_plan, post_counts, push_copies, push_rows
 from dmoe_kernels.permutation.ops import expert_histogram, padded_positions, positions_from_histogram
-from megatron_dmoe.moe.dispatch.expert_parallel import ExpertParallelDispatcher
+from megatron_dmoe.moe.exchange.dispatcher import ExpertParallelDispatcher
 from megatron_dmoe.moe.experts.arrival import compact_offsets
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 

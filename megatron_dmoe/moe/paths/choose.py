@@ -29,7 +29,7 @@ def choose_path(layer) -> MoEPath:
     sparse = backend.name == "sparse"
     if groups.size > 1:
         # imported here: the expert-parallel dispatcher pulls in the process-group machinery
-        from ..dispatch.expert_parallel import ExpertParallelDispatcher
+        from ..exchange.dispatcher import ExpertParallelDispatcher
 
         # the sparse experts copy received rows into their padded buffer before anything else runs
         dispatcher = ExpertParallelDispatcher(experts.layout, groups.group, opts.ep_exchange,

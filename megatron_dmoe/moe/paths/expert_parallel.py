@@ -1,5 +1,5 @@
 """Experts spread over the expert-parallel group: rows sorted by destination and exchanged (NCCL
-all-to-all or the symmetric exchange, moe/dispatch/expert_parallel.py), the local experts on them in arrival
+all-to-all or the symmetric exchange, moe/exchange/dispatcher.py), the local experts on them in arrival
 order, the outputs sent back and summed per token. The shared experts run on a side stream while
 the exchange is in flight."""
 from __future__ import annotations

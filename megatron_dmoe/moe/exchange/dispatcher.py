@@ -17,7 +17,7 @@ sum adds the partial outputs of split experts. Autograd flows through both excha
 On CUDA the two passes are the fused Triton permutation kernels; elsewhere torch gathers.
 
 `exchange` picks how rows travel: "nccl" (steps 2-4 above: variable-split all_to_all, whose split
-sizes must reach the host first), "symmetric" (parallel/symmetric_exchange.py: rows stored straight into
+sizes must reach the host first), "symmetric" (symmetric.py: rows stored straight into
 the peers' memory by Triton kernels, offsets computed on the device, the sort into destination
 order fused into the store; ranks of one host; nothing read on the host, so it runs inside CUDA
 graphs: the received rows are a bound-sized view whose real count stays on the device) or "auto"
@@ -30,13 +30,13 @@ from typing import List, Optional
 
 import torch
 
-from megatron_dmoe.parallel.all_to_all import differentiable_all_to_all, exchange_counts
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 
+from ..dispatch.base import TokenDispatcher, sort_by_expert, weighted_sum
 from ..experts.arrival import compact_offsets
 from ..options import EP_EXCHANGES
 from ..router import count_assignments
-from .base import TokenDispatcher, sort_by_expert, weighted_sum
+from .all_to_all import differentiable_all_to_all, exchange_counts
 
 
 @dataclass
@@ -107,7 +107,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
             return False
         if self._symmetric is None:
             if self.exchanges is None:
-                from megatron_dmoe.parallel.symmetric_exchange import SymmetricExchanges
+                from .symmetric import SymmetricExchanges
 
                 self.exchanges = SymmetricExchanges()  # a dispatcher used on its own
             exchange, reason = self.exchanges.get(self.group, self.layout.num_virtual_experts, device)
@@ -153,7 +153,8 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
     def _dispatch_symmetric(self, x, virtual, virtual_weights):
         from dmoe_kernels.permutation.ops import expert_histogram, positions_from_histogram
-        from megatron_dmoe.parallel.symmetric_exchange import send_to_experts
+
+        from .symmetric import send_to_experts
 
         exchange = self._symmetric
         cumulative = expert_histogram(virtual, self.layout.num_virtual_experts)  # last column: counts
@@ -173,7 +174,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
         """Outputs in arrival order -> y [T, h] = sum over copies of weight * output."""
         transient = state.plan is not None  # a view of the exchange's buffer, which the next exchange reuses
         if transient:
-            from megatron_dmoe.parallel.symmetric_exchange import send_to_sources
+            from .symmetric import send_to_sources
 
             y_sorted = send_to_sources(y_recv, state.exchange, state.plan)
         else:
