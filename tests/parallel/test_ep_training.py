@@ -32,9 +32,10 @@ def test_expert_parallel_gradients_once_per_step_train_like_once_per_micro_batch
     """EP = 2 on the block-sparse experts (interpreter), two micro-batches per rank and step: the
     experts' weight gradients added once per step give the per-micro-batch run's losses and grad
     norms (micro-batches receive different row counts from the exchange, so their topologies differ)."""
-    # two steps: the second's loss already depends on the first update (the interpreter makes each costly)
+    # two steps: the second's loss already depends on the first update (the interpreter makes each
+    # costly); 32 tokens a sequence: the interpreter runs a program per token in the permutations
     args = SMALL + ["training.train_iters=2", "training.eval_interval=0", "checkpoint.save_interval=0",
-                    "training.micro_batch_size=2", "moe.backend=sparse", "moe.block_size=64",
+                    "training.micro_batch_size=2", "model.seq_length=32", "moe.backend=sparse", "moe.block_size=64",
                     f"data.cache_dir={corpus_cache}", f"{EP_KEY}=2"]
     train(2, tmp_path / "per-micro-batch", *args)
     train(2, tmp_path / "per-step", *args, "moe.expert_wgrad_per_step=true")

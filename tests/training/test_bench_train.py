@@ -40,7 +40,8 @@ def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path
     bench.main([
         "--device", "cpu", "--precision", "fp32", "--steps", "2", "--warmup", "0", "--models", "dmoe,dmoe-per-step",
         "--in-process",  # both in this process: numerics, not isolation, are checked here
-        "--micro-batch-size", "2", "--global-batch-size", "6", "--seq-length", "32", "--vocab-size", "300",
+        # 16 tokens a sequence: the interpreter runs a program per token in the permutations
+        "--micro-batch-size", "2", "--global-batch-size", "6", "--seq-length", "16", "--vocab-size", "300",
         "--out", str(out),
         "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
         "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64", "moe.num_experts=8", "moe.backend=sparse",
