@@ -113,7 +113,8 @@ _QUIET_RANK_EXIT_DELAY_S = 5.0  # rank 0 exits sooner, and torchrun then stops t
 
 def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
     """Config and data warnings (settings that run, but likely not as meant) as one plain line
-    each, like the errors, instead of Python's warning format with a source line."""
+    each, like the errors, instead of Python's warning format with a source line. Under torchrun
+    only rank 0 shows warnings: the ranks run the same code and would repeat each one."""
     import warnings
 
     from megatron_dmoe.config import ConfigWarning
@@ -124,9 +125,9 @@ def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
         return  # installed already (train_main called again in this process)
 
     def show(message, category, filename, lineno, file=None, line=None):
+        if os.environ.get("RANK", "0") != "0":
+            return  # every rank finds the same: rank 0 tells it
         if issubclass(category, (ConfigWarning, DataWarning)):
-            if os.environ.get("RANK", "0") != "0":
-                return  # every rank finds the same: rank 0 tells it
             print(f"{prog}: warning: {message}", file=file or sys.stderr)
         else:
             shown(message, category, filename, lineno, file, line)
@@ -223,6 +224,10 @@ def parse_train_args(argv: Optional[List[str]]):
 
 def train_main(argv: Optional[List[str]] = None) -> int:
     _show_user_warnings_plainly()
+    from megatron_dmoe.compat.quiet_warnings import quiet_unactionable_warnings
+    from megatron_dmoe.config.environment import cuda_available
+
+    quiet_unactionable_warnings(cuda_available())
     from megatron_dmoe.config import ConfigError, validate
     from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
     from megatron_dmoe.config.environment import cuda_available

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
-from megatron_dmoe.config import ConfigError, RunConfig, load_config, resolve, validate
+from megatron_dmoe.config import ConfigError, ConfigWarning, RunConfig, load_config, resolve, validate
 from megatron_dmoe.inference.errors import UsageError
 from megatron_dmoe.training.checkpoint import CheckpointError, checkpoint_dir, latest_iteration
 from megatron_dmoe.training.run_dir import CONFIG_FILE, checkpoint_root
@@ -103,7 +104,9 @@ def check_inference_config(cfg: RunConfig) -> None:
     probe.training.bf16 = probe.training.fp16 = False
     probe.training.loss_scale = None
     try:
-        validate(probe, world_size=_world_size())
+        with warnings.catch_warnings():  # about training (the run showed them): not for inference
+            warnings.simplefilter("ignore", ConfigWarning)
+            validate(probe, world_size=_world_size())
     except ConfigError as err:
         raise UsageError(f"the run's config cannot be used here: {err}") from None
 
