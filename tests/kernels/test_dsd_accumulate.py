@@ -108,6 +108,7 @@ def _check_accumulates(topology, transpose, cfg, dtype, out_dtype, device, out_r
 @pytest.mark.parametrize("pair", list(DTYPE_PAIRS))
 @pytest.mark.parametrize("topology_name", list(REGULAR))
 @pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.slow
 def test_accumulate_on_regular_topologies(path, topology_name, pair, device, tma_launches):
     transpose, cfg, expected_kernel = PATHS[path]
     topology = REGULAR[topology_name](device)
@@ -121,6 +122,7 @@ def test_accumulate_on_regular_topologies(path, topology_name, pair, device, tma
 
 @pytest.mark.parametrize("pair", list(DTYPE_PAIRS))
 @pytest.mark.parametrize("transpose", [False, True], ids=["S@B", "St@B"])
+@pytest.mark.slow
 def test_accumulate_on_irregular_topology(transpose, pair, device, tma_launches):
     """Irregular topologies always take the generic kernel, whatever the config asks."""
     dtype, out_dtype = DTYPE_PAIRS[pair]
@@ -199,6 +201,7 @@ def test_bf16_operands_accumulate_into_fp32_on_tma_paths(path, tma_launches):
 
 @pytest.mark.parametrize("block_n", [128, 256])
 @pytest.mark.parametrize("flatten", [False, True], ids=["dsd-tma", "dsdt-tma"])
+@pytest.mark.slow
 def test_wide_tiles_add_in_column_strips(block_n, flatten, device):
     """Tiles wider than 64 columns are added in strips of 64 (halved once or twice); the last strip
     runs past N = 200 and is masked."""
@@ -227,6 +230,7 @@ def _check_overwrites(topology, transpose, cfg, device, out_row_stride=None):
 
 @pytest.mark.parametrize("topology_name", list(REGULAR))
 @pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.slow
 def test_wide_out_is_overwritten_on_regular_topologies(path, topology_name, device, tma_launches):
     transpose, cfg, expected_kernel = PATHS[path]
     topology = REGULAR[topology_name](device)
