@@ -5,6 +5,7 @@ save when due, stop when asked or out of time.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +102,15 @@ def train(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwrite: 
     result.iteration = run.progress.iteration
     result.out_of_time = loop.out_of_time
     if env.is_main and run.cfg.logging.plot and not result.preempted:
-        _plot(run)
+        try:
+            _plot(run)
+        except OSError as err:  # a full disk at the very end: the run itself is complete
+            reason = write_failure(err)
+            if reason is None:
+                raise
+            print(f"dmoe-train: warning: cannot write the plots in {run.run_dir}: {reason} "
+                  f"({free_space(run.run_dir)} free there); checkpoints and metrics.jsonl are complete: draw "
+                  f"them later with tools/plot_runs.py {run.run_dir} --out loss.png", file=sys.stderr)
     return result
 
 

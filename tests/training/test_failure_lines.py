@@ -211,3 +211,22 @@ def test_a_bad_data_path_under_torchrun_is_told_once_before_the_process_group(cl
     else:
         assert result.returncode == 2 and result.stderr == "", result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_full_disk_under_the_final_plots_is_a_warning_after_a_complete_run(cli_run, tmp_path, corpus_cache,
+                                                                           monkeypatch):
+    from megatron_dmoe.training import plots
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "loss.png")
+
+    monkeypatch.setattr(plots, "plot_runs", full_disk)
+    run = tmp_path / "run"
+    result = cli_run(run, *small_args(corpus_cache, 1, "logging.plot=true"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.strip() == (
+        f"dmoe-train: warning: cannot write the plots in {run}: no space left on the device ("
+        + result.stderr.split("device (")[1].split(" free there)")[0]
+        + f" free there); checkpoints and metrics.jsonl are complete: draw them later with tools/plot_runs.py "
+        f"{run} --out loss.png")
+    assert (run / "checkpoints" / "latest").read_text() == "1"
