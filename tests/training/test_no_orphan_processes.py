@@ -32,13 +32,12 @@ def test_kill_9_during_a_save_leaves_no_process_behind(cli_run, tmp_path, corpus
                             env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
     trainer = psutil.Process(proc.pid)
     checkpoints = run / "checkpoints"
-    deadline = time.time() + 120
     seen = set()
     try:
-        # after the first complete save, catch the next one in flight
+        # after the first complete save, catch the next one in flight (500 steps, each saved: a run
+        # that ends without one being caught fails here)
         while not (checkpoints / "latest").exists() or not list(checkpoints.glob("*.tmp")):
-            assert proc.poll() is None, "training ended early"
-            assert time.time() < deadline, "no checkpoint save seen in 120 s"
+            assert proc.poll() is None, "training ended before a checkpoint save was caught in flight"
             seen.update(trainer.children(recursive=True))
             time.sleep(0.01)
         seen.update(trainer.children(recursive=True))
