@@ -89,6 +89,7 @@ def test_for_experts_matches_loop(counts, ffn, bs, builder, device):
 
 
 @pytest.mark.parametrize("builder", ["triton", "torch"])
+@pytest.mark.slow
 def test_for_experts_more_than_32767_blocks(builder, device):
     # 64 experts x 1024 tokens, bs 16, ffn 256: 65536 + padding rows x 16 blocks: indices beyond int16.
     counts = torch.full((64,), 1024, device=device)

@@ -1,5 +1,6 @@
 """model/linear.py: megatron's linear layers with the bias inside the matmul at tensor-parallel
 size 1 give the same outputs and gradients as megatron's own (separate bias add) path."""
+import pytest
 import torch
 
 from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
@@ -34,6 +35,7 @@ def _loss_and_grads(model, fuse):
     return linears, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_dense_gpt_same_loss_and_gradients_as_megatrons_linears(cpu_dist, tmp_path):
     for overrides in ((), ("model.activation=swiglu",)):
         model = _model(cpu_dist, tmp_path, *overrides)

@@ -286,6 +286,7 @@ def test_no_fusion_while_a_cuda_graph_is_captured():
     assert _rel(grad, expected) < 1e-5
 
 
+@pytest.mark.slow
 def test_combine_with_a_frozen_down_projection_gives_the_other_gradients_unchanged():
     """Without w2's gradient the backward takes its other branch for the rows' router weights."""
     tokens, state, weights = _problem(40, "gelu", torch.float32, kind="combine")
@@ -308,6 +309,7 @@ def test_combine_with_a_frozen_down_projection_gives_the_other_gradients_unchang
 @pytest.mark.parametrize("kind, activation, dtype", [("combine", "gelu", torch.float16),
                                                      ("expert_mlp", "swiglu", torch.float32)],
                          ids=["combine-gelu-fp16", "expert_mlp-swiglu-fp32"])
+@pytest.mark.slow
 def test_first_gradient_after_zeroing_is_stored_then_added(kind, activation, dtype, mode):
     """After WgradStash.main_grads_zeroed() a weight's first gradient overwrites main_grad (here
     filled with NaN, so a read would show) and the next one is added; without that call both add."""

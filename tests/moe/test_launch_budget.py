@@ -72,6 +72,7 @@ def counted(monkeypatch):
     return counter
 
 
+@pytest.mark.slow
 def test_sparse_layer_launch_budget(counted):
     torch.manual_seed(0)
     config = make_config(32, 64, 4, 2, dtype=torch.float32, moe_aux_loss_coeff=0.01)

@@ -23,6 +23,7 @@ CASES = {
 @pytest.mark.parametrize("backend", ["reference", "grouped"])
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_layer_matches_per_token_reference(name, activation, backend, memory_optimized):
     case = CASES[name]
     # the reference backend runs in float64; grouped_mm has no float64, so it runs in fp32
