@@ -4,6 +4,7 @@ processes, or this process count with the sizes overridden: parallel sizes may c
 from __future__ import annotations
 
 import copy
+import math
 import shlex
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -12,7 +13,6 @@ from megatron_dmoe.config import RunConfig, find_problems
 
 _SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
           "expert_model_parallel_size", "expert_tensor_parallel_size", "context_parallel_size")
-_MAX_WORLD = 4096
 
 
 def _layout_problems(cfg: RunConfig, world_size: int) -> List[str]:
@@ -20,7 +20,14 @@ def _layout_problems(cfg: RunConfig, world_size: int) -> List[str]:
 
 
 def _smallest_world(cfg: RunConfig) -> Optional[int]:
-    return next((n for n in range(1, _MAX_WORLD + 1) if not _layout_problems(cfg, n)), None)
+    """The fewest processes the layout fits: a multiple of tensor x pipeline (x context) for the dense
+    part and of expert x expert-tensor x pipeline for the experts; None when that is not enough
+    (another layout problem, which no process count mends)."""
+    par = cfg.parallel
+    dense = par.tensor_model_parallel_size * par.pipeline_model_parallel_size * par.context_parallel_size
+    experts = par.expert_model_parallel_size * par.expert_tensor_parallel_size * par.pipeline_model_parallel_size
+    needed = math.lcm(dense, experts)
+    return needed if not _layout_problems(cfg, needed) else None
 
 
 def _fitting_overrides(cfg: RunConfig, world_size: int) -> Optional[List[str]]:
