@@ -33,6 +33,7 @@ def _micro_batch_grads(kind, activation, memory_optimized, dtype, params, per_st
 
 @pytest.mark.parametrize("kind, activation, memory_optimized, dtype", CASES,
                          ids=[f"{k}-{a}-{'memopt-' if m else ''}{str(d)[6:]}" for k, a, m, d in CASES])
+@pytest.mark.slow
 def test_one_product_per_step_equals_one_per_micro_batch(kind, activation, memory_optimized, dtype):
     _, _, weights = _problem(30, activation, dtype)
     per_micro = _leaf_params(weights, torch.float32, seed=5, main_grad_only=True)
