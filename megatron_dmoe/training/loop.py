@@ -146,7 +146,8 @@ def _start_loop(run: Run) -> _Loop:
     else:
         logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, "
                        f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
-    watcher = PreemptionWatcher(env.device, saves=cfg.checkpoint.save_interval != 0)
+    watcher = PreemptionWatcher(env.device)
+    watcher.saves = cfg.checkpoint.save_interval != 0  # what its acknowledgement of a signal says
     result = TrainResult(run_dir=run.run_dir, iteration=progress.iteration)
     run.run_state.metrics.megatron_tracker = False  # this loop logs the sums itself
     for chunk in run.model:
