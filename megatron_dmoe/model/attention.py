@@ -112,7 +112,10 @@ class ProjectionQKNorm(MegatronModule):
     in megatron's q_layernorm / k_layernorm slot (whose own norm, `qk_layernorm`, is per head:
     Qwen3-MoE's form). It gets [s, b, this rank's heads, head_dim]; its weight covers this rank's
     heads ([heads / tp * head_dim], split over the tensor-parallel ranks as the heads are), and the
-    mean of squares is over every head of every rank: an all-reduce forward and backward.
+    mean of squares is over every head of every rank: an all-reduce forward and backward. The run's
+    TransformerConfig keeps qk_layernorm off for it (model/transformer_config.py): with it on,
+    megatron-core sums every q_layernorm / k_layernorm gradient over the tensor-parallel ranks, which
+    would add up different shards here.
     """
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, heads: str = "query"):

@@ -33,6 +33,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
 from megatron_dmoe.compat import mcore as mcore_compat
+from megatron_dmoe.compat.block_final_norm import use_for_block_final_norm
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.model.attention import ProjectionQKNorm, SDPAttention
 from megatron_dmoe.model.layer_seed import seeded_layer_class
@@ -91,8 +92,14 @@ def _with_fused_bias_linears(spec: ModuleSpec) -> ModuleSpec:
 
 
 def _with_fused_norms(spec: ModuleSpec) -> ModuleSpec:
-    """Our Triton norms in the slots where megatron's local spec falls back to torch's (no apex)."""
+    """Our Triton norms in the slots where megatron's local spec falls back to torch's (no apex),
+    the per-head query/key norms included (torch's refuses sequence parallelism; ours marks its
+    weight so that megatron-core sums its gradient over the tensor-parallel ranks, whose heads differ)."""
     names = [n for n in ("input_layernorm", "pre_mlp_layernorm") if getattr(spec.submodules, n) is WrappedTorchNorm]
+    attention = spec.submodules.self_attention
+    qk = [n for n in ("q_layernorm", "k_layernorm") if getattr(attention.submodules, n, None) is WrappedTorchNorm]
+    if qk:
+        spec = _with_submodule(spec, self_attention=_with_submodule(attention, **{n: FusedNorm for n in qk}))
     return _with_submodule(spec, **{n: FusedNorm for n in names}) if names else spec
 
 
@@ -201,3 +208,6 @@ def block_spec(
 
 # Ready object for Megatron-LM's `pretrain_gpt.py --spec megatron_dmoe.model.spec dmoe_layer_spec`.
 dmoe_layer_spec = layer_spec(moe=True, use_transformer_engine=transformer_engine_available())
+# ...whose block megatron-core builds with its own final norm: ours where it would be torch's, which
+# refuses sequence parallelism (compat/block_final_norm.py)
+pass  # use_for_block_final_norm(FusedNorm)

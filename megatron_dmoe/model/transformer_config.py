@@ -59,7 +59,10 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         num_query_groups=m.num_query_groups,
         kv_channels=m.kv_channels,
         layernorm_epsilon=m.norm_epsilon,
-        qk_layernorm=m.qk_layernorm,
+        # megatron's per-head query/key norm; the projection-wide one (model/attention.py) has its
+        # weight split over the tensor-parallel ranks, whose gradients megatron-core would sum
+        # across them for every q_layernorm / k_layernorm with this flag on
+        qk_layernorm=m.qk_layernorm and m.qk_layernorm_scope == "head",
         ffn_hidden_size=m.ffn_hidden_size,
         add_bias_linear=m.add_bias_linear,
         hidden_dropout=m.hidden_dropout,
