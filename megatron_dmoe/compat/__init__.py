@@ -13,4 +13,5 @@ distopt_state.py    the distributed optimizer's reshardable checkpoint state at 
 host_grad_norm.py   megatron-core's gradient norm on the host accumulated in float64
 graph_buffers.py    0.16's CUDA-graph input buffers held until their backward is captured
 schedule_capture.py the forward-backward schedules kept from capturing CUDA graphs themselves
+block_final_norm.py a layer spec's block (Megatron-LM's --spec) gets our norm, not torch's, last
 """

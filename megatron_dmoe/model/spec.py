@@ -210,4 +210,4 @@ def block_spec(
 dmoe_layer_spec = layer_spec(moe=True, use_transformer_engine=transformer_engine_available())
 # ...whose block megatron-core builds with its own final norm: ours where it would be torch's, which
 # refuses sequence parallelism (compat/block_final_norm.py)
-pass  # use_for_block_final_norm(FusedNorm)
+use_for_block_final_norm(FusedNorm)
