@@ -131,7 +131,8 @@ class ProjectionQKNorm(MegatronModule):
             mark_tensor_parallel(self.weight, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(*x.shape[:-2], -1).float()
+        flat = x.reshape(*x.shape[:-2], -1)
+        flat = flat.to(torch.promote_types(flat.dtype, torch.float32))  # fp32 statistics (fp64 kept)
         squares = flat.pow(2).sum(dim=-1, keepdim=True)
         if self.tp > 1:
             # the sum over every rank's heads; each rank's output depends on every rank's squares

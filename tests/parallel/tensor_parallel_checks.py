@@ -49,6 +49,12 @@ CASES = {
     "moe-tp2-sp-ep2-folded": [*TP2_SP, "parallel.expert_model_parallel_size=2", "moe.z_loss_coeff=0.01"],
     "moe-tp2-sp-ep2-more-ranks-than-experts": [*TP2_SP, "parallel.expert_model_parallel_size=2",
                                               "moe.num_experts=1", "moe.top_k=1"],
+    # query/key norms: per head (megatron-core's, Qwen3-MoE) and over the whole projection, its
+    # weight split over the tensor ranks (OLMoE), with grouped-query attention
+    "moe-tp2-sp-qk-norm-per-head-gqa": [*TP2_SP, "model.normalization=RMSNorm", "model.qk_layernorm=true",
+                                        "model.num_query_groups=2", "model.kv_channels=12"],
+    "moe-tp2-sp-qk-norm-projection-gqa": [*TP2_SP, "model.normalization=RMSNorm", "model.qk_layernorm=true",
+                                          "model.qk_layernorm_scope=projection", "model.num_query_groups=2"],
     # each expert's FFN split over the two tensor ranks (expert tensor parallelism)
     "moe-tp2-sp-etp2-swiglu-z-loss": [*TP2_SP, "parallel.expert_tensor_parallel_size=2", "model.activation=swiglu",
                                       "moe.z_loss_coeff=0.01"],
