@@ -39,5 +39,6 @@ def test_option_in_bf16_on_cuda_matches_reference(name, activation):
 
 @interpreter_only
 @pytest.mark.parametrize("name", ["everything", "shared-gate", "global-aux-one-micro-batch"])
+@pytest.mark.slow
 def test_option_on_the_sparse_kernels_through_the_interpreter(name):
     check_option(name, "swiglu", "cpu", torch.float32, 1e-4)

@@ -58,6 +58,7 @@ CASES = {
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_option_matches_per_token_reference(name, activation):
     case, layer_options, ref_options, gate = CASES[name]
     seed = sorted(CASES).index(name) * 2 + ["gelu", "swiglu"].index(activation)

@@ -50,6 +50,7 @@ def draw(case, seed, dtype=torch.float32):
 @pytest.mark.parametrize("memory_optimized", [False, True], ids=["plain", "memopt"])
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_sparse_layer_matches_per_token_reference(name, activation, memory_optimized):
     case = CASES[name]
     seed = sorted(CASES).index(name) * 4 + ["gelu", "swiglu"].index(activation) * 2 + memory_optimized
