@@ -8,7 +8,6 @@ settings config.json carries, such as the load-balancing loss's coefficient).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -109,8 +108,9 @@ def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[List
                          "num_attention_heads wide")
     ffn = config["moe_intermediate_size"] if family is QWEN3_MOE else config["intermediate_size"]
     vocab = config["vocab_size"]
-    # the model's rows are exactly config.json's: padding to a multiple that divides them adds none
-    divisor = math.gcd(vocab, 128)
+    # the model's rows are exactly config.json's: padded to a multiple of 1 x the tensor-parallel
+    # size, so a checkpoint saved at one TP size loads at another that divides the vocabulary
+    divisor = 1
     renormalize = True if family is MIXTRAL else bool(config.get("norm_topk_prob", False))
     fixed = {
         "model.num_layers": config["num_hidden_layers"],
