@@ -71,6 +71,7 @@ def _saved_bytes(fn):
 
 
 @pytest.mark.parametrize("heads,groups", [(4, 4), (8, 2)])
+@pytest.mark.slow
 def test_selective_recompute_gives_the_same_values_and_gradients_and_keeps_only_the_inputs(cpu_dist, heads, groups):
     """training.recompute_granularity: selective on the SDPA core attention: its own non-reentrant
     checkpoint, which torch.autograd.grad (how megatron captures a layer's backward) can go through,

@@ -70,6 +70,7 @@ def test_sparse_layer_matches_per_token_reference(name, activation, memory_optim
     assert grads["w1"][case["dead"]].abs().max() == 0  # experts without tokens get zero gradients
 
 
+@pytest.mark.slow
 def test_sparse_equals_reference_backend_with_padding_tokens():
     """Padding tokens are left out of the aux losses and loads but still computed, as the reference
     backend does; fp16 kernels against the fp32 reference backend."""
@@ -95,6 +96,7 @@ def test_sparse_equals_reference_backend_with_padding_tokens():
 
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+@pytest.mark.slow
 def test_backend_on_rows_grouped_without_padding(activation):
     """SparseBackend.mlp takes unpadded expert-grouped rows (as the expert-parallel dispatcher gives
     them) and matches the reference backend, gradients included."""
@@ -116,6 +118,7 @@ def test_backend_on_rows_grouped_without_padding(activation):
 
 
 @pytest.mark.parametrize("activation,plain,optimized", [("gelu", 2, 1), ("swiglu", 3, 2)])
+@pytest.mark.slow
 def test_memory_optimized_keeps_only_the_pre_activations(activation, plain, optimized):
     config = make_config(HIDDEN, 32, 4, 2, activation=activation, dtype=torch.float32)
     x = torch.randn(7, 2, HIDDEN)
@@ -153,6 +156,7 @@ def test_backend_choice_and_errors():
         MoELayer(make_config(HIDDEN, 48, 4, 2), backend="sparse")
 
 
+@pytest.mark.slow
 def test_separate_permutation_and_combine_equal_the_fused_path():
     """permute -> experts -> unpermute (separate functions) against the layer's one function for the
     permutation, experts and combine."""

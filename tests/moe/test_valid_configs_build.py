@@ -104,6 +104,7 @@ def _expert_refused(s: dict) -> bool:
     return s["moe.backend"] == "sparse" and (not sparse_on_cpu or s["moe.block_size"] > 64)
 
 
+@pytest.mark.slow
 def test_every_valid_router_combination_builds_and_runs():
     combos = _combinations(ROUTER_GRID)
     accepted = [settings for settings in combos if _check(settings)]
@@ -112,6 +113,7 @@ def test_every_valid_router_combination_builds_and_runs():
     assert len(accepted) == 92
 
 
+@pytest.mark.slow
 def test_every_valid_expert_backend_combination_builds_and_runs():
     combos = _combinations(EXPERT_GRID)
     accepted = [settings for settings in combos if _check(settings)]

@@ -94,6 +94,7 @@ def test_activations_by_hand():
     ["model.qk_layernorm=true", "model.qk_layernorm_scope=projection", "model.normalization=RMSNorm",
      "model.num_query_groups=2"],
 ])
+@pytest.mark.slow
 def test_parameter_term_equals_a_built_model(cpu_dist, overrides):
     from megatron_dmoe.model.gpt import build_gpt_model
 

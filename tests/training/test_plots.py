@@ -122,6 +122,7 @@ def test_tool_help_explains_every_flag(capsys):
         assert flag in out
 
 
+@pytest.mark.slow
 def test_tool_writes_plots(tmp_path, capsys):
     write_run(tmp_path / "moe", seed=6, steps=20, layers=2)
     write_run(tmp_path / "dense", seed=7, steps=20)
