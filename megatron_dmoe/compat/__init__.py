@@ -2,8 +2,8 @@
 
 When a new megatron-core release lands, this folder is what to re-check: each module says which
 releases need it and what upstream would have to change for it to go. Still outside, to move
-here: training/optim.py's multi-tensor ops and data/datasets.py's rank 0 for 0.16.1's
-BlendedDataset. These modules import only megatron-core, torch and each other.
+here: data/datasets.py's rank 0 for 0.16.1's BlendedDataset. These modules import only
+megatron-core, torch and each other.
 
 mcore.py            which release is installed, and where its objects live (no patches)
 patching.py         replace an attribute for the length of a block and put it back
@@ -11,6 +11,7 @@ cpu/                megatron-core's CUDA-minded code paths redirected to the hos
 torch_dist_save.py  our writer class and results queue inside the torch_dist checkpoint save
 distopt_state.py    the distributed optimizer's reshardable checkpoint state at its own offsets
 host_grad_norm.py   megatron-core's gradient norm on the host accumulated in float64
+foreach_multi_tensor.py torch's foreach kernels for megatron-core's multi-tensor fallbacks
 graph_buffers.py    0.16's CUDA-graph input buffers held until their backward is captured
 schedule_capture.py the forward-backward schedules kept from capturing CUDA graphs themselves
 block_final_norm.py a layer spec's block (Megatron-LM's --spec) gets our norm, not torch's, last

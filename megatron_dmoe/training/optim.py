@@ -7,13 +7,8 @@ because megatron-core's optimizer allocates on CUDA; clipping uses the same glob
 (expert gradients, sharded over expert-parallel ranks, counted once: `global_grad_norm`).
 Both are driven by megatron-core's OptimizerParamScheduler.
 
-Without apex or Transformer Engine, megatron-core falls back to per-tensor loops for apex's
-multi_tensor_scale and multi_tensor_l2norm: it copies the fp32 master weights into the bf16 model
-as `dst.copy_(src * 1.0)` per tensor (an fp32 temporary the size of each weight: 14 bytes of
-traffic per parameter instead of 6; 3.7B parameters in the Small dMoE) and computes the gradient
-norm with one host synchronisation per tensor. `use_foreach_multi_tensor_ops` puts torch's
-multi-tensor (foreach) kernels in their place: a few launches, without temporaries or
-synchronisation.
+On CUDA without apex or Transformer Engine, torch's multi-tensor kernels replace megatron-core's
+per-tensor fallbacks (compat/foreach_multi_tensor.py).
 """
 from __future__ import annotations
 
@@ -28,6 +23,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
+from megatron_dmoe.compat.foreach_multi_tensor import use_foreach_multi_tensor_ops
 from megatron_dmoe.compat.host_grad_norm import use_float64_host_grad_norm
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.transformer_config import params_dtype
@@ -213,7 +209,7 @@ def _expert_duplicates_by_expert_tensor_group(optimizer: MegatronOptimizer) -> N
 def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
     config = optimizer_config(cfg)
     if not on_cuda and config.use_distributed_optimizer:
-        # megatron's, on gloo through parallel/cpu_compat.py; parameters sharded over the
+        # megatron's, on gloo through compat/cpu/; parameters sharded over the
         # data-parallel group, expert parameters over the expert-data-parallel group; its grad norm
         # summed as accurately as CpuOptimizer's (compat/host_grad_norm.py)
         use_float64_host_grad_norm()
@@ -259,40 +255,3 @@ def build_scheduler(cfg: RunConfig, optimizer: MegatronOptimizer) -> OptimizerPa
         use_checkpoint_opt_param_scheduler=False,
         override_opt_param_scheduler=True,
     )
-
-
-# torch's foreach kernels in apex's call signatures, as megatron calls them through its
-# `multi_tensor_applier(op, noop_flag, tensor_lists, *args)`.
-def foreach_l2_norm(chunk_size, noop_flag, tensor_lists: List[List[torch.Tensor]], per_tensor, *args):
-    """(norm of all tensors of tensor_lists[0] as one vector, shape [1] fp32; None)."""
-    tensors = tensor_lists[0]
-    if not tensors:
-        return torch.zeros(1, dtype=torch.float32, device=noop_flag.device), None
-    norms = torch._foreach_norm(tensors)
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
-    return total.reshape(1), None
-
-
-def foreach_scale(chunk_size, noop_flag, tensor_lists: List[List[torch.Tensor]], scale) -> None:
-    """tensor_lists[1][i] = tensor_lists[0][i] * scale (in place when both lists are the same tensors)."""
-    src, dst = tensor_lists[0], tensor_lists[1]
-    if not src:
-        return
-    if all(s is d for s, d in zip(src, dst)):
-        torch._foreach_mul_(dst, scale)
-    elif not isinstance(scale, torch.Tensor) and scale == 1.0:
-        torch._foreach_copy_(dst, src)
-    else:
-        torch._foreach_copy_(dst, torch._foreach_mul(src, scale))
-
-
-def use_foreach_multi_tensor_ops() -> None:
-    """Swap them in wherever megatron-core fell back to its loops (neither apex nor TE present)."""
-    from megatron.core import utils
-    from megatron.core.optimizer import clip_grads, optimizer
-
-    for module in (clip_grads, optimizer):
-        if getattr(module, "multi_tensor_scale_impl", None) is utils.local_multi_tensor_scale:
-            module.multi_tensor_scale_impl = foreach_scale
-    if getattr(clip_grads, "l2_norm_impl", None) is utils.local_multi_tensor_l2_norm:
-        clip_grads.l2_norm_impl = foreach_l2_norm

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megatron_dmoe.training.optim import foreach_l2_norm, foreach_scale, use_foreach_multi_tensor_ops
+from megatron_dmoe.compat.foreach_multi_tensor import foreach_l2_norm, foreach_scale, use_foreach_multi_tensor_ops
 
 
 def _tensors(seed, dtype=torch.float32):
