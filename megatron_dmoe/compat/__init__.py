@@ -1,8 +1,7 @@
 """Everything this project changes or works around in megatron-core, and where its releases differ.
 
 When a new megatron-core release lands, this folder is what to re-check: each module says which
-releases need it and what upstream would have to change for it to go. Still outside, to move
-here: data/datasets.py's rank 0 for 0.16.1's BlendedDataset. These modules import only
+releases need it and what upstream would have to change for it to go. These modules import only
 megatron-core, torch and each other.
 
 mcore.py            which release is installed, and where its objects live (no patches)
@@ -15,4 +14,5 @@ foreach_multi_tensor.py torch's foreach kernels for megatron-core's multi-tensor
 graph_buffers.py    0.16's CUDA-graph input buffers held until their backward is captured
 schedule_capture.py the forward-backward schedules kept from capturing CUDA graphs themselves
 block_final_norm.py a layer spec's block (Megatron-LM's --spec) gets our norm, not torch's, last
+blended_dataset_rank.py 0.16's BlendedDataset in a process without torch.distributed
 """

@@ -15,13 +15,13 @@ cache_sharing.py). `is_built_on_rank` says which ranks get a dataset (others rec
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
+from megatron_dmoe.compat.blended_dataset_rank import rank_zero_without_distributed
 from megatron_dmoe.data.builtin import prepare_builtin_corpus
 from megatron_dmoe.data.cache import as_index_cache_writer, default_cache_dir, index_cache_lock
 from megatron_dmoe.data.checks import check_data_files, check_splits, check_tokenizer_matches
@@ -182,22 +182,6 @@ def build_datasets(
     )
     if writer is None:
         writer = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-    with _rank_zero_without_distributed(), as_index_cache_writer(writer), index_cache_lock(cache, writer):
+    with rank_zero_without_distributed(), as_index_cache_writer(writer), index_cache_lock(cache, writer):
         train, valid, test = builder.build()
     return train, valid, test
-
-
-@contextmanager
-def _rank_zero_without_distributed():
-    """megatron-core 0.16.1's BlendedDataset asks torch.distributed.get_rank() on a cache miss
-    even when torch.distributed is not initialised, which raises; a single process is rank 0."""
-    dist = torch.distributed
-    if dist.is_initialized():
-        yield
-        return
-    original = dist.get_rank
-    dist.get_rank = lambda group=None: 0 if not dist.is_initialized() else original(group)
-    try:
-        yield
-    finally:
-        dist.get_rank = original
