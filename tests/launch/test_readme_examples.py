@@ -50,6 +50,8 @@ NOT_RUNNABLE = {
     "dmoe-train: warning: KEY: ...",  # the form of a warning, not a command
     # a synopsis; tests/training/test_upcycle.py runs upcycling
     "dmoe-train CONFIG checkpoint.upcycle_from=DENSE_RUN_DIR [moe.upcycle_granularity=N]",
+    # the form of a resume hint (DIR a placeholder); tests/training/test_failure_lines.py checks the hints
+    "torchrun --nproc_per_node 2 -m megatron_dmoe --run-dir DIR --resume",
 }
 
 
