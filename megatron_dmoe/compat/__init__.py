@@ -15,4 +15,5 @@ graph_buffers.py    0.16's CUDA-graph input buffers held until their backward is
 schedule_capture.py the forward-backward schedules kept from capturing CUDA graphs themselves
 block_final_norm.py a layer spec's block (Megatron-LM's --spec) gets our norm, not torch's, last
 blended_dataset_rank.py 0.16's BlendedDataset in a process without torch.distributed
+optimizer_zero_step.py an optimizer checkpoint of step 0 that loads again
 """

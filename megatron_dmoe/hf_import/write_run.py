@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from megatron_dmoe.compat.optimizer_zero_step import save_zero_step_count
 from megatron_dmoe.export.moe_weights import from_hf
 from megatron_dmoe.export.tokenizer_files import copy_tokenizer_folder
 from megatron_dmoe.hf_import.plan import TOKENIZER_DIR, ImportPlan
@@ -40,23 +41,6 @@ def load_hf_weights(model, plan: ImportPlan) -> None:
             target.copy_(source.to(device=target.device, dtype=target.dtype))
 
 
-def _save_zero_steps(optimizer) -> None:
-    """megatron-core saves Adam's step count shared by all parameters (`common_step`) only when it is
-    not 0 (`if step:`), and its loader then gives torch's Adam states without a step, which it
-    refuses: a checkpoint saved before the first step could not be resumed. This optimizer's
-    checkpoint state gets the zero step written."""
-    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
-        original = part.sharded_state_dict
-
-        def with_step(*args, _original=original, **kwargs):
-            state = _original(*args, **kwargs)
-            inner = state["optimizer"] if "optimizer" in state else state
-            inner["state"].setdefault("common_step", torch.zeros((), dtype=torch.float32))
-            return state
-
-        part.sharded_state_dict = with_step
-
-
 def write_run(plan: ImportPlan) -> Path:
     """The checkpoint directory written; torch.distributed must not be running yet (this starts it)."""
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
@@ -77,7 +61,7 @@ def write_run(plan: ImportPlan) -> Path:
             load_hf_weights(run.model[0], plan)
             run.optimizer.reload_model_params()  # 16-bit runs: their fp32 main weights
             init_empty_adam_states(run.optimizer)  # the state a first step would start from
-            _save_zero_steps(run.optimizer)
+            save_zero_step_count(run.optimizer)  # compat/optimizer_zero_step.py
             path = save_checkpoint(run.ckpt_root, run.model, run.optimizer, run.scheduler, run.progress,
                                    keep_last=cfg.checkpoint.keep_last)
             release_after_training(run.model)
