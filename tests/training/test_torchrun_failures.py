@@ -39,9 +39,9 @@ def test_bad_data_path_and_ctrl_c_under_torchrun(tmp_path, corpus_cache):
     proc = _torchrun(run, small_args(corpus_cache, 500, "parallel.expert_model_parallel_size=2"),
                      start_new_session=True)  # its own process group, as a terminal's foreground job
     metrics = run / "metrics.jsonl"
-    deadline = time.time() + 300
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        # a run that ended before two steps has failed (a hang is pytest-timeout's to stop)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
