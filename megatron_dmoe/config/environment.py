@@ -5,8 +5,10 @@ checked on a laptop) by passing an Environment instead of probing this one.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -14,16 +16,26 @@ class Environment:
     cuda: bool
     transformer_engine: bool
     apex: bool
+    megatron_core: Optional[Tuple[int, int]] = None  # (major, minor) installed; None: not asked
 
     @classmethod
     def detect(cls) -> "Environment":
         return cls(cuda=cuda_available(), transformer_engine=transformer_engine_available(),
-                   apex=apex_available())
+                   apex=apex_available(), megatron_core=megatron_core_release())
 
     @classmethod
     def everything(cls) -> "Environment":
         """A machine with CUDA, Transformer Engine and apex: checks the config, not the host."""
         return cls(cuda=True, transformer_engine=True, apex=True)
+
+
+def megatron_core_release() -> Optional[Tuple[int, int]]:
+    """(major, minor) of the installed megatron-core, read from its metadata (nothing imported)."""
+    try:
+        major, minor = importlib.metadata.version("megatron-core").split(".")[:2]
+        return int(major), int(minor)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 def cuda_available() -> bool:

@@ -273,6 +273,12 @@ class _Checker:
                 self.problem("model.seq_length", f"{seq} is larger than "
                              f"model.max_position_embeddings ({max_pos}); use a sequence length "
                              f"up to {max_pos} or raise max_position_embeddings")
+        release = self.env.megatron_core
+        if self.ok("model.qk_layernorm", "model.qk_layernorm_scope") and v("model.qk_layernorm") \
+                and v("model.qk_layernorm_scope") == "projection" and release is not None and release >= (0, 19):
+            self.problem("model.qk_layernorm_scope", "projection (a query/key norm over all heads, OLMoE's) is not "
+                         f"built with megatron-core {release[0]}.{release[1]}, whose attention takes per-head "
+                         "query/key norms only; use megatron-core 0.16 for this model")
         if self.ok("model.transformer_impl") and not self.env.transformer_engine \
                 and v("model.transformer_impl") == "transformer_engine":
             self.problem("model.transformer_impl", "'transformer_engine' needs Transformer Engine, "

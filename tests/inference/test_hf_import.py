@@ -8,12 +8,15 @@ import safetensors.torch
 import torch
 import transformers
 
+from megatron_dmoe.config.environment import megatron_core_release
 from megatron_dmoe.hf_import.cli import import_main
 from megatron_dmoe.inference.run_model import load_run
 from megatron_dmoe.parallel.distributed import destroy_distributed
 
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=128, initializer_range=0.1)
+# OLMoE's query/key norm over the whole projection is built with megatron-core 0.16, refused with 0.19
+PROJECTION_QK_NORM = megatron_core_release() < (0, 19)
 FAMILIES = {
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM,
                 dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)),
@@ -69,7 +72,11 @@ def imported(request, corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(root / "hf")
     write_tokenizer_files(tokenizer, root / "hf", 128)
-    assert import_main([str(root / "hf"), "--run-dir", str(root / "run"), f"data.data_path={prefix}", *TRAIN]) == 0
+    status = import_main([str(root / "hf"), "--run-dir", str(root / "run"), f"data.data_path={prefix}", *TRAIN])
+    if request.param == "olmoe" and not PROJECTION_QK_NORM:
+        assert status == 2 and not (root / "run").exists()  # refused in one line before any work
+        pytest.skip(f"megatron-core {megatron_core_release()} builds per-head query/key norms only")
+    assert status == 0
     return request.param, hf, root / "hf", root / "run"
 
 
