@@ -4,7 +4,6 @@ Relative error against a float64 reference within bf16 tolerance; every output i
 NaN so that an unwritten block or element fails the test. The topology build and the products must
 not copy anything to the host (CUDA sync debug mode turns a copy into an error).
 """
-import zlib
 
 import pytest
 import torch
@@ -12,17 +11,8 @@ import torch
 import dmoe_kernels as dk
 from dmoe_kernels import reference as ref
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("seeded_by_name")]  # every draw seeded
 BF16_TOL = 1e-2
-
-
-@pytest.fixture(autouse=True)
-def _seeded(request):
-    """Every test draws from torch's generator seeded from its own name; the seed is printed, so a
-    failure's report shows it (captured output) and the draw can be repeated."""
-    seed = zlib.crc32(request.node.nodeid.encode())
-    torch.manual_seed(seed)
-    print(f"torch.manual_seed({seed})")
 
 
 def _rel_err(out, expected):

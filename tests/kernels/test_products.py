@@ -4,7 +4,6 @@ On CPU the kernels run through Triton's interpreter (fp32 and fp16: its bf16 dot
 GPU the same tests run compiled. Dense widths (K=40, N=37) are deliberately not multiples of the
 tile sizes, and several topologies carry padding entries past nnz that the kernels must skip.
 """
-import zlib
 
 import pytest
 import torch
@@ -14,15 +13,7 @@ from dmoe_kernels import reference as ref
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3}
 K_DENSE, N_DENSE = 40, 37
-
-
-@pytest.fixture(autouse=True)
-def _seeded(request):
-    """Every test draws from torch's generator seeded from its own name; the seed is printed, so a
-    failure's report shows it (captured output) and the draw can be repeated."""
-    seed = zlib.crc32(request.node.nodeid.encode())
-    torch.manual_seed(seed)
-    print(f"torch.manual_seed({seed})")
+pytestmark = pytest.mark.usefixtures("seeded_by_name")  # every draw seeded
 
 
 def _mask(rows, cols, density, seed):
