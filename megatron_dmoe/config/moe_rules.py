@@ -16,13 +16,6 @@ RANGES = {s.option: s.limits for s in MOE_SETTINGS if s.option and s.limits}
 _INTEGERS = {s.option for s in MOE_SETTINGS if s.option and s.integer}
 
 
-def ffn_shards_per_expert(num_experts: int, expert_parallel: int, expert_tensor_parallel: int = 1) -> int:
-    """Ranks each expert's FFN is split over: the expert-tensor-parallel size, times the expert-
-    parallel ranks per expert when there are more of those than experts."""
-    extra = expert_parallel // num_experts if num_experts and expert_parallel > num_experts else 1
-    return expert_tensor_parallel * extra
-
-
 def choice_problem(field: str, value) -> Optional[str]:
     allowed = CHOICES[field]
     if value in allowed and not isinstance(value, bool):

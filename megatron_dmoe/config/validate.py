@@ -13,6 +13,9 @@ import os
 import warnings
 from typing import Any, List, Optional
 
+from megatron_dmoe.parallel import layout_rules
+from megatron_dmoe.parallel.layout_rules import CP_KEY, EP_KEY, ETP_KEY, PP_KEY, SP_KEY, TP_KEY, VPP_KEY, divisors
+
 from . import moe_rules, tokenizer_types as tokenizers
 from .cuda_graphs_rules import RULE_KEYS, capture_refusals
 from .environment import Environment
@@ -24,13 +27,11 @@ from .resolve import DERIVED_FROM, resolve
 from .schema import RunConfig
 from .value_text import fmt, range_text
 
-TP_KEY = "parallel.tensor_model_parallel_size"
-PP_KEY = "parallel.pipeline_model_parallel_size"
-EP_KEY = "parallel.expert_model_parallel_size"
-ETP_KEY = "parallel.expert_tensor_parallel_size"
-CP_KEY = "parallel.context_parallel_size"
-SP_KEY = "parallel.sequence_parallel"
-VPP_KEY = "parallel.virtual_pipeline_model_parallel_size"
+# The keys the parallel layout's rules read (parallel/layout_rules.py); validation passes the valid ones.
+LAYOUT_KEYS = (TP_KEY, PP_KEY, VPP_KEY, EP_KEY, ETP_KEY, CP_KEY, SP_KEY, "model.num_layers",
+               "model.num_attention_heads", "model.num_query_groups", "model.seq_length",
+               "model.ffn_hidden_size", "moe.num_experts", "moe.ffn_hidden_size", "moe.expert_capacity_factor",
+               "training.micro_batch_size", "training.global_batch_size")
 
 # The MoE layer's own settings: each MoEOptions field and the YAML key it comes from. Their allowed
 # values, ranges and cross-field rules are the layer's (config/moe_settings.py, config/moe_rules.py);
@@ -133,10 +134,6 @@ def find_warnings(cfg: RunConfig, world_size: Optional[int] = None, *,
     checker = _Checker(cfg, world_size, env)
     checker.run()
     return checker.warnings
-
-
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 class _Checker:
@@ -265,7 +262,7 @@ class _Checker:
             groups, heads = v("model.num_query_groups"), v("model.num_attention_heads")
             if heads % groups:
                 self.problem("model.num_query_groups", f"{groups} does not divide "
-                             f"model.num_attention_heads ({heads}); use one of: {_divisors(heads)}")
+                             f"model.num_attention_heads ({heads}); use one of: {divisors(heads)}")
         if self.raw("model.max_position_embeddings") is not None and self.ok(
                 "model.seq_length", "model.max_position_embeddings"):
             seq, max_pos = v("model.seq_length"), v("model.max_position_embeddings")
@@ -364,7 +361,7 @@ class _Checker:
         etp = self.v(ETP_KEY) if self.ok(ETP_KEY) else 1
         if experts and ep > experts and ep % experts:
             ep = 1  # reported elsewhere
-        return moe_rules.ffn_shards_per_expert(experts, ep, etp)
+        return layout_rules.ffn_shards_per_expert(experts, ep, etp)
 
     def _sparse_backend(self) -> bool:
         backend = self.v("moe.backend")
@@ -377,62 +374,18 @@ class _Checker:
         return device == "cuda" or (device == "auto" and self.env.cuda)
 
     def check_parallel(self) -> None:
-        v, ok = self.v, self.ok
-        tp_key, pp_key, ep_key = TP_KEY, PP_KEY, EP_KEY
-        if ok(tp_key, "model.num_attention_heads"):
-            tp, heads = v(tp_key), v("model.num_attention_heads")
-            if heads % tp:
-                self.problem("model.num_attention_heads", f"{heads} is not divisible by {tp_key} "
-                             f"({tp}); use a tensor-parallel size among: {_divisors(heads)}")
-            if ok("model.num_query_groups") and v("model.num_query_groups") != heads \
-                    and v("model.num_query_groups") % tp:
-                groups = v("model.num_query_groups")
-                self.problem("model.num_query_groups", f"{groups} is not divisible by {tp_key} "
-                             f"({tp}); use a tensor-parallel size among: {_divisors(groups)}")
-        if ok(pp_key, "model.num_layers") and v("model.num_layers") % v(pp_key):
-            layers, pp = v("model.num_layers"), v(pp_key)
-            self.problem("model.num_layers", f"{layers} is not divisible by {pp_key} ({pp}); use "
-                         f"a multiple of {pp}")
-        elif ok(pp_key, VPP_KEY, "model.num_layers") and self.raw(VPP_KEY) is not None:
-            self._check_virtual_pipeline(v(pp_key), v(VPP_KEY), v("model.num_layers"))
-        if ok(ep_key, ETP_KEY, "moe.num_experts") and v(ep_key) * v(ETP_KEY) > 1:
-            ep, etp, experts = v(ep_key), v(ETP_KEY), v("moe.num_experts")
-            if experts == 0:
-                key = ep_key if ep > 1 else ETP_KEY
-                self.problem(key, f"{v(key)} needs MoE layers, but moe.num_experts is 0; set "
-                             f"moe.num_experts or use 1")
-            elif experts % ep and ep % experts:
-                self.problem("moe.num_experts", f"{experts} is not divisible by {ep_key} ({ep}), "
-                             f"nor is {ep} a multiple of it; use a multiple of {ep} (each rank "
-                             f"holds whole experts) or one of {_divisors(ep)} (each expert's FFN "
-                             f"is split over several ranks)")
-            else:
-                self._check_expert_parallel_layout(ep, etp, experts)
-        self._check_tensor_parallel()
-        if ok(CP_KEY) and v(CP_KEY) != 1:
-            self.problem(CP_KEY, f"{v(CP_KEY)}: context parallelism is not supported; use 1")
+        """How the model splits over the parallel sizes (parallel/layout_rules.py)."""
+        values = self._layout_values()
+        for key, message in layout_rules.model_split_problems(values, has_dense_mlp=self._has_dense_mlp()):
+            self.problem(key, message)
 
-    def _check_tensor_parallel(self) -> None:
-        """What tensor (and sequence) parallelism needs of the model's shapes."""
-        v, ok, sp_key = self.v, self.ok, SP_KEY
-        if not ok(TP_KEY, sp_key):
-            return
-        tp, sp = v(TP_KEY), v(sp_key)
-        if sp and tp == 1:
-            self.problem(sp_key, f"true needs {TP_KEY} > 1; set it to false")
-        if tp == 1:
-            return
-        if not sp and ok("moe.num_experts") and v("moe.num_experts") > 0:
-            self.problem(sp_key, f"false with MoE layers and {TP_KEY} {tp}: every tensor-parallel rank "
-                         f"would route the same tokens through experts replicated over them; set it to "
-                         f"true (each rank then routes its own sequence shard)")
-        if sp and ok("model.seq_length") and v("model.seq_length") % tp:
-            self.problem("model.seq_length", f"{v('model.seq_length')} is not divisible by {TP_KEY} "
-                         f"({tp}), which sequence parallelism needs; use a multiple of {tp}")
-        if ok("model.ffn_hidden_size") and self._has_dense_mlp() and v("model.ffn_hidden_size") % tp:
-            self.problem("model.ffn_hidden_size", f"{v('model.ffn_hidden_size')} is not divisible by "
-                         f"{TP_KEY} ({tp}) (the dense MLPs are split over the tensor-parallel ranks); "
-                         f"use a multiple of {tp}")
+    def check_world_size(self) -> None:
+        """How the parallel and batch sizes fit the world size (parallel/layout_rules.py)."""
+        for key, message in layout_rules.world_size_problems(self._layout_values(), self.world_size):
+            self.problem(key, message)
+
+    def _layout_values(self) -> dict:
+        return {key: self.v(key) for key in LAYOUT_KEYS if self.ok(key)}
 
     def _has_dense_mlp(self) -> bool:
         """Does any layer have megatron's dense MLP (model.ffn_hidden_size, split over TP)?"""
@@ -442,88 +395,6 @@ class _Checker:
         if v("moe.num_experts") == 0:
             return True
         return not all(moe_layer_pattern(v("model.num_layers"), v("moe.layer_freq"), v("moe.first_dense_layers")))
-
-    def _check_expert_parallel_layout(self, ep: int, etp: int, experts: int) -> None:
-        """Rules of a valid expert layout: the ffn shards (expert-tensor parallelism, and more
-        expert-parallel ranks than experts) and no token-dropping baseline (it runs on whole local
-        experts only)."""
-        v, ok = self.v, self.ok
-        shards = self._ffn_shards(experts)
-        if shards > 1 and ok("moe.ffn_hidden_size"):
-            width = v("moe.ffn_hidden_size")
-            if width % shards:
-                split = [f"{ETP_KEY} {etp}"] if etp > 1 else []
-                if ep > experts:
-                    split.append(f"{EP_KEY} {ep} / moe.num_experts {experts}")
-                self.problem("moe.ffn_hidden_size", f"{width} is not divisible by {shards}, the "
-                             f"number of ranks each expert's FFN is split over "
-                             f"({' x '.join(split)}); use a multiple of {shards}")
-        capacity_key = "moe.expert_capacity_factor"
-        if ok(capacity_key) and self.raw(capacity_key) is not None:
-            key, size = (EP_KEY, ep) if ep > 1 else (ETP_KEY, etp)
-            self.problem(capacity_key, f"{fmt(self.raw(capacity_key))} (the token-dropping "
-                         f"baseline) runs on whole local experts, but {key} is {size}; set "
-                         f"it to null (dropless) or {key} to 1")
-
-    def _check_virtual_pipeline(self, pp: int, vpp: int, layers: int) -> None:
-        """The interleaved schedule: several model chunks per pipeline rank, each with whole layers."""
-        if pp == 1:
-            self.problem(VPP_KEY, f"{vpp} needs {PP_KEY} > 1 (it splits each pipeline rank's layers "
-                         f"into chunks); set it to null or raise {PP_KEY}")
-        elif layers % (pp * vpp):
-            self.problem(VPP_KEY, f"{vpp} x {PP_KEY} ({pp}) = {pp * vpp} model chunks do not divide "
-                         f"model.num_layers ({layers}); use a value whose product with {pp} divides "
-                         f"{layers}, or null")
-
-    def check_world_size(self) -> None:
-        v, ok = self.v, self.ok
-        micro_key, global_key = "training.micro_batch_size", "training.global_batch_size"
-        tp_key, pp_key, ep_key = TP_KEY, PP_KEY, EP_KEY
-        world = self.world_size
-        if world is not None and (type(world) is not int or world < 1):
-            self.problem("world_size", f"{world!r} is not a number of processes; use an "
-                                       f"integer >= 1")
-            world = None
-        data_parallel = None
-        if world is not None and ok(tp_key, pp_key):
-            model_parallel = v(tp_key) * v(pp_key)
-            if world % model_parallel:
-                self.problem(tp_key, f"tensor ({v(tp_key)}) x pipeline ({v(pp_key)}) parallel size "
-                             f"{model_parallel} does not divide the world size {world}; use sizes "
-                             f"whose product divides {world} (world = tensor x pipeline x data)")
-            else:
-                data_parallel = world // model_parallel
-            # megatron-core lays the experts out over the same ranks: world = expert-tensor x expert
-            # x pipeline x expert-data, so EP may fold over tensor- and data-parallel ranks alike
-            if ok(ep_key, ETP_KEY):
-                ep, etp, pp = v(ep_key), v(ETP_KEY), v(pp_key)
-                expert_space = world // pp if world % pp == 0 else None
-                if expert_space is not None and expert_space % (ep * etp):
-                    split = f" x {ETP_KEY} ({etp})" if etp > 1 else ""
-                    allowed = _divisors(expert_space // etp) if expert_space % etp == 0 else "1"
-                    self.problem(ep_key, f"{ep}{split} does not divide the {expert_space} ranks of a "
-                                 f"pipeline stage (world size {world} / pipeline {pp}; expert "
-                                 f"parallelism folds over tensor- and data-parallel ranks); use one "
-                                 f"of: {allowed}")
-        if not ok(micro_key, global_key):
-            return
-        micro, total = v(micro_key), v(global_key)
-        if data_parallel is not None:
-            step = micro * data_parallel
-            if total % step:
-                self.problem(global_key, f"{total} is not divisible by {micro_key} ({micro}) x "
-                             f"data-parallel size ({data_parallel}) = {step}; use a multiple of "
-                             f"{step}")
-            elif ok(pp_key, VPP_KEY) and self.raw(VPP_KEY) is not None and (total // step) % v(pp_key):
-                # megatron's interleaved schedule runs the micro-batches in groups of the pipeline size
-                self.problem(global_key, f"{total} gives {total // step} micro-batches per step "
-                             f"(/ ({micro_key} {micro} x data-parallel size {data_parallel})), which "
-                             f"the interleaved schedule ({VPP_KEY} {v(VPP_KEY)}) needs to be a "
-                             f"multiple of {pp_key} ({v(pp_key)}); use a multiple of "
-                             f"{step * v(pp_key)}")
-        elif total % micro:
-            self.problem(global_key, f"{total} is not divisible by {micro_key} ({micro}); use a "
-                         f"multiple of {micro}")
 
     def check_training(self) -> None:
         v, ok = self.v, self.ok
@@ -596,13 +467,14 @@ class _Checker:
                          "accumulate per micro-batch); set one of them to false")
 
     def _check_ep_exchange(self) -> None:
-        """The symmetric exchange maps GPU memory between ranks: CUDA only."""
+        """The symmetric and NVSHMEM exchanges move rows through GPU memory mapped between ranks: CUDA only."""
         v, ok, key = self.v, self.ok, "moe.ep_exchange"
-        if not ok(key) or v(key) != "symmetric":
+        if not ok(key) or v(key) not in ("symmetric", "nvshmem"):
             return
         if (ok("training.device") and v("training.device") == "cpu") or not self.env.cuda:
-            self.problem(key, "symmetric needs CUDA GPUs (it stores rows straight into peer GPUs' memory); "
-                         "use auto or nccl")
+            how = ("stores rows straight into peer GPUs' memory" if v(key) == "symmetric"
+                   else "moves rows between GPUs' symmetric memory")
+            self.problem(key, f"{v(key)} needs CUDA GPUs (it {how}); use auto or nccl")
 
     def check_tokenizer(self) -> None:
         """Megatron-LM's tokenizer types and the files each needs (config/tokenizer_types.py); the files

@@ -1,5 +1,7 @@
-"""Process groups, expert placement and parameter roles.
+"""The legal parallel layouts, process groups, expert placement and parameter roles.
 
+layout_rules.py     the legal parallel layouts, pure functions over configuration values (no imports):
+                    the configuration check reports them, expert_layout.py shares their shard count
 distributed.py      torch.distributed and megatron-core's process groups for a run
 expert_groups.py    the expert-parallel (EP) and expert-data-parallel groups an MoE layer uses
 expert_layout.py    which experts (or expert FFN shards) each EP rank holds, in global terms

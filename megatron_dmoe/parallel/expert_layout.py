@@ -20,7 +20,7 @@ from typing import Tuple
 
 import torch
 
-from megatron_dmoe.config.moe_rules import ffn_shards_per_expert
+from megatron_dmoe.parallel.layout_rules import ffn_shards_per_expert
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from typing import List, Optional, Tuple
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
-from megatron_dmoe.config.moe_rules import ffn_shards_per_expert
 from megatron_dmoe.config.moe_settings import BLOCK_SIZES
+from megatron_dmoe.parallel.layout_rules import ffn_shards_per_expert
 
 GIB = 2**30
 # training.memory_check: true refuses a GPU run whose estimate exceeds this share of the GPU's memory

@@ -1,6 +1,7 @@
 """The run configuration loads and validates without megatron-core, triton or torch: a config is
 checked (by dmoe-train before it starts, by the sweep tools, by editors' checks) in the time it takes
 to read YAML. Each check runs in a fresh interpreter, where nothing else has imported them yet."""
+import ast
 import subprocess
 import sys
 import textwrap
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS_DIR = ROOT / "configs"
+PACKAGE = ROOT / "megatron_dmoe"
 
 HEAVY = ("megatron", "triton", "torch")
 
@@ -61,3 +64,23 @@ def test_megatron_core_imported_after_this_package_is_quiet():
         import megatron.core.models.gpt.gpt_layer_specs
     """)
     assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
+
+
+def _imported_names(path: Path) -> set:
+    """The absolute names a file imports (relative imports stay inside its own package)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_config_reaches_only_the_parallel_layout_rules_of_our_other_packages():
+    """config/ imports no other package of ours but parallel/layout_rules.py, which imports nothing
+    (no torch either), so validating a config still costs no more than reading it."""
+    ours = {name for path in sorted((PACKAGE / "config").rglob("*.py")) for name in _imported_names(path)
+            if name.startswith("megatron_dmoe.")}
+    assert ours <= {"megatron_dmoe.parallel", "megatron_dmoe.parallel.layout_rules"}, sorted(ours)
+    assert _imported_names(PACKAGE / "parallel" / "layout_rules.py") <= {"__future__"}
