@@ -2,12 +2,14 @@
 """Training throughput of GPT models: dense, dMoE and capacity-factor MoE in one run, on one device
 or on the GPUs of one host.
 
-The dMoE runs three times: expert weight gradients accumulated per micro-batch (the default), once per
-step (dmoe-per-step, moe.expert_wgrad_per_step: true), and with random router logits
-(dmoe-balanced, moe.router_force_load_balancing: true). A fresh router on synthetic tokens sends most
-of a layer's tokens to a few experts (its inputs share one large component); dmoe-balanced loads
-every expert evenly, as a trained router's load-balancing loss does: with expert parallelism the
-two bracket what training sees, since an overloaded rank makes the others wait at every exchange.
+The dMoE runs four times: expert weight gradients accumulated per micro-batch (the default), once per
+step (dmoe-per-step, moe.expert_wgrad_per_step: true), with random router logits
+(dmoe-balanced, moe.router_force_load_balancing: true), and so over the NVSHMEM exchange that
+expert parallelism across hosts takes (dmoe-nvshmem, moe.ep_exchange: nvshmem). A fresh router on
+synthetic tokens sends most of a layer's tokens to a few experts (its inputs share one large
+component); dmoe-balanced loads every expert evenly, as a trained router's load-balancing loss does:
+with expert parallelism the two bracket what training sees, since an overloaded rank makes the
+others wait at every exchange.
 
 Each model trains for --warmup steps, then --steps timed steps of one global batch (micro-batches
 accumulated as in training) on synthetic tokens, with the same optimizer, mixed precision and DDP
@@ -61,6 +63,7 @@ MODELS = {
     "dmoe": "zoo/dmoe_small",
     "dmoe-per-step": "zoo/dmoe_small",
     "dmoe-balanced": "zoo/dmoe_small",
+    "dmoe-nvshmem": "zoo/dmoe_small",
     "capacity": "zoo/capacity1.0_small",
 }
 # Overrides that make a named model differ from its config (before --set's). The MoE models keep
@@ -75,6 +78,8 @@ MODEL_OVERRIDES = {
     # rank, evenly loaded, as a trained router's load-balancing loss makes them; a fresh router on
     # synthetic tokens sends most tokens of a layer to a few experts instead
     "dmoe-balanced": [ALL_MOE, "moe.router_force_load_balancing=true"],
+    # dmoe-balanced over the NVSHMEM exchange, the one expert parallelism across hosts takes
+    "dmoe-nvshmem": [ALL_MOE, "moe.router_force_load_balancing=true", "moe.ep_exchange=nvshmem"],
 }
 # Models that run eagerly only: captured layers accumulate weight gradients per micro-batch.
 WITHOUT_GRAPHS = {"dmoe-per-step"}
@@ -101,9 +106,10 @@ def vocab_size(args, cfg) -> int:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None,
-                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all; "
+                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all but dmoe-nvshmem; "
                         f"dmoe-per-step is the dMoE with moe.expert_wgrad_per_step: true, dmoe-balanced with "
-                        f"moe.router_force_load_balancing: true); with --zoo, names "
+                        f"moe.router_force_load_balancing: true, dmoe-nvshmem that over moe.ep_exchange: "
+                        f"nvshmem); with --zoo, names "
                         f"from {sorted(ZOO_MODELS)} (default: all)")
     p.add_argument("--zoo", action="store_true",
                    help="run the zoo's Small configs exactly as shipped: dense_small, dmoe_small, dmoe_small with "
@@ -158,7 +164,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if args.ep != 1:
             p.error("--ep with --zoo: the zoo's configs run as shipped; drop --ep (zoo-dmoe-8x is the "
                     "per-GPU part of expert parallelism 8)")
-    args.models = args.models or ",".join(ZOO_MODELS if args.zoo else MODELS)
+    # dmoe-nvshmem differs from dmoe-balanced only where experts are spread (--ep): named, not by default
+    args.models = args.models or ",".join(ZOO_MODELS if args.zoo else [m for m in MODELS if m != "dmoe-nvshmem"])
     args.cuda_graphs = args.cuda_graphs or ("auto" if args.zoo else "off")
     if args.ep < 1:
         p.error(f"--ep: {args.ep} is not a process count; use 1 (no expert parallelism) or more")

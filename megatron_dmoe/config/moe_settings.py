@@ -17,7 +17,7 @@ SCORE_FUNCTIONS = ("softmax", "sigmoid")
 DROP_POLICIES = ("probs", "position")
 BACKENDS = ("auto", "sparse", "grouped", "reference")
 BLOCK_SIZES = (16, 32, 64, 128)  # the block-sparse kernels' (dmoe_kernels.products.topology)
-EP_EXCHANGES = ("auto", "nccl", "symmetric")
+EP_EXCHANGES = ("auto", "nccl", "symmetric", "nvshmem")
 # what the load-balancing loss's expert fractions are counted over (megatron-core: aux_loss,
 # seq_aux_loss, global_aux_loss; see AUX_LOSS_TYPES_MEGATRON)
 AUX_LOSS_TYPES = ("micro_batch", "sequence", "global")

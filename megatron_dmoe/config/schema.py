@@ -70,7 +70,7 @@ class MoEConfig:
     # Expert weight gradients once per step over all micro-batches, not once per micro-batch (sparse
     # backend): main_grad read and written once; keeps every micro-batch's expert operands until then.
     expert_wgrad_per_step: bool = False
-    ep_exchange: str = "auto"  # auto | nccl | symmetric: how tokens travel between expert-parallel ranks
+    ep_exchange: str = "auto"  # auto | nccl | symmetric | nvshmem: how tokens travel between expert-parallel ranks
     # Shared experts (DeepSeek-MoE, Qwen-MoE): an MLP of this width that every token runs besides its
     # routed experts, added to their output; 0 = none. n shared experts of width f: n * f.
     shared_expert_ffn_hidden_size: int = 0

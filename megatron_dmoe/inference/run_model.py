@@ -83,7 +83,7 @@ def inference_config(cfg: RunConfig, device: str, expert_parallel: int = 1) -> R
     out.parallel.expert_tensor_parallel_size = 1
     out.training.use_distributed_optimizer = False  # no optimizer here
     if out.training.device == "cpu":
-        if out.moe.ep_exchange == "symmetric":
+        if out.moe.ep_exchange in ("symmetric", "nvshmem"):
             out.moe.ep_exchange = "auto"
         out.model.transformer_impl = "local"
         if out.moe.backend == "sparse":

@@ -17,7 +17,7 @@ from megatron_dmoe.config import (
     validate,
 )
 from megatron_dmoe.config.fields import section_types
-from megatron_dmoe.config.validate import CHOICES, RANGES
+from megatron_dmoe.config.section_checks.values import CHOICES, RANGES
 
 EVERYTHING = Environment(cuda=True, transformer_engine=True, apex=True)
 BARE_CPU = Environment(cuda=False, transformer_engine=False, apex=False)
@@ -225,8 +225,11 @@ CASES = {
     "symmetric_exchange_on_cpu": (
         {"moe.ep_exchange": "symmetric", "training.device": "cpu"}, None, EVERYTHING,
         "moe.ep_exchange", ["symmetric needs CUDA", "use auto or nccl"]),
+    "nvshmem_exchange_on_cpu": (
+        {"moe.ep_exchange": "nvshmem", "training.device": "cpu"}, None, EVERYTHING,
+        "moe.ep_exchange", ["nvshmem needs CUDA", "use auto or nccl"]),
     "unknown_exchange": (
-        {"moe.ep_exchange": "nvshmem"}, None, EVERYTHING, "moe.ep_exchange", ["nccl", "symmetric"]),
+        {"moe.ep_exchange": "shmem"}, None, EVERYTHING, "moe.ep_exchange", ["nccl", "symmetric", "nvshmem"]),
     "triton_cross_entropy_with_tensor_parallel": (
         {**TP2, "model.cross_entropy_fusion_impl": "triton"}, 2, EVERYTHING, "model.cross_entropy_fusion_impl",
         ["triton needs whole vocabulary rows", "parallel.tensor_model_parallel_size is 2", "use auto or native"]),
@@ -501,7 +504,7 @@ def test_choices_match_the_schema_comments():
 
 
 def test_every_number_key_has_a_range():
-    """A new numeric key in schema.py needs an entry in validate.RANGES (or CHOICES)."""
+    """A new numeric key in schema.py needs an entry in RANGES (or CHOICES) of section_checks/values.py."""
     numeric = []
     for section, types in section_types().items():
         for name, annotation in types.items():
@@ -509,7 +512,7 @@ def test_every_number_key_has_a_range():
             if any(a in (int, float) for a in args):
                 numeric.append(f"{section}.{name}")
     missing = [k for k in numeric if k not in RANGES and k not in CHOICES]
-    assert not missing, f"add these keys to RANGES in megatron_dmoe/config/validate.py: {missing}"
+    assert not missing, f"add these keys to RANGES in megatron_dmoe/config/section_checks/values.py: {missing}"
 
 
 @pytest.mark.parametrize("warmup", [10, 20, 400])

@@ -1,5 +1,5 @@
-"""Checks run in every process of a 2-GPU group: the expert-parallel layer over the symmetric
-exchange reads nothing on the host, so it runs under torch's sync-debug "error" mode and captures
+"""Checks run in every process of a 2-GPU group: the expert-parallel layer over the symmetric (or
+the NVSHMEM) exchange reads nothing on the host, so it runs under torch's sync-debug "error" mode and captures
 as one CUDA graph whose replays equal eager calls."""
 import torch
 
@@ -12,10 +12,11 @@ HIDDEN, FFN = 64, 128
 CASE = dict(ep=2, E=4, k=2, aux=0.05, z=0.01, backend="sparse", exchange="symmetric")
 
 
-def _layer_and_tokens(dtype):
+def _layer_and_tokens(dtype, exchange):
     init_distributed("cuda", expert_model_parallel_size=CASE["ep"])
     AuxLossScaler.set_loss_scale(1.0)
-    layer = _build(CASE, CASE["ep"], dtype, _draw_weights(CASE, 0, dtype, HIDDEN, FFN), 1, HIDDEN, FFN, "cuda")
+    case = dict(CASE, exchange=exchange)
+    layer = _build(case, case["ep"], dtype, _draw_weights(case, 0, dtype, HIDDEN, FFN), 1, HIDDEN, FFN, "cuda")
     x, out_grad, _ = _draw_tokens(0, torch.distributed.get_rank(), dtype, HIDDEN, "cuda")
     return layer, x.requires_grad_(), out_grad
 
@@ -26,8 +27,8 @@ def _step(layer, x, out_grad):
     return out
 
 
-def check_no_host_sync() -> None:
-    layer, x, out_grad = _layer_and_tokens(torch.bfloat16)
+def check_no_host_sync(exchange: str = "symmetric") -> None:
+    layer, x, out_grad = _layer_and_tokens(torch.bfloat16, exchange)
     _step(layer, x, out_grad)  # compiles the kernels and allocates the exchange's buffers
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -39,10 +40,10 @@ def check_no_host_sync() -> None:
     torch.cuda.synchronize()
 
 
-def check_graph_replay_equals_eager() -> None:
+def check_graph_replay_equals_eager(exchange: str = "symmetric") -> None:
     """Forward and backward captured together; each replay gives the eager output, input gradient and
     parameter gradients (accumulated into the same .grad tensors as eager calls would)."""
-    layer, x, out_grad = _layer_and_tokens(torch.float32)
+    layer, x, out_grad = _layer_and_tokens(torch.float32, exchange)
     params = [p for p in layer.parameters() if p.requires_grad]
 
     def clear():

@@ -1,5 +1,5 @@
 """Checks run inside every process (see process_group.run_in_processes): the symmetric-memory
-exchange against the NCCL one on the same routing, call after call with growing and shrinking
+exchange, or the NVSHMEM one, against the NCCL one on the same routing, call after call with growing and shrinking
 batches (so the shared buffers are created, grown and reused, and stale rows would show).
 
 Both are pure data movement around the same weighted sum, so in float32 the received rows, counts,
@@ -31,13 +31,14 @@ def _exchange(dispatcher, x, indices, weights):
     return received, tokens_per_expert.to(torch.int64), counts, y.detach(), x.grad, w.grad
 
 
-def check_symmetric_matches_nccl(ep: int) -> None:
+def check_exchange_matches_nccl(ep: int, exchange: str = "symmetric") -> None:
+    """exchange: symmetric or nvshmem (one per process: torch allows one symmetric-memory backend)."""
     init_distributed("cuda", expert_model_parallel_size=ep)
     device = torch.device("cuda", torch.cuda.current_device())
     group = ps.get_expert_model_parallel_group()
     layout = ExpertLayout(EXPERTS, 64, ep, ps.get_expert_model_parallel_rank())
     nccl = ExpertParallelDispatcher(layout, group, "nccl")
-    symmetric = ExpertParallelDispatcher(layout, group, "symmetric")
+    other = ExpertParallelDispatcher(layout, group, exchange)
     rank = dist.get_rank()
     for call, tokens in enumerate(TOKENS):
         tokens = tokens * (1 + rank) // (1 + call % 2)  # ranks and calls differ in size
@@ -48,12 +49,12 @@ def check_symmetric_matches_nccl(ep: int) -> None:
             scores[:, 0] += 1.0  # most copies go to rank 0's first expert: its buffer must grow
         weights, indices = torch.topk(scores, TOP_K, dim=-1)
         expected = _exchange(nccl, x, indices, weights)
-        got = _exchange(symmetric, x, indices, weights)
-        # the symmetric exchange receives into a bound-sized view: the real rows come first
+        got = _exchange(other, x, indices, weights)
+        # the device-side exchanges receive into a bound-sized view: the real rows come first
         received = int(expected[1].sum())
         assert got[0].shape[0] >= ep * tokens * TOP_K, (call, rank, "received view smaller than the bound")
         got = (got[0][:received],) + got[1:]
         names = ("received rows", "tokens per expert", "counts by source", "output", "x grad", "weights grad")
         for name, a, b in zip(names, got, expected):
             assert a.shape == b.shape and torch.equal(a, b), (call, rank, name)
-    assert symmetric._symmetric is not False and symmetric._symmetric.buffers, "the symmetric path did not run"
+    assert other._resolved and other._resolved.buffers, f"the {exchange} path did not run"

@@ -23,7 +23,7 @@ from ep_runs import (
     records,
     train,
 )
-from exchange_checks import check_symmetric_matches_nccl
+from exchange_checks import check_exchange_matches_nccl
 from process_group import run_in_processes
 from train_helpers import SMALL
 
@@ -46,14 +46,14 @@ MEMORY_OPTIMIZED = {"ep2-E4-top2-memopt-swiglu-rank1-idle": dict(ep=2, E=4, k=2,
 BF16_CASES = ("ep2-E4-top2-padding", "ep4-E2-split2-top2-swiglu")
 
 
-def gpu_layer_cases(max_ep):
+def gpu_layer_cases(max_ep, exchanges=("nccl", "symmetric")):
     """The CPU cases that fit in `max_ep` processes, each in float32 with both backends, and the
-    BF16_CASES among them in bfloat16 with the sparse backend; every one with both exchanges."""
+    BF16_CASES among them in bfloat16 with the sparse backend; every one with each of `exchanges`."""
     base = {name: case for name, case in {**LAYER_CASES, **MEMORY_OPTIMIZED}.items()
             if case["ep"] <= max_ep and "backend" not in case}
     cases = {}
     for name, case in base.items():
-        for exchange in ("nccl", "symmetric"):
+        for exchange in exchanges:
             for backend in ("sparse", "reference"):
                 cases[f"{name}-{backend}-fp32-{exchange}"] = dict(case, backend=backend, dtype=torch.float32,
                                                                   exchange=exchange)
@@ -81,13 +81,23 @@ def test_layer_matches_single_process_layer_over_nccl_in_four_processes():
 
 
 @needs_gpus(2)
-def test_symmetric_exchange_matches_nccl_exchange_in_two_processes():
-    run_in_processes(2, check_symmetric_matches_nccl, 2, device="cuda", timeout=300)
+@pytest.mark.parametrize("exchange", ["symmetric", "nvshmem"])
+def test_device_side_exchange_matches_nccl_exchange_in_two_processes(exchange):
+    run_in_processes(2, check_exchange_matches_nccl, 2, exchange, device="cuda", timeout=300)
 
 
 @needs_gpus(4)
-def test_symmetric_exchange_matches_nccl_exchange_in_four_processes():
-    run_in_processes(4, check_symmetric_matches_nccl, 4, device="cuda", timeout=300)
+@pytest.mark.parametrize("exchange", ["symmetric", "nvshmem"])
+def test_device_side_exchange_matches_nccl_exchange_in_four_processes(exchange):
+    run_in_processes(4, check_exchange_matches_nccl, 4, exchange, device="cuda", timeout=300)
+
+
+@needs_gpus(2)
+def test_layer_over_nvshmem_matches_single_process_layer_in_two_processes():
+    """The NVSHMEM exchange (the across-hosts path, forced on one host): processes of their own, since
+    a process keeps the symmetric-memory backend it allocated with first."""
+    cases = gpu_layer_cases(max_ep=2, exchanges=("nvshmem",))
+    run_in_processes(2, check_layer_cases, cases, "cuda", HIDDEN, FFN, TOLERANCES, device="cuda", timeout=500)
 
 
 # fp32 training with the block-sparse kernels (SMALL's expert width 128 is a multiple of tiny's block 64)
@@ -108,9 +118,10 @@ def test_two_gpu_expert_parallel_training_matches_ep1(tmp_path, corpus_cache):
     train(2, tmp_path / "ep2-distopt", *args, f"{EP_KEY}=2", "training.use_distributed_optimizer=true",
           device="cuda")
     train(2, tmp_path / "ep2-nccl", *args, f"{EP_KEY}=2", "moe.ep_exchange=nccl", device="cuda")
+    train(2, tmp_path / "ep2-nvshmem", *args, f"{EP_KEY}=2", "moe.ep_exchange=nvshmem", device="cuda")
     one = records(tmp_path / "ep1")
     assert sorted(one) == [1, 2, 3, 4, 5]
-    for run in ("ep2", "ep2-distopt", "ep2-nccl"):
+    for run in ("ep2", "ep2-distopt", "ep2-nccl", "ep2-nvshmem"):
         other = records(tmp_path / run)
         assert sorted(other) == sorted(one), run
         assert_same_steps(one, other, one)
@@ -138,25 +149,30 @@ def test_two_gpu_expert_gradients_once_per_step_train_like_once_per_micro_batch(
 
 
 @needs_gpus(2)
-def test_expert_parallel_layer_reads_nothing_on_the_host():
-    """EP = 2 over the symmetric exchange, bf16, sparse experts: forward + backward under torch's
+@pytest.mark.parametrize("exchange", ["symmetric", "nvshmem"])
+def test_expert_parallel_layer_reads_nothing_on_the_host(exchange):
+    """EP = 2 over a device-side exchange, bf16, sparse experts: forward + backward under torch's
     sync-debug "error" mode (any device-to-host synchronisation raises)."""
     from ep_graph_checks import check_no_host_sync
 
-    run_in_processes(2, check_no_host_sync, device="cuda", timeout=300)
+    run_in_processes(2, check_no_host_sync, exchange, device="cuda", timeout=300)
 
 
 @needs_gpus(2)
-def test_expert_parallel_layer_captures_as_a_cuda_graph():
+@pytest.mark.parametrize("exchange", ["symmetric", "nvshmem"])
+def test_expert_parallel_layer_captures_as_a_cuda_graph(exchange):
     from ep_graph_checks import check_graph_replay_equals_eager
 
-    run_in_processes(2, check_graph_replay_equals_eager, device="cuda", timeout=300)
+    run_in_processes(2, check_graph_replay_equals_eager, exchange, device="cuda", timeout=300)
 
 
 @needs_gpus(2)
-def test_two_gpu_expert_parallel_training_with_layer_graphs_matches_eager(tmp_path, corpus_cache):
-    """training.cuda_graphs with EP = 2 (the symmetric exchange auto picks on one host): the captured
-    layers replay the eager run's losses and grad norms step for step."""
+@pytest.mark.parametrize("exchange", ["auto", "nvshmem"])
+def test_two_gpu_expert_parallel_training_with_layer_graphs_matches_eager(tmp_path, corpus_cache, exchange):
+    """training.cuda_graphs with EP = 2 (the symmetric exchange auto picks on one host, and the NVSHMEM
+    one multi-node runs take): the captured layers replay the eager run's losses and grad norms step
+    for step."""
     args = SMALL + GPU_TRAINING + ["training.train_iters=5", "training.eval_interval=0",
-                                   "checkpoint.save_interval=0", f"data.cache_dir={corpus_cache}", f"{EP_KEY}=2"]
+                                   "checkpoint.save_interval=0", f"data.cache_dir={corpus_cache}", f"{EP_KEY}=2",
+                                   f"moe.ep_exchange={exchange}"]
     assert_captured_run_matches_eager(tmp_path, args)

@@ -143,11 +143,13 @@ def test_rows_past_the_capacity_are_not_written():
 
 
 def test_exchange_choice_on_cpu():
-    """auto falls back to NCCL-style collectives off CUDA; asking for symmetric there says why."""
+    """auto falls back to NCCL-style collectives off CUDA; asking for symmetric or nvshmem there says why."""
     layout = ExpertLayout(4, 8, 2, 0)
-    assert ExpertParallelDispatcher(layout, None, "auto")._use_symmetric(torch.device("cpu")) is False
-    assert ExpertParallelDispatcher(layout, None, "nccl")._use_symmetric(torch.device("cpu")) is False
+    assert ExpertParallelDispatcher(layout, None, "auto")._resolve(torch.device("cpu")) is None
+    assert ExpertParallelDispatcher(layout, None, "nccl")._resolve(torch.device("cpu")) is None
     with pytest.raises(RuntimeError, match="symmetric memory needs CUDA.*use 'nccl' or 'auto'"):
-        ExpertParallelDispatcher(layout, None, "symmetric")._use_symmetric(torch.device("cpu"))
-    with pytest.raises(ValueError, match="nvshmem.*auto"):
-        ExpertParallelDispatcher(layout, None, "nvshmem")
+        ExpertParallelDispatcher(layout, None, "symmetric")._resolve(torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="'nvshmem' cannot run here: NVSHMEM needs CUDA.*use 'nccl' or 'auto'"):
+        ExpertParallelDispatcher(layout, None, "nvshmem")._resolve(torch.device("cpu"))
+    with pytest.raises(ValueError, match="'shmem'.*nvshmem"):
+        ExpertParallelDispatcher(layout, None, "shmem")

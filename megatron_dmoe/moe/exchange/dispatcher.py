@@ -37,6 +37,7 @@ from ..experts.arrival import compact_offsets
 from ..options import EP_EXCHANGES
 from ..router import count_assignments
 from .all_to_all import differentiable_all_to_all, exchange_counts
+from .symmetric import SymmetricExchange
 
 
 @dataclass
@@ -49,7 +50,8 @@ class ExpertParallelState:
     send_splits: Optional[List[int]] = None  # nccl: rows this rank sent to each rank
     recv_splits: Optional[List[int]] = None  # nccl: rows each rank sent to this rank
     plan: Optional[object] = None  # symmetric: the ExchangePlan
-    exchange: Optional[object] = None  # symmetric: the SymmetricExchange
+    exchange: Optional[object] = None  # symmetric: the SymmetricExchange; nvshmem: the NvshmemExchange
+    device_splits: Optional[tuple] = None  # nvshmem: rows sent to / received from each rank, on the device
 
 
 def expand_to_virtual_experts(layout: ExpertLayout, indices: torch.Tensor, weights: torch.Tensor):
@@ -60,6 +62,17 @@ def expand_to_virtual_experts(layout: ExpertLayout, indices: torch.Tensor, weigh
         return indices, weights
     return layout.virtual_experts(indices), weights.repeat_interleave(shards, dim=1)
 
+
+
+def _sorted_by_destination(x, virtual, counts):
+    """(group offsets, sorted row of each copy, the rows in virtual-expert order) on CUDA: a
+    counting sort and one pass of the fused permutation kernel."""
+    from dmoe_kernels.permutation.functional import permute
+    from dmoe_kernels.permutation.ops import padded_positions
+
+    offsets = compact_offsets(counts)
+    positions = padded_positions(virtual, counts, offsets)
+    return offsets, positions, permute(x, positions, positions.numel(), offsets, counts)
 
 class _HostCopy:
     """A small device tensor on its way to the host: on CUDA an asynchronous copy into pinned
@@ -100,32 +113,43 @@ class ExpertParallelDispatcher(TokenDispatcher):
         # the run's SymmetricExchanges (moe/run_state.py), set by the layer: exchanges and their
         # buffers are shared by every layer of a model
         self.exchanges = None
-        self._symmetric = None  # resolved at the first dispatch (collective)
+        self._resolved = None  # the exchange, or False for NCCL: decided at the first dispatch (collective)
 
-    def _use_symmetric(self, device: torch.device) -> bool:
+    def _resolve(self, device: torch.device):
+        """The exchange object (SymmetricExchange or NvshmemExchange), or None for NCCL; decided at
+        the first dispatch, collectively (every rank reaches the same answer)."""
         if self.exchange == "nccl":
-            return False
-        if self._symmetric is None:
+            return None
+        if self._resolved is None:
             if self.exchanges is None:
                 from .symmetric import SymmetricExchanges
 
                 self.exchanges = SymmetricExchanges()  # a dispatcher used on its own
-            exchange, reason = self.exchanges.get(self.group, self.layout.num_virtual_experts, device)
-            if exchange is None and self.exchange == "symmetric":
-                raise RuntimeError(f"expert exchange 'symmetric' cannot run here: {reason}; use 'nccl' or 'auto'")
-            self._symmetric = exchange if exchange is not None else False
-        return self._symmetric is not False
+            exchange, reason = None, ""
+            if self.exchange in ("auto", "symmetric"):
+                exchange, reason = self.exchanges.get(self.group, self.layout.num_virtual_experts, device)
+            if exchange is None and (self.exchange == "nvshmem" or (self.exchange == "auto" and device.type == "cuda")):
+                exchange, why = self.exchanges.nvshmem.get(self.group, device)
+                reason = "; ".join(r for r in (reason, why) if r)
+            if exchange is None and self.exchange != "auto":
+                raise RuntimeError(f"expert exchange {self.exchange!r} cannot run here: {reason}; use 'nccl' or 'auto'")
+            self._resolved = exchange if exchange is not None else False
+        return self._resolved or None
 
     def dispatch(self, x, indices, weights):
         layout = self.layout
         ranks, per_rank = layout.ep_size, layout.num_local_experts
         virtual, virtual_weights = expand_to_virtual_experts(layout, indices, weights)
-        if self._use_symmetric(x.device):
+        exchange = self._resolve(x.device)
+        if isinstance(exchange, SymmetricExchange):
             return self._dispatch_symmetric(x, virtual, virtual_weights)
+        if exchange is not None:
+            return self._dispatch_nvshmem(x, virtual, virtual_weights, exchange)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 "the NCCL expert-parallel exchange reads its split sizes on the host and cannot run inside a CUDA "
-                "graph; use moe.ep_exchange: symmetric (GPUs of one host) or training.cuda_graphs: false"
+                "graph; use moe.ep_exchange: symmetric (GPUs of one host), nvshmem (any hosts) or "
+                "training.cuda_graphs: false"
             )
         counts = count_assignments(virtual, layout.num_virtual_experts)
         counts_by_rank = counts.view(ranks, per_rank)
@@ -135,12 +159,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
         offsets = None
         if x.is_cuda:
-            from dmoe_kernels.permutation.functional import permute
-            from dmoe_kernels.permutation.ops import padded_positions
-
-            offsets = compact_offsets(counts)
-            positions = padded_positions(virtual, counts, offsets)  # sorted row of each copy (counting sort)
-            x_sorted = permute(x, positions, positions.numel(), offsets, counts)
+            offsets, positions, x_sorted = _sorted_by_destination(x, virtual, counts)
         else:
             order, positions = sort_by_expert(virtual)
             x_sorted = x.index_select(0, order // positions.shape[1])
@@ -156,7 +175,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
         from .symmetric import send_to_experts
 
-        exchange = self._symmetric
+        exchange = self._resolved
         cumulative = expert_histogram(virtual, self.layout.num_virtual_experts)  # last column: counts
         plan = exchange.plan(cumulative[:, -1])  # counts posted to every rank; offsets on the device
         positions = positions_from_histogram(virtual, cumulative, plan.offsets)  # sorted row of each copy
@@ -167,13 +186,36 @@ class ExpertParallelDispatcher(TokenDispatcher):
                                     plan=plan, exchange=exchange)
         return x_recv, plan.tokens_per_expert, state
 
+    def _dispatch_nvshmem(self, x, virtual, virtual_weights, exchange):
+        """As the NCCL path, with the split sizes kept on the device (nvshmem.py)."""
+        from .nvshmem import send_rows
+
+        layout = self.layout
+        counts = count_assignments(virtual, layout.num_virtual_experts)
+        counts_by_rank = counts.view(layout.ep_size, layout.num_local_experts)
+        received = exchange_counts(counts_by_rank, self.group)  # [source rank, local expert]
+        offsets, positions, x_sorted = _sorted_by_destination(x, virtual, counts)
+        splits = (counts_by_rank.sum(1).to(torch.int64), received.sum(1).to(torch.int64))
+        x_recv = send_rows(x_sorted, exchange, *splits, layout.ep_size * positions.numel(), toward_experts=True)
+        if not self.rows_consumed_at_once:
+            x_recv = x_recv.clone()
+        state = ExpertParallelState(positions, virtual_weights, offsets, counts, received, exchange=exchange,
+                                    device_splits=splits)
+        return x_recv, received.sum(0), state
+
     def counts_by_source(self, state: ExpertParallelState) -> torch.Tensor:
         return state.counts_by_source
 
     def combine(self, y_recv, state: ExpertParallelState):
         """Outputs in arrival order -> y [T, h] = sum over copies of weight * output."""
-        transient = state.plan is not None  # a view of the exchange's buffer, which the next exchange reuses
-        if transient:
+        # a view of the exchange's buffer, which the next exchange reuses
+        transient = state.plan is not None or state.device_splits is not None
+        if state.device_splits is not None:
+            from .nvshmem import send_rows
+
+            sent, received = state.device_splits
+            y_sorted = send_rows(y_recv, state.exchange, received, sent, state.positions.numel(), toward_experts=False)
+        elif state.plan is not None:
             from .symmetric import send_to_sources
 
             y_sorted = send_to_sources(y_recv, state.exchange, state.plan)

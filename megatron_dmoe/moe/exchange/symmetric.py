@@ -43,10 +43,12 @@ from typing import TYPE_CHECKING, Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from .buffers import grown_capacity
+from .nvshmem import NvshmemExchanges
+
 if TYPE_CHECKING:  # the launchers import triton, a Linux-only dependency: imported where they run
     from dmoe_kernels.exchange.ops import ExchangePlan
 
-ROW_ALIGN = 256
 
 
 @dataclass
@@ -99,22 +101,14 @@ class SymmetricExchange:
         rank reaches it in the same call, since all pass the same token count; the ranks still agree
         on the size (the largest asked for). Never while a CUDA graph is captured."""
         buf = self.buffer(kind, hidden, dtype)
-        if buf is not None and buf.capacity >= rows:
+        capacity = grown_capacity(buf.capacity if buf is not None else 0, rows, kind, self.group, self.device)
+        if capacity is None:
             return buf
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"the expert-parallel exchange needs a larger {kind} buffer ({rows} rows) while a CUDA graph is "
-                "captured; run the same token count eagerly once before capturing"
-            )
-        needed = torch.tensor([rows], dtype=torch.int64, device=self.device)
-        dist.all_reduce(needed, op=dist.ReduceOp.MAX, group=self.group)
-        rows = int(needed.item())
         if buf is not None:
             torch.cuda.current_stream(self.device).synchronize()  # no kernel of ours still reads it
             self.barrier(channel=0)  # nor any peer's
             torch.cuda.current_stream(self.device).synchronize()
             del self.buffers[(kind, hidden, dtype)], buf
-        capacity = -(-rows // ROW_ALIGN) * ROW_ALIGN
         tensor = self._symm_mem.empty(capacity, hidden, dtype=dtype, device=self.device)
         handle = self._symm_mem.rendezvous(tensor, self.group)
         ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=self.device)
@@ -168,6 +162,7 @@ class SymmetricExchanges:
     def __init__(self):
         self._by_key: Dict[Tuple[str, int, str], SymmetricExchange] = {}
         self._push_programs: Optional[int] = None
+        self.nvshmem = NvshmemExchanges()  # the exchanges across hosts (nvshmem.py), when a run uses them
 
     def set_push_programs(self, programs: Optional[int]) -> None:
         """Programs of every push kernel of these exchanges, present and future (None: the default)."""

@@ -1,0 +1,152 @@
+"""Expert-parallel row exchange whose split sizes never leave the device, on any number of hosts:
+NVSHMEM through torch's symmetric memory (`torch.ops.symm_mem.all_to_all_vdev`).
+
+The NCCL exchange must read its split sizes on the host before the rows can move, so it cannot run
+inside a CUDA graph; the symmetric exchange (symmetric.py) keeps them on the device but needs peer
+mappings, which only GPUs of one host have. Here the counts travel by an equal-split all-to-all on
+the device (capturable), and the rows by NVSHMEM's variable all-to-all, which reads each rank's
+split sizes from symmetric memory on the device: over NVLink within a host and over the network
+(InfiniBand/RoCE transports of NVSHMEM) between hosts. Nothing is read on the host, so layers that
+use it can be captured, on one host or many.
+
+The rows go through the same steps as the NCCL exchange (rows sorted by destination rank in, runs of
+local-expert groups per source rank out), so the results are the NCCL exchange's, bit for bit.
+Every size is a host-known bound, as in symmetric.py: a rank sends at most T*K rows and receives at
+most ranks * T*K; the received view is the whole buffer, whose first `counts_by_source.sum()` rows
+are real. Buffers are shared by every layer and reused by the next exchange, so a received view is
+consumed (copied) before the next exchange starts, as the symmetric exchange's are.
+
+torch allows one symmetric-memory backend per process, fixed by the first allocation: a run uses
+this exchange or the symmetric one, never both.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .buffers import grown_capacity
+
+
+def nvshmem_unavailable_reason() -> Optional[str]:
+    """None when torch here has NVSHMEM symmetric memory, else why not (no collective, no CUDA call)."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError as exc:
+        return f"torch has no symmetric memory ({exc})"
+    if not hasattr(torch.ops.symm_mem, "all_to_all_vdev") or not symm_mem.is_nvshmem_available():
+        return "this torch build has no NVSHMEM (torch's symmetric memory needs libnvshmem_host.so.3)"
+    return None
+
+
+class NvshmemExchange:
+    """NVSHMEM buffers of one expert-parallel group and the row exchanges over them (CUDA only).
+
+    exchange(rows, send_splits) sends rows[sum(send_splits[:i]) : ...] to rank i and returns this
+    rank's receive buffer (rank-ordered runs, bound-sized); send_splits is an int64 device tensor."""
+
+    def __init__(self, group, device: torch.device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if symm_mem.get_backend(device) != "NVSHMEM":
+            symm_mem.set_backend("NVSHMEM")  # refused once this process allocated with another backend
+        self._symm_mem = symm_mem
+        self.group = group
+        self.group_name = group.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(self.group_name)
+        self.ranks = dist.get_world_size(group)
+        self.device = device
+        self.in_splits = self._symmetric((self.ranks,), torch.int64)
+        self.out_splits_offsets = self._symmetric((2, self.ranks), torch.int64)
+        self.buffers: Dict[Tuple[str, int, torch.dtype], torch.Tensor] = {}
+
+    def _symmetric(self, shape, dtype) -> torch.Tensor:
+        t = self._symm_mem.empty(*shape, dtype=dtype, device=self.device)
+        self._symm_mem.rendezvous(t, self.group_name)
+        return t
+
+    def reserve(self, kind: str, hidden: int, dtype: torch.dtype, rows: int) -> torch.Tensor:
+        """The buffer of this kind, grown to at least `rows`: collective, as SymmetricExchange.reserve."""
+        key = (kind, hidden, dtype)
+        buf = self.buffers.get(key)
+        capacity = grown_capacity(buf.shape[0] if buf is not None else 0, rows, kind, self.group, self.device)
+        if capacity is None:
+            return buf
+        if buf is not None:
+            torch.cuda.current_stream(self.device).synchronize()
+            dist.barrier(group=self.group)  # no peer still writes into the old buffer
+            del self.buffers[key], buf
+        self.buffers[key] = buf = self._symmetric((capacity, hidden), dtype)
+        return buf
+
+    def exchange(self, rows: torch.Tensor, send_splits: torch.Tensor, send_kind: str, recv_kind: str,
+                 recv_rows: int) -> torch.Tensor:
+        """rows [n, H] (the first send_splits.sum() real, grouped by destination rank) -> the
+        [recv_rows, H] view of this rank's `recv_kind` buffer, rank-ordered runs of what every rank
+        sent here. recv_rows: a bound on what any rank can receive, the same on every rank."""
+        hidden, dtype = rows.shape[1], rows.dtype
+        send = self.reserve(send_kind, hidden, dtype, rows.shape[0])
+        recv = self.reserve(recv_kind, hidden, dtype, recv_rows)
+        send[: rows.shape[0]].copy_(rows)
+        self.in_splits.copy_(send_splits)
+        torch.ops.symm_mem.all_to_all_vdev(send, recv, self.in_splits, self.out_splits_offsets, self.group_name)
+        return recv[:recv_rows]
+
+
+class _Exchange(torch.autograd.Function):
+    """Rows to the ranks `send_splits` says (device int64 [ranks]); backward: their gradients back,
+    by the received splits."""
+
+    @staticmethod
+    def forward(ctx, rows, exchange, send_splits, recv_splits, recv_rows, kinds):
+        ctx.exchange, ctx.kinds = exchange, kinds
+        ctx.send_rows = rows.shape[0]
+        ctx.save_for_backward(recv_splits)
+        return exchange.exchange(rows, send_splits, kinds[0], kinds[1], recv_rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (recv_splits,) = ctx.saved_tensors
+        back = ctx.exchange.exchange(grad.contiguous(), recv_splits, ctx.kinds[1], ctx.kinds[0], ctx.send_rows)
+        return back.clone(), None, None, None, None, None
+
+
+def send_rows(rows: torch.Tensor, exchange: NvshmemExchange, send_splits: torch.Tensor, recv_splits: torch.Tensor,
+              recv_rows: int, toward_experts: bool) -> torch.Tensor:
+    """Differentiable NVSHMEM exchange of rows (sorted by destination rank, send_splits [ranks] rows
+    to each); recv_splits [ranks]: what each rank sends here (for the backward). Returns the
+    bound-sized [recv_rows, H] view of the receive buffer: consume it (copy) before the next exchange.
+    toward_experts picks the buffer pair (dispatch and combine use their own, as symmetric.py does)."""
+    kinds = ("to_experts_send", "to_experts") if toward_experts else ("to_sources_send", "to_sources")
+    return _Exchange.apply(rows, exchange, send_splits, recv_splits, recv_rows, kinds)
+
+
+class NvshmemExchanges:
+    """The NVSHMEM exchanges of one run, one per expert-parallel group and device."""
+
+    def __init__(self):
+        self._by_key: Dict[Tuple[str, str], NvshmemExchange] = {}
+
+    def get(self, group, device: torch.device) -> Tuple[Optional[NvshmemExchange], str]:
+        """(the exchange, "") or (None, why not); collective over the group, and every rank reaches
+        the same answer."""
+        if device.type != "cuda":
+            return None, f"NVSHMEM needs CUDA devices, not {device.type}"
+        key = (group.group_name, str(device))
+        if key in self._by_key:
+            return self._by_key[key], ""
+        reason = nvshmem_unavailable_reason()
+        exchange = None
+        if reason is None:
+            try:
+                exchange = NvshmemExchange(group, device)
+            except Exception as exc:  # NVSHMEM could not start (heap, transports, driver)
+                reason = f"NVSHMEM failed on rank {dist.get_rank()}: {exc}"
+        ok = torch.tensor([0 if exchange is None else 1], device=device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        if not ok.item():
+            return None, reason or "NVSHMEM failed on another rank of the group"
+        self._by_key[key] = exchange
+        return exchange, ""
