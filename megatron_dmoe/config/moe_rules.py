@@ -1,5 +1,6 @@
-"""The MoE layer's rules: MoEOptions obeys them and config/validate.py reports them for a run
-configuration (under its YAML keys, through `option_problems(values, key=...)`)."""
+"""The MoE layer's rules: MoEOptions obeys them and the configuration check
+(config/section_checks/moe.py) reports them for a run configuration (under its YAML keys, through
+`option_problems(values, key=...)`)."""
 from __future__ import annotations
 
 import math
@@ -41,7 +42,7 @@ def option_problems(values: Dict[str, Any], key: Callable[[str], str] = lambda f
                     sparse: Optional[bool] = None, ffn_shards: int = 1,
                     element_bytes: Optional[int] = None) -> List[Tuple[str, str]]:
     """Every broken rule among `values` (MoEOptions fields; absent ones are not checked), as
-    (field, message) with other fields named by `key(field)` (config/validate.py passes YAML keys).
+    (field, message) with other fields named by `key(field)` (the configuration check passes YAML keys).
 
     sparse: whether the block-sparse kernels will run the experts (None: only when backend is
     'sparse'); ffn_shards: ranks each expert's FFN is split over (expert parallelism beyond the

@@ -2,8 +2,9 @@
 expert-tensor (ETP), context (CP) and data parallelism may split a model and a world of processes.
 
 Pure functions over plain values, with no import at all (no torch, no megatron-core, nothing of ours):
-the run configuration's check (config/validate.py) reports them before anything is built, under
-the configuration's keys, and the parallel code (expert_layout.py) shares `ffn_shards_per_expert`.
+the run configuration's check (config/section_checks/parallel.py) reports them before anything is
+built, under the configuration's keys, and the parallel code (expert_layout.py) shares
+`ffn_shards_per_expert`.
 
 `values` maps a configuration key (`parallel.tensor_model_parallel_size`, `model.num_layers`, ...) to its
 value after defaults are derived; a key whose own value is invalid is left out, and every rule that reads

@@ -9,7 +9,7 @@ import torch
 
 from megatron_dmoe.config import ConfigError, Environment, find_problems, resolve
 from megatron_dmoe.config.schema import RunConfig
-from megatron_dmoe.config.validate import MOE_KEYS
+from megatron_dmoe.config.section_checks.moe import MOE_KEYS
 from megatron_dmoe.model.gpt import moe_layer_params
 from megatron_dmoe.model.transformer_config import to_transformer_config
 from megatron_dmoe.moe import MoELayer
