@@ -274,7 +274,7 @@ def make_corpus(args) -> dict:
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     from megatron_dmoe.data.errors import DataError
     from megatron_dmoe.data.preprocess import preprocess_data
-    from megatron_dmoe.data.tokenizer import load_tokenizer, train_tokenizer
+    from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer, train_tokenizer
 
     progress = not args.no_progress
     out = Path(args.out)

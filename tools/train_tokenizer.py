@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     # about optional accelerators that tokenizer training does not use
     warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed")
     from megatron_dmoe.data.errors import DataError
-    from megatron_dmoe.data.tokenizer import train_tokenizer
+    from megatron_dmoe.data.sentencepiece_tokenizer import train_tokenizer
 
     try:
         model = train_tokenizer(

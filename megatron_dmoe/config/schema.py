@@ -166,7 +166,7 @@ class DataConfig:
     valid_data_path: List[str] = field(default_factory=list)
     # Megatron-LM's --tokenizer-type: GPT2BPETokenizer | HuggingFaceTokenizer | SentencePieceTokenizer |
     # GPTSentencePieceTokenizer | Llama2Tokenizer | TikTokenizer | NullTokenizer; None = a sentencepiece
-    # data.tokenizer_model, or the built-in corpus's tokenizer (see data/tokenizers.py)
+    # data.tokenizer_model, or the built-in corpus's tokenizer (see data/megatron_tokenizers.py)
     tokenizer_type: Optional[str] = None
     tokenizer_model: Optional[str] = None  # --tokenizer-model: sentencepiece/tiktoken file, HuggingFace folder
     vocab_file: Optional[str] = None  # --vocab-file: GPT2BPETokenizer's vocab.json

@@ -1,5 +1,5 @@
 """Megatron-LM's tokenizer types (`data.tokenizer_type`), the files each needs and the packages some
-need: what validation checks before any tokenizer is built (they are built in data/tokenizers.py)."""
+need: what validation checks before any tokenizer is built (they are built in data/megatron_tokenizers.py)."""
 from __future__ import annotations
 
 import importlib.util

@@ -6,7 +6,7 @@ from megatron_dmoe.data.datasets import build_datasets, build_tokenizer, parse_b
 from megatron_dmoe.data.errors import DataError, DataWarning
 from megatron_dmoe.data.loader import build_loader
 from megatron_dmoe.data.preprocess import preprocess_data
-from megatron_dmoe.data.tokenizer import SentencePieceTokenizer, load_tokenizer, train_tokenizer
+from megatron_dmoe.data.sentencepiece_tokenizer import SentencePieceTokenizer, load_tokenizer, train_tokenizer
 
 __all__ = [
     "DataError",

@@ -25,7 +25,7 @@ from typing import Iterator, List, Optional, Tuple
 from megatron_dmoe.data.cache import default_cache_dir
 from megatron_dmoe.data.errors import DataError
 from megatron_dmoe.data.preprocess import IndexedDatasetWriter
-from megatron_dmoe.data.tokenizer import load_tokenizer, train_tokenizer
+from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from megatron_dmoe.data.builtin import prepare_builtin_corpus
 from megatron_dmoe.data.cache import as_index_cache_writer, default_cache_dir, index_cache_lock
 from megatron_dmoe.data.checks import check_data_files, check_splits, check_tokenizer_matches
 from megatron_dmoe.data.errors import DataError
-from megatron_dmoe.data.tokenizer import load_tokenizer
-from megatron_dmoe.data.tokenizers import spec_from_data_config
+from megatron_dmoe.data.megatron_tokenizers import spec_from_data_config
+from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
 
 Blend = Tuple[List[str], Optional[List[float]]]
 
@@ -65,7 +65,7 @@ def _blend_error(data_path) -> DataError:
 
 
 def build_tokenizer(cfg):
-    """The run's tokenizer: data.tokenizer_type (Megatron-LM's types, data/tokenizers.py), a
+    """The run's tokenizer: data.tokenizer_type (Megatron-LM's types, data/megatron_tokenizers.py), a
     sentencepiece data.tokenizer_model, or the built-in corpus's own tokenizer."""
     data = cfg.data
     spec = spec_from_data_config(data)

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from megatron_dmoe.data.documents import Document, iter_documents, list_input_files
 from megatron_dmoe.data.errors import DataError
-from megatron_dmoe.data.tokenizers import TokenizerSpec
+from megatron_dmoe.data.megatron_tokenizers import TokenizerSpec
 
 # Documents per task sent to a worker: large enough to amortise inter-process traffic.
 _BATCH_DOCUMENTS = 128
@@ -157,7 +157,7 @@ def preprocess_data(
 ) -> Dict[str, DatasetStats]:
     """Tokenise `inputs` (files or folders) into one indexed dataset per JSON key.
 
-    The tokenizer is named as in Megatron-LM (see data/tokenizers.py): `tokenizer_type` with its
+    The tokenizer is named as in Megatron-LM (see data/megatron_tokenizers.py): `tokenizer_type` with its
     files, or just a sentencepiece `tokenizer_model`. Returns {key: DatasetStats}. See
     `iter_documents` for what a document is.
     """

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from megatron_dmoe.data.tokenizer import load_tokenizer, train_tokenizer
+from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer, train_tokenizer
 
 # Code-point ranges random text draws from: ASCII, whitespace and controls, Latin-1, combining
 # marks, Greek, CJK, emoji, and sentencepiece's own space mark U+2581.

@@ -17,7 +17,7 @@ from megatron_dmoe.data.builtin import (
     split_source,
     stdlib_sources,
 )
-from megatron_dmoe.data.tokenizer import SentencePieceTokenizer, load_tokenizer
+from megatron_dmoe.data.sentencepiece_tokenizer import SentencePieceTokenizer, load_tokenizer
 
 TINY_BYTES = 120_000  # a few standard-library files: prepared in well under a second
 VOCAB = 512

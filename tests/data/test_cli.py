@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from megatron_dmoe.data.tokenizer import load_tokenizer
+from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 

@@ -176,7 +176,7 @@ def _rank_main(rank, prefix, model, rendezvous, results):
     torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}",
                                          rank=rank, world_size=2)
     try:
-        from megatron_dmoe.data.tokenizer import load_tokenizer
+        from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(model)
         train, _, _ = build_datasets(_config([prefix], model), tokenizer, (40, 8, 8))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from megatron_dmoe.data.tokenizer import load_tokenizer
+from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "make_corpus.py"
 WORDS = ["def", "return", "class", "self", "import", "for", "in", "if", "else", "value", "items",

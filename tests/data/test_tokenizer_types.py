@@ -10,9 +10,9 @@ import pytest
 
 from megatron_dmoe.config import Environment, find_problems, find_warnings
 from megatron_dmoe.config.schema import RunConfig
-from megatron_dmoe.data import tokenizers
+from megatron_dmoe.data import megatron_tokenizers
 from megatron_dmoe.data.errors import DataError
-from megatron_dmoe.data.tokenizers import TokenizerSpec
+from megatron_dmoe.data.megatron_tokenizers import TokenizerSpec
 from train_helpers import SMALL, losses, run_train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_null_tokenizer_reads_ids():
 
 
 def test_sentencepiece_types_read_the_model(tiny_model):
-    for kind in tokenizers.SENTENCEPIECE_TYPES:
+    for kind in megatron_tokenizers.SENTENCEPIECE_TYPES:
         tok = TokenizerSpec(kind, tokenizer_model=str(tiny_model)).build()
         assert tok.vocab_size == 400 and tok.detokenize(tok.tokenize("def f(x):  return x")) == "def f(x):  return x"
 
@@ -83,7 +83,8 @@ def test_missing_settings_and_packages_are_named(monkeypatch, tmp_path):
         TokenizerSpec("NullTokenizer").build()
     with pytest.raises(DataError, match="data.vocab_file=.*missing.json: no such file"):
         TokenizerSpec("GPT2BPETokenizer", vocab_file=str(tmp_path / "missing.json"), merge_file="m").build()
-    monkeypatch.setitem(tokenizers.EXTRA_MODULES, "GPT2BPETokenizer", ("no_such_module_here", "pip install it"))
+    monkeypatch.setitem(megatron_tokenizers.EXTRA_MODULES, "GPT2BPETokenizer",
+                        ("no_such_module_here", "pip install it"))
     with pytest.raises(DataError, match="needs the Python package no_such_module_here"):
         TokenizerSpec("GPT2BPETokenizer", vocab_file="v", merge_file="m").build()
 

@@ -46,7 +46,7 @@ def test_exported_model_gives_our_logits_and_greedy_tokens(name, architecture, l
 
 
 def test_exported_tokenizer_gives_our_tokens(runs, exported):
-    from megatron_dmoe.data.tokenizer import load_tokenizer
+    from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
 
     hf = transformers.AutoTokenizer.from_pretrained(exported["mixtral"])
     ours = load_tokenizer(exported["mixtral"] / "tokenizer.model")

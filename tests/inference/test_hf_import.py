@@ -48,7 +48,7 @@ def _our_logits(run, tokens):
 @pytest.fixture(scope="module")
 def corpus(corpus_cache):
     from megatron_dmoe.data.builtin import prepare_builtin_corpus
-    from megatron_dmoe.data.tokenizer import load_tokenizer
+    from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
 
     prefix, model = prepare_builtin_corpus(4096, corpus_cache)
     return prefix, load_tokenizer(model)

@@ -7,7 +7,7 @@ import pytest
 from megatron.core.tokenizers import MegatronTokenizerBase
 
 from megatron_dmoe.data.errors import DataError
-from megatron_dmoe.data.tokenizer import load_tokenizer, train_tokenizer
+from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer, train_tokenizer
 
 
 def test_round_trip_of_random_text(tiny_tokenizer, rng, random_text):

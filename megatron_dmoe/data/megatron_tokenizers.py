@@ -73,7 +73,7 @@ class TokenizerSpec:
                     and not _local_or_hub_name(kind, key, path):
                 raise DataError(f"data.{key}={path}: no such file or folder ({self.describe()})")
         if kind in SENTENCEPIECE_TYPES:
-            from megatron_dmoe.data.tokenizer import load_tokenizer
+            from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
 
             try:
                 return load_tokenizer(self.tokenizer_model)
