@@ -67,7 +67,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _has_expert_load(run_dir: str) -> bool:
-    from megatron_dmoe.training.metrics import read_metrics
+    from megatron_dmoe.training.metrics_log import read_metrics
 
     return any(record.get("expert_load") is not None for record in read_metrics(run_dir))
 

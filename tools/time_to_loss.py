@@ -142,7 +142,7 @@ def read_run(run_dir: Path, label: Optional[str] = None, one_pass: Optional[int]
     """One run's evaluation points and totals; `one_pass`: tokens of one pass over its training
     data, where its data files cannot be read here (else read from them)."""
     from megatron_dmoe.config import ConfigError, load_config
-    from megatron_dmoe.training.metrics import read_metrics
+    from megatron_dmoe.training.metrics_log import read_metrics
 
     config = run_dir / CONFIG_FILE
     if not config.is_file():

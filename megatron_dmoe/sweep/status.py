@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from megatron_dmoe.config import ConfigError, load_config
-from megatron_dmoe.training.metrics import METRICS_FILE, read_metrics
+from megatron_dmoe.training.metrics_log import METRICS_FILE, read_metrics
 
 # The run directory's layout as training writes it (training.run_dir.CONFIG_FILE and CHECKPOINTS,
 # training.checkpoint.LATEST); kept here so that reading it does not import torch.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from megatron_dmoe.training.metrics import METRICS_FILE, read_metrics
+from megatron_dmoe.training.metrics_log import METRICS_FILE, read_metrics
 
 from .runs import RUN_LIST
 from .status import CONFIG_FILE, run_status

@@ -21,7 +21,7 @@ from megatron_dmoe.parallel.distributed import DistEnv
 from megatron_dmoe.training.checkpoint import checkpoint_dir, save_checkpoint
 from megatron_dmoe.training.cuda_graphs import release_layer_graphs
 from megatron_dmoe.training.flops import mfu, model_flops_per_token
-from megatron_dmoe.training.metrics import MetricsLogger, moe_log_values, over_pipeline
+from megatron_dmoe.training.metrics_log import MetricsLogger, moe_log_values, over_pipeline
 from megatron_dmoe.training.run_dir import RunDirError
 from megatron_dmoe.training.setup import Run, release_after_training, run_loader, set_up_run
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from .metrics import read_metrics
+from .metrics_log import read_metrics
 
 PathLike = Union[str, os.PathLike]
 # Above this many heatmap cells the numbers would be unreadable; the colour bar alone is drawn.

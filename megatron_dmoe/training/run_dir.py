@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from megatron_dmoe.config import RunConfig, config_to_dict, load_config, resolve, save_config
 from megatron_dmoe.config.resolve import DERIVED_FROM
-from megatron_dmoe.training.metrics import METRICS_FILE, TENSORBOARD_DIR
+from megatron_dmoe.training.metrics_log import METRICS_FILE, TENSORBOARD_DIR
 from megatron_dmoe.training.write_errors import write_failure
 
 CONFIG_FILE = "config.yaml"

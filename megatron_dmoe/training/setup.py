@@ -32,7 +32,7 @@ from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
 from megatron_dmoe.training.memory_estimate import MemoryCheckError, check_memory, known_vocab_size
-from megatron_dmoe.training.metrics import METRICS_FILE
+from megatron_dmoe.training.metrics_log import METRICS_FILE
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.run_dir import (
     checkpoint_root,

@@ -8,7 +8,7 @@ import pytest
 from megatron_dmoe.cli import sweep_main
 from megatron_dmoe.config import Environment, load_config
 from megatron_dmoe.sweep import load_sweep, local, plan_runs
-from megatron_dmoe.training.metrics import read_metrics
+from megatron_dmoe.training.metrics_log import read_metrics
 
 
 @pytest.mark.slow

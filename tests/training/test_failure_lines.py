@@ -171,7 +171,7 @@ def test_a_second_ctrl_c_during_a_save_leaves_no_staging_directory(cli_run, tmp_
 
 def test_a_full_disk_under_metrics_jsonl_saves_the_checkpoint_and_ends_in_one_line(cli_run, tmp_path, corpus_cache,
                                                                                   monkeypatch):
-    from megatron_dmoe.training import metrics
+    from megatron_dmoe.training import metrics_log
 
     class FullDisk:
         """metrics.jsonl's file once the disk is full: every write and flush fails, close too."""
@@ -182,14 +182,14 @@ def test_a_full_disk_under_metrics_jsonl_saves_the_checkpoint_and_ends_in_one_li
 
         flush = close = lambda self: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
 
-    log = metrics.MetricsLogger.log
+    log = metrics_log.MetricsLogger.log
 
     def log_until_step_2(self, step, values):
         if step == 2:
             self._file = FullDisk()
         return log(self, step, values)
 
-    monkeypatch.setattr(metrics.MetricsLogger, "log", log_until_step_2)
+    monkeypatch.setattr(metrics_log.MetricsLogger, "log", log_until_step_2)
     run = tmp_path / "run"
     message = _one_line(cli_run(run, *small_args(corpus_cache, 4, "logging.tensorboard=false")))
     assert (f"cannot write {run / 'metrics.jsonl'}: no space left on the device (" in message

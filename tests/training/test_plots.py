@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgb
 
-from megatron_dmoe.training.metrics import MetricsLogger, read_metrics
+from megatron_dmoe.training.metrics_log import MetricsLogger, read_metrics
 from megatron_dmoe.training.plots import _load_fractions, plot_expert_load, plot_runs
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "plot_runs.py"

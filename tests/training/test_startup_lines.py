@@ -1,6 +1,6 @@
 """A run names its directory, device, data and model size first, then shows a line at its first
 step whatever the log interval; the console's imbalance says it is the maximum over layers."""
-from megatron_dmoe.training.metrics import format_log_line
+from megatron_dmoe.training.metrics_log import format_log_line
 from train_helpers import small_args, snapshot
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_dmoe.training.metrics import read_metrics
+from megatron_dmoe.training.metrics_log import read_metrics
 from train_helpers import SMALL, train_command
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"

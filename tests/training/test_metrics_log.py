@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_dmoe.training.metrics import METRICS_FILE, MetricsLogger, format_log_line, moe_log_values, read_metrics
+from megatron_dmoe.training.metrics_log import (
+    METRICS_FILE,
+    MetricsLogger,
+    format_log_line,
+    moe_log_values,
+    read_metrics,
+)
 
 
 def random_values(rng: random.Random, layers=3, experts=4, eval_step=False):
