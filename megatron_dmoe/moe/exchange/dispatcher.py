@@ -188,7 +188,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
     def _dispatch_nvshmem(self, x, virtual, virtual_weights, exchange):
         """As the NCCL path, with the split sizes kept on the device (nvshmem.py)."""
-        from .nvshmem import send_rows
+        from .nvshmem import send_to_experts
 
         layout = self.layout
         counts = count_assignments(virtual, layout.num_virtual_experts)
@@ -196,7 +196,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
         received = exchange_counts(counts_by_rank, self.group)  # [source rank, local expert]
         offsets, positions, x_sorted = _sorted_by_destination(x, virtual, counts)
         splits = (counts_by_rank.sum(1).to(torch.int64), received.sum(1).to(torch.int64))
-        x_recv = send_rows(x_sorted, exchange, *splits, layout.ep_size * positions.numel(), toward_experts=True)
+        x_recv = send_to_experts(x_sorted, exchange, *splits)
         if not self.rows_consumed_at_once:
             x_recv = x_recv.clone()
         state = ExpertParallelState(positions, virtual_weights, offsets, counts, received, exchange=exchange,
@@ -211,10 +211,10 @@ class ExpertParallelDispatcher(TokenDispatcher):
         # a view of the exchange's buffer, which the next exchange reuses
         transient = state.plan is not None or state.device_splits is not None
         if state.device_splits is not None:
-            from .nvshmem import send_rows
+            from .nvshmem import send_to_sources
 
             sent, received = state.device_splits
-            y_sorted = send_rows(y_recv, state.exchange, received, sent, state.positions.numel(), toward_experts=False)
+            y_sorted = send_to_sources(y_recv, state.exchange, received, sent, state.positions.numel())
         elif state.plan is not None:
             from .symmetric import send_to_sources
 

@@ -82,17 +82,19 @@ class NvshmemExchange:
         return buf
 
     def exchange(self, rows: torch.Tensor, send_splits: torch.Tensor, send_kind: str, recv_kind: str,
-                 recv_rows: int) -> torch.Tensor:
-        """rows [n, H] (the first send_splits.sum() real, grouped by destination rank) -> the
-        [recv_rows, H] view of this rank's `recv_kind` buffer, rank-ordered runs of what every rank
-        sent here. recv_rows: a bound on what any rank can receive, the same on every rank."""
+                 recv_rows: Optional[int], bound: int) -> torch.Tensor:
+        """rows [n, H] (the first send_splits.sum() real, grouped by destination rank) -> this rank's
+        `recv_kind` buffer, rank-ordered runs of what every rank sent here: its first recv_rows rows
+        (the exact count, known to the caller), or the whole buffer when recv_rows is None. bound:
+        what this rank's share of the group can send it (the buffer grows to the largest bound of
+        any rank, so the whole buffer holds what every rank sends, however unequal their tokens)."""
         hidden, dtype = rows.shape[1], rows.dtype
         send = self.reserve(send_kind, hidden, dtype, rows.shape[0])
-        recv = self.reserve(recv_kind, hidden, dtype, recv_rows)
+        recv = self.reserve(recv_kind, hidden, dtype, bound)
         send[: rows.shape[0]].copy_(rows)
         self.in_splits.copy_(send_splits)
         torch.ops.symm_mem.all_to_all_vdev(send, recv, self.in_splits, self.out_splits_offsets, self.group_name)
-        return recv[:recv_rows]
+        return recv if recv_rows is None else recv[:recv_rows]
 
 
 class _Exchange(torch.autograd.Function):
@@ -100,27 +102,38 @@ class _Exchange(torch.autograd.Function):
     by the received splits."""
 
     @staticmethod
-    def forward(ctx, rows, exchange, send_splits, recv_splits, recv_rows, kinds):
+    def forward(ctx, rows, exchange, send_splits, recv_splits, recv_rows, bound, kinds):
         ctx.exchange, ctx.kinds = exchange, kinds
         ctx.send_rows = rows.shape[0]
         ctx.save_for_backward(recv_splits)
-        return exchange.exchange(rows, send_splits, kinds[0], kinds[1], recv_rows)
+        return exchange.exchange(rows, send_splits, kinds[0], kinds[1], recv_rows, bound)
 
     @staticmethod
     def backward(ctx, grad):
         (recv_splits,) = ctx.saved_tensors
-        back = ctx.exchange.exchange(grad.contiguous(), recv_splits, ctx.kinds[1], ctx.kinds[0], ctx.send_rows)
-        return back.clone(), None, None, None, None, None
+        # the gradients return to exactly the rows this rank sent; the buffer is reused: copied out
+        back = ctx.exchange.exchange(grad.contiguous(), recv_splits, ctx.kinds[1], ctx.kinds[0], ctx.send_rows,
+                                     ctx.send_rows)
+        return back.clone(), None, None, None, None, None, None
 
 
-def send_rows(rows: torch.Tensor, exchange: NvshmemExchange, send_splits: torch.Tensor, recv_splits: torch.Tensor,
-              recv_rows: int, toward_experts: bool) -> torch.Tensor:
-    """Differentiable NVSHMEM exchange of rows (sorted by destination rank, send_splits [ranks] rows
-    to each); recv_splits [ranks]: what each rank sends here (for the backward). Returns the
-    bound-sized [recv_rows, H] view of the receive buffer: consume it (copy) before the next exchange.
-    toward_experts picks the buffer pair (dispatch and combine use their own, as symmetric.py does)."""
-    kinds = ("to_experts_send", "to_experts") if toward_experts else ("to_sources_send", "to_sources")
-    return _Exchange.apply(rows, exchange, send_splits, recv_splits, recv_rows, kinds)
+def send_to_experts(rows: torch.Tensor, exchange: NvshmemExchange, send_splits: torch.Tensor,
+                    recv_splits: torch.Tensor) -> torch.Tensor:
+    """Differentiable NVSHMEM exchange of T*K rows sorted by destination rank (send_splits [ranks]
+    to each; recv_splits [ranks]: what each rank sends here). Returns this rank's whole receive
+    buffer, at least ranks * T*K rows, whose first recv_splits.sum() are real: consume it (copy)
+    before the next exchange."""
+    kinds = ("to_experts_send", "to_experts")
+    return _Exchange.apply(rows, exchange, send_splits, recv_splits, None, exchange.ranks * rows.shape[0], kinds)
+
+
+def send_to_sources(rows: torch.Tensor, exchange: NvshmemExchange, send_splits: torch.Tensor,
+                    recv_splits: torch.Tensor, recv_rows: int) -> torch.Tensor:
+    """The experts' outputs (arrival order, send_splits [ranks] rows back to each source) -> the
+    [recv_rows, H] view of this rank's receive buffer (recv_rows: the T*K rows it sent out, in its
+    sorted order): consume it (copy) before the next exchange."""
+    kinds = ("to_sources_send", "to_sources")
+    return _Exchange.apply(rows, exchange, send_splits, recv_splits, recv_rows, recv_rows, kinds)
 
 
 class NvshmemExchanges:
