@@ -48,7 +48,7 @@ def export_main(argv: Optional[List[str]] = None) -> int:
         return fail(PROG, f"--format {ns.format!r} is not supported; use one of: {', '.join(FORMATS)}")
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         return fail(PROG, "run dmoe-export as one process (not under torchrun): it loads any checkpoint whole")
-    from megatron_dmoe.export.compat import hf_architecture
+    from megatron_dmoe.export.hf_architecture import hf_architecture
     from megatron_dmoe.inference.errors import UsageError
     from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config
 

@@ -1,13 +1,14 @@
 """Write a loaded run as a transformers model directory: config.json, model.safetensors,
-generation_config.json and the tokenizer files (see compat.py for which models have an equivalent)."""
+generation_config.json and the tokenizer files (see hf_architecture.py for which models have an
+equivalent)."""
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
 
-from megatron_dmoe.export.compat import GPT2, hf_architecture
 from megatron_dmoe.export.gpt2 import gpt2_config, gpt2_weights
+from megatron_dmoe.export.hf_architecture import GPT2, hf_architecture
 from megatron_dmoe.export.moe_families import BY_KEY, hf_config
 from megatron_dmoe.export.moe_weights import to_hf
 from megatron_dmoe.export.tokenizer_files import (

@@ -17,7 +17,7 @@ from typing import Dict, Optional, Tuple
 
 @dataclass(frozen=True)
 class Family:
-    key: str  # compat.py's name for it
+    key: str  # hf_architecture.py's name for it
     architecture: str  # config.json's architectures[0]
     model_type: str
     title: str  # as people write it

@@ -2,7 +2,7 @@
 import pytest
 
 from megatron_dmoe.config import load_config, resolve
-from megatron_dmoe.export.compat import GPT2, MIXTRAL, hf_architecture
+from megatron_dmoe.export.hf_architecture import GPT2, MIXTRAL, hf_architecture
 from megatron_dmoe.inference.errors import UsageError
 
 
