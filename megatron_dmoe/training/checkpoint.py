@@ -31,6 +31,7 @@ from megatron.core.tensor_parallel import get_cuda_rng_tracker
 from torch.distributed.checkpoint.api import CheckpointException
 
 from megatron_dmoe.compat import mcore as mcore_compat
+from megatron_dmoe.compat.distopt_empty_step import share_step_with_empty_parts
 from megatron_dmoe.compat.distopt_state import fix_reshardable_offsets
 from megatron_dmoe.training.checkpoint_damage import damage_message, iteration_of, newest_whole_before
 from megatron_dmoe.training.checkpoint_writer import InProcessSaveStrategy
@@ -122,6 +123,7 @@ def _optimizer_metadata(optimizer) -> Optional[dict]:
     if not any(isinstance(part, DistributedOptimizer) for part in parts):
         return None
     fix_reshardable_offsets()
+    share_step_with_empty_parts(optimizer)  # a stage without experts (compat/distopt_empty_step.py)
     return {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True,
             "singleton_local_shards": False}
 
