@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from megatron_dmoe.config import ConfigError, Environment, find_problems, resolve
+from megatron_dmoe.config.moe_settings import OPTION_KEYS
 from megatron_dmoe.config.schema import RunConfig
-from megatron_dmoe.config.section_checks.moe import MOE_KEYS
 from megatron_dmoe.model.gpt import moe_layer_params
 from megatron_dmoe.model.transformer_config import to_transformer_config
 from megatron_dmoe.moe import MoELayer
 
 CPU = Environment(cuda=False, transformer_engine=False, apex=False)
-SETTING_KEYS = set(MOE_KEYS.values()) | {"moe.expert_wgrad_per_step"}
+SETTING_KEYS = set(OPTION_KEYS.values()) | {"moe.expert_wgrad_per_step"}
 
 ROUTER_GRID = {  # reference experts: every router and dispatch setting together
     "moe.router_score_function": ["softmax", "sigmoid"],

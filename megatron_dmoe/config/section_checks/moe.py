@@ -11,11 +11,6 @@ from ..moe_layers import moe_layer_pattern
 from ..moe_settings import OPTION_KEYS
 from .state import CheckState
 
-# The MoE layer's own settings: each MoEOptions field and the YAML key it comes from. Their allowed
-# values, ranges and cross-field rules are the layer's (config/moe_settings.py, config/moe_rules.py);
-# the checks below report them under these keys.
-MOE_KEYS = OPTION_KEYS
-
 
 def check(state: CheckState) -> None:
     """The MoE layer's rules (config/moe_rules.py) on the values the layer will get."""
@@ -29,14 +24,14 @@ def check(state: CheckState) -> None:
                       f"model's {layers} (MoE layers are every moe.layer_freq-th, {freq}, from layer 0); use "
                       f"at most {max(i for i in range(layers) if i % freq == 0)}, or moe.num_experts 0 for a "
                       f"dense model")
-    values = {field: v(key) for field, key in MOE_KEYS.items() if ok(key)}
+    values = {field: v(key) for field, key in OPTION_KEYS.items() if ok(key)}
     sparse = ok("moe.backend", "training.device") and _sparse_backend(state)
     precision_ok = ok("training.bf16", "training.fp16")
     element_bytes = (2 if v("training.bf16") or v("training.fp16") else 4) if precision_ok else None
     for field, message in moe_rules.option_problems(
-            values, MOE_KEYS.get, sparse=sparse, ffn_shards=_ffn_shards(state, v("moe.num_experts")),
+            values, OPTION_KEYS.get, sparse=sparse, ffn_shards=_ffn_shards(state, v("moe.num_experts")),
             element_bytes=element_bytes):
-        state.problem(MOE_KEYS[field], message)
+        state.problem(OPTION_KEYS[field], message)
     if ok("moe.backend", "training.device") and v("moe.backend") == "sparse" and not _on_cuda(state) \
             and os.environ.get("TRITON_INTERPRET") != "1":
         state.problem("moe.backend", "sparse needs CUDA here (on CPU the block-sparse kernels run only "
