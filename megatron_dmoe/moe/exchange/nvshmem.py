@@ -28,6 +28,10 @@ import torch.distributed as dist
 
 from .buffers import grown_capacity
 
+# all_to_all_vdev asserts that each peer's bytes split evenly over the thread blocks it gives that peer
+# (up to 64); whole 128-byte rows always do
+ROW_BYTES = 128
+
 
 def nvshmem_unavailable_reason() -> Optional[str]:
     """None when torch here has NVSHMEM symmetric memory, else why not (no collective, no CUDA call)."""
@@ -89,6 +93,11 @@ class NvshmemExchange:
         what this rank's share of the group can send it (the buffer grows to the largest bound of
         any rank, so the whole buffer holds what every rank sends, however unequal their tokens)."""
         hidden, dtype = rows.shape[1], rows.dtype
+        if hidden * rows.element_size() % ROW_BYTES:
+            raise ValueError(
+                f"the NVSHMEM expert exchange moves rows of a multiple of {ROW_BYTES} bytes (torch's all_to_all_vdev "
+                f"shares each peer's bytes evenly among its thread blocks); these rows have {hidden} x "
+                f"{rows.element_size()} bytes: use a hidden size that makes them so, or moe.ep_exchange: nccl")
         send = self.reserve(send_kind, hidden, dtype, rows.shape[0])
         recv = self.reserve(recv_kind, hidden, dtype, bound)
         send[: rows.shape[0]].copy_(rows)
