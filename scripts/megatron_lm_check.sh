@@ -16,9 +16,9 @@ Megatron-LM's NullTokenizer, for a few dozen iterations, then checks Megatron-LM
   - the `lm loss` of the last logged iteration is below 90 % of the first one;
   - `load_balancing_loss` (written by our layer into megatron-core's aux-loss tracker) is logged
     with a positive value;
-  - with --reference LOG (the log of another run of this script, e.g. the one-GPU run): the
-    `lm loss` of every iteration both logs hold differs by at most T (--tolerance, absolute,
-    default 2e-2: bf16 rounding).
+  - with --reference LOG (the log of another run of this script, e.g. the one-GPU run): every
+    iteration of the reference is in this run's log, with an `lm loss` that differs by at most T
+    (--tolerance, absolute, default 2e-2: bf16 rounding).
 Exits 0 when all hold, 1 otherwise, 2 on a setup problem. Nothing is downloaded.
 
 The layout (Megatron-LM's flags; the defaults are 1, on one GPU):
@@ -82,8 +82,9 @@ EOF
 
 fail_setup() { echo "megatron_lm_check: error: $*" >&2; exit 2; }
 
-# "iteration    5/   40 | ... | lm loss: 1.043921E+01 | ..." -> "5 1.043921E+01"
-per_iteration() { sed -n 's/.*iteration *\([0-9][0-9]*\)\/.*lm loss: \([0-9.E+-]*\).*/\1 \2/p' "$1"; }
+# "iteration    5/   40 | ... | lm loss: 1.043921E+01 | ..." -> "5 1.043921E+01" (a loss that is not a
+# number is left out)
+per_iteration() { sed -n 's/.*iteration *\([0-9][0-9]*\)\/.*lm loss: \([0-9][0-9.E+-]*\).*/\1 \2/p' "$1"; }
 
 # compare_losses REFERENCE_LOG LOG TOLERANCE: one line (iterations compared, largest difference);
 # status 1 when an iteration differs by more than TOLERANCE, or LOG lacks one of the reference's
@@ -156,8 +157,7 @@ if [[ -n $init ]]; then
     if [[ -d $init && ! -f $init/latest_checkpointed_iteration.txt && -n $(ls -A "$init") ]]; then
         fail_setup "--init $init holds files but no Megatron-LM checkpoint (no latest_checkpointed_iteration.txt): give an empty or new folder, or a checkpoint's"
     fi
-    mkdir -p "$(dirname "$init")" 2>/dev/null || fail_setup "--init $init: cannot create its parent folder"
-    init=$(cd "$(dirname "$init")" && pwd)/$(basename "$init")
+    init=$(realpath -m -- "$init")
 fi
 
 mlm=$(cd "${positional[0]}" 2>/dev/null && pwd) || fail_setup "MEGATRON_LM_DIR '${positional[0]}' is not a folder"

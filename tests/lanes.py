@@ -46,6 +46,7 @@ MCORE_FREE = {
     # training's, tested in both legs (resume exactness in training/test_resume.py)
     "launch/test_slurm.py": "SLURM launcher",
     "launch/test_train_sh.py": "torchrun launcher script",
+    "launch/test_megatron_lm_check.py": "Megatron-LM check script: its arguments and log comparison (bash only)",
     "launch/test_missing_packages.py": "optional packages of ours, refused before anything is built",
     "launch/test_readme_install.py": "README text",
     "test_docs_links.py": "documentation links",
