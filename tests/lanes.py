@@ -49,6 +49,18 @@ MCORE_FREE = {
     "launch/test_megatron_lm_check.py": "Megatron-LM check script: its arguments and log comparison (bash only)",
     "launch/test_missing_packages.py": "optional packages of ours, refused before anything is built",
     "launch/test_readme_install.py": "README text",
+    # README's examples as commands: whether each parses, validates and starts; training itself is
+    # tested at both versions (training/, parallel/)
+    "launch/test_readme_examples.py": "README's examples",
+    # the sparse backend through Triton's interpreter against the float64 reference: dmoe_kernels'
+    # products and our autograd functions; what the layer takes from megatron-core (its config, the
+    # aux-loss scaler and tracker, DDP's main_grad convention) is the same for every backend and is
+    # tested at both versions by moe/test_layer_vs_reference.py, test_shared_grouped_seq.py and
+    # test_fused_wgrad.py
+    "moe/test_sparse_layer.py": "the sparse backend's kernels (interpreter)",
+    "moe/test_options_gpu.py": "the sparse backend's kernels (interpreter) with the options",
+    "moe/test_per_step_wgrad.py": "the experts' weight gradients once per step, our autograd functions",
+    "moe/test_bench_moe.py": "tools/bench_moe.py's report (the layer it times is tested in both legs)",
     "test_docs_links.py": "documentation links",
     "test_imports.py": "import graph of the source",
     "test_lint.py": "ruff",

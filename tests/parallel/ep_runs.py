@@ -1,5 +1,7 @@
 """dmoe-train runs for the expert-parallel tests and comparisons of their logged steps, shared by
 the CPU (gloo) and the GPU (NCCL) tests."""
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -15,10 +17,14 @@ EP_KEY = "parallel.expert_model_parallel_size"
 
 
 def train(nproc, run_dir, *args, device=None):
-    """dmoe-train in `nproc` processes (torchrun for more than one); `device` ('cpu' or 'cuda', one
-    GPU per process) overrides training.device, else the config's choice stands."""
+    """dmoe-train in `nproc` processes (torchrun for more than one; one process is this one, or a
+    subprocess on CUDA); `device` ('cpu' or 'cuda', one GPU per process) overrides training.device,
+    else the config's choice stands."""
     if device is not None:
         args = (*args, f"training.device={device}")
+    if nproc == 1 and device != "cuda":
+        _train_here(run_dir, args)
+        return
     if nproc == 1:
         cmd = train_command(run_dir, *args)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **NCCL_ENV)
@@ -29,6 +35,17 @@ def train(nproc, run_dir, *args, device=None):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **NCCL_ENV)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, (nproc, args, result.stderr[-3000:])
+
+
+def _train_here(run_dir, args):
+    """dmoe-train in this process: a new interpreter would spend several CPU seconds importing torch
+    and megatron-core (one-process reference runs and resumes are most of these tests' runs)."""
+    from megatron_dmoe.cli import train_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = train_main([*args, "--run-dir", str(run_dir)])
+    assert code == 0, (1, args, err.getvalue()[-3000:])
 
 
 def records(run_dir):
