@@ -222,10 +222,11 @@ if ! "$python" -c "$matching" 2>/dev/null; then
     "$python" -c "import megatron.core, pydantic" \
         || fail_setup "megatron.core or pydantic still cannot be imported after installing $wheels"
 fi
-installed=$("$python" -c "from megatron.core import package_info as p; print(f'{p.MAJOR}.{p.MINOR}')")
+read -r installed core_datasets < <("$python" -c "import os, megatron.core.datasets as d
+from megatron.core import package_info as p
+print(f'{p.MAJOR}.{p.MINOR}', os.path.dirname(d.__file__))")
 [[ $installed == "$release" ]] \
     || fail_setup "the importable megatron-core is $installed, the checkout ($tag) needs $release: install megatron-core $release.x or pass its wheels as WHEEL_DIR"
-core_datasets=$("$python" -c "import os, megatron.core.datasets as d; print(os.path.dirname(d.__file__))")
 # -p keeps the sources' times: make then rebuilds the helpers only when they changed
 cp -p "$mlm/megatron/core/datasets/Makefile" "$mlm/megatron/core/datasets/helpers.cpp" "$core_datasets/"
 "$python" -c "import megatron.training, megatron_dmoe.model.spec" \
