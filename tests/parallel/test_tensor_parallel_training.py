@@ -1,14 +1,17 @@
 """dmoe-train with tensor parallelism on CPU (gloo, fp32), without Transformer Engine or apex:
-10 steps of the tiny models at the same global batch and seed give one process's losses and
-gradient norms (1e-4 relative): dense and MoE at TP = 2 with sequence parallelism, MoE at
-TP = 2 x EP = 2 x DP = 2 (expert parallelism folded over the tensor group), and experts split over
-ranks (expert tensor parallelism, ETP = 2) alone and with EP = 2 and the distributed optimizer,
-whose checkpoint continues in one process as the run itself continued."""
+10 steps of a tiny model (a dense first layer, then MoE) at the same global batch and seed give one
+process's losses and gradient norms (1e-4 relative): TP = 2 with sequence parallelism (the dense
+MLP and the MoE layer split over the tensor group in one run), MoE at TP = 2 x EP = 2 x DP = 2
+(expert parallelism folded over the tensor group), and experts split over ranks (expert tensor
+parallelism, ETP = 2) alone and with EP = 2 and the distributed optimizer, whose checkpoint continues
+in one process as the run itself continued. The one-process run is trained once for the module;
+models without any MoE layer are trained at TP = 2 with SP by test_layouts.py."""
+import contextlib
+import io
 import json
-import os
 import shutil
-import subprocess
-import sys
+
+import pytest
 
 from ep_runs import EP_KEY, assert_same_steps, records, train
 from megatron_dmoe.training.checkpoint import LATEST, checkpoint_dir
@@ -19,26 +22,31 @@ ETP2 = ["parallel.expert_tensor_parallel_size=2"]
 STEPS = list(range(1, 11))
 
 
-def test_tensor_parallel_trains_like_one_process(tmp_path, corpus_cache):
-    args = small_args(corpus_cache, 10, "checkpoint.save_interval=0")
-    dense = [*args, "moe.num_experts=0"]
-    train(1, tmp_path / "dense", *dense, device="cpu")
-    train(2, tmp_path / "dense-tp2", *dense, *TP2_SP, device="cpu")
-    assert_same_steps(records(tmp_path / "dense"), records(tmp_path / "dense-tp2"), STEPS)
-
-    train(1, tmp_path / "moe", *args, device="cpu")
-    one = records(tmp_path / "moe")
-    assert sorted(one) == STEPS
-    train(2, tmp_path / "moe-tp2", *args, *TP2_SP, device="cpu")
-    assert_same_steps(one, records(tmp_path / "moe-tp2"), STEPS)
-    train(4, tmp_path / "moe-tp2-ep2", *args, *TP2_SP, f"{EP_KEY}=2", device="cpu")
-    assert_same_steps(one, records(tmp_path / "moe-tp2-ep2"), STEPS)
+def _args(corpus_cache, *extra):
+    # layer 1 dense (its MLP split over the tensor group as megatron-core's), layer 2 MoE
+    return small_args(corpus_cache, 10, "moe.first_dense_layers=1", *extra)
 
 
-def test_experts_split_over_ranks_train_and_resume_like_one_process(tmp_path, corpus_cache):
-    args = small_args(corpus_cache, 10)
-    train(1, tmp_path / "one", *args, "checkpoint.save_interval=0", device="cpu")
-    one = records(tmp_path / "one")
+@pytest.fixture(scope="module")
+def one(tmp_path_factory, corpus_cache):
+    """The one-process run's logged steps, the reference of every layout here."""
+    run_dir = tmp_path_factory.mktemp("one_process") / "run"
+    train(1, run_dir, *_args(corpus_cache, "checkpoint.save_interval=0"), device="cpu")
+    steps = records(run_dir)
+    assert sorted(steps) == STEPS
+    return steps
+
+
+def test_tensor_parallel_trains_like_one_process(tmp_path, corpus_cache, one):
+    args = _args(corpus_cache, "checkpoint.save_interval=0")
+    train(2, tmp_path / "tp2", *args, *TP2_SP, device="cpu")
+    assert_same_steps(one, records(tmp_path / "tp2"), STEPS)
+    train(4, tmp_path / "tp2-ep2", *args, *TP2_SP, f"{EP_KEY}=2", device="cpu")
+    assert_same_steps(one, records(tmp_path / "tp2-ep2"), STEPS)
+
+
+def test_experts_split_over_ranks_train_and_resume_like_one_process(tmp_path, corpus_cache, one):
+    args = _args(corpus_cache)
     train(2, tmp_path / "tp2-etp2", *args, *TP2_SP, *ETP2, "checkpoint.save_interval=0", device="cpu")
     assert_same_steps(one, records(tmp_path / "tp2-etp2"), STEPS)
     split = tmp_path / "tp2-ep2-etp2"
@@ -66,8 +74,11 @@ def test_experts_split_over_ranks_train_and_resume_like_one_process(tmp_path, co
 
 
 def _eval_loss(run_dir):
-    result = subprocess.run([sys.executable, "-m", "megatron_dmoe.inference.eval_cli", str(run_dir), "--no-progress",
-                             "--device", "cpu"], capture_output=True, text=True, timeout=300,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)["loss"]
+    """dmoe-eval's loss of the run's last checkpoint, evaluated in this process."""
+    from megatron_dmoe.inference.eval_cli import eval_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = eval_main([str(run_dir), "--no-progress", "--device", "cpu"])
+    assert code == 0, err.getvalue()[-3000:]
+    return json.loads(out.getvalue())["loss"]
