@@ -160,7 +160,7 @@ if [[ -n $init ]]; then
     init=$(realpath -m -- "$init")
 fi
 
-mlm=$(cd "${positional[0]}" 2>/dev/null && pwd) || fail_setup "MEGATRON_LM_DIR '${positional[0]}' is not a folder"
+mlm=$(cd "${positional[0]}" 2>/dev/null && pwd -P) || fail_setup "MEGATRON_LM_DIR '${positional[0]}' is not a folder"
 wheels=${positional[1]:-}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=${WORK_DIR:-/tmp/megatron_lm_check}
@@ -172,7 +172,8 @@ layout+=_pp${pp}_ep${ep}
 
 # -- which Megatron-LM release the checkout is -------------------------------------------------------
 tag=""
-if git -C "$mlm" rev-parse --git-dir >/dev/null 2>&1; then
+# (a checkout's own git metadata only: a copy inside another repository, as .mlm/ here, has none)
+if [[ $(git -C "$mlm" rev-parse --show-toplevel 2>/dev/null) == "$mlm" ]]; then
     tag=$(git -C "$mlm" describe --tags --exact-match 2>/dev/null || true)
 fi
 if [[ -z $tag && -f $mlm/megatron/core/package_info.py ]]; then

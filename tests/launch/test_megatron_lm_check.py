@@ -1,6 +1,8 @@
 """scripts/megatron_lm_check.sh without a GPU: its help, the arguments it refuses before any work, and
 the per-iteration comparison of two Megatron-LM logs (--compare). The runs themselves need GPUs."""
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,17 @@ def test_a_new_init_folder_is_not_made_before_the_checkout_is_checked(tmp_path):
     assert proc.returncode == 2
     assert "MEGATRON_LM_DIR" in proc.stderr and "is not a folder" in proc.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_a_copy_inside_another_repository_is_known_by_its_package_info(tmp_path):
+    # the tag of the enclosing repository (this project's, for .mlm/) is not the copy's release
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for command in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "x"], ["tag", "v9"]):
+        subprocess.run(["git", "-C", str(tmp_path), *command], check=True, env=env)
+    core = tmp_path / "copy" / "megatron" / "core"
+    core.mkdir(parents=True)
+    (core / "package_info.py").write_text("MAJOR = 0\nMINOR = 19\nPATCH = 1\n")
+    proc = _check(tmp_path / "copy", env={**os.environ, "PYTHON": sys.executable})
+    assert "Megatron-LM checkout at core_v0.19.1" in proc.stdout
+    assert proc.returncode == 2 and "pretrain_gpt.py is missing" in proc.stderr
