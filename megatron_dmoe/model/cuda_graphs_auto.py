@@ -10,7 +10,6 @@ from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.cuda_graphs_rules import RULE_KEYS, capture_refusals
 from megatron_dmoe.config.environment import transformer_engine_available
 from megatron_dmoe.model.transformer_config import params_dtype
-from megatron_dmoe.moe.exchange.nvshmem import nvshmem_unavailable_reason
 from megatron_dmoe.moe.experts.backends import resolve_backend
 from megatron_dmoe.parallel.layout_rules import ffn_shards_per_expert
 
@@ -54,10 +53,10 @@ def _auto_only_refusal(cfg: RunConfig, world_size: int, local_world_size: int) -
                 "which captured layers cannot (they accumulate per micro-batch)")
     exchange = par.expert_model_parallel_size * par.expert_tensor_parallel_size > 1
     if (moe.num_experts > 0 and exchange and moe.ep_exchange == "auto"
-            and world_size > local_world_size and nvshmem_unavailable_reason() is not None):
+            and world_size > local_world_size):
         return (f"the run spans hosts ({world_size} processes, {local_world_size} per host), where "
-                f"moe.ep_exchange: auto takes the NCCL exchange ({nvshmem_unavailable_reason()}), which reads "
-                "its split sizes on the host")
+                "moe.ep_exchange: auto takes the NCCL exchange, which reads its split sizes on the host "
+                "(moe.ep_exchange: nvshmem keeps them on the device)")
     if moe.num_experts > 0 and moe.backend == "auto":
         dtype = params_dtype(cfg)
         shards = ffn_shards_per_expert(moe.num_experts, par.expert_model_parallel_size,

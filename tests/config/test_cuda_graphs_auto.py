@@ -3,7 +3,6 @@ with one note naming the reason; true and false pass through; bad values are ref
 import pytest
 
 from megatron_dmoe.config import ConfigError, Environment, RunConfig, find_problems, resolve, validate
-from megatron_dmoe.model import cuda_graphs_auto
 from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 
 EVERYTHING = Environment(cuda=True, transformer_engine=True, apex=True)
@@ -70,17 +69,16 @@ def test_without_cuda_auto_is_off_without_a_note(make):
     assert out.training.cuda_graphs is False and notes == []
 
 
-def test_across_hosts_auto_exchange_is_nccl_without_nvshmem(make, monkeypatch):
-    monkeypatch.setattr(cuda_graphs_auto, "nvshmem_unavailable_reason", lambda: "no NVSHMEM here")
+def test_across_hosts_auto_exchange_is_nccl(make):
     cfg = resolve(make({"parallel.expert_model_parallel_size": 2}))
     out, notes = resolve_cuda_graphs(cfg, cuda=True, world_size=16, local_world_size=8)
-    assert out.training.cuda_graphs is False and "spans hosts" in notes[0] and "no NVSHMEM here" in notes[0]
+    assert out.training.cuda_graphs is False and "spans hosts" in notes[0] and "nvshmem" in notes[0]
 
 
-def test_across_hosts_auto_exchange_is_captured_with_nvshmem(make, monkeypatch):
-    """auto takes the NVSHMEM exchange between hosts where torch has it: nothing read on the host."""
-    monkeypatch.setattr(cuda_graphs_auto, "nvshmem_unavailable_reason", lambda: None)
-    cfg = resolve(make({"parallel.expert_model_parallel_size": 2, "training.bf16": True}))
+def test_across_hosts_nvshmem_exchange_is_captured(make):
+    """moe.ep_exchange: nvshmem reads nothing on the host, between hosts too."""
+    cfg = resolve(make({"parallel.expert_model_parallel_size": 2, "moe.ep_exchange": "nvshmem",
+                        "training.bf16": True}))
     out, notes = resolve_cuda_graphs(cfg, cuda=True, world_size=16, local_world_size=8)
     assert out.training.cuda_graphs is True and notes == []
 

@@ -39,13 +39,11 @@ def check_exchange_matches_nccl(ep: int, exchange: str = "symmetric") -> None:
     layout = ExpertLayout(EXPERTS, 64, ep, ps.get_expert_model_parallel_rank())
     nccl = ExpertParallelDispatcher(layout, group, "nccl")
     other = ExpertParallelDispatcher(layout, group, exchange)
-    # the symmetric kernels mask columns (40: not a power of two); NVSHMEM moves whole 128-byte rows
-    hidden = HIDDEN if exchange == "symmetric" else 32
     rank = dist.get_rank()
     for call, tokens in enumerate(TOKENS):
         tokens = tokens * (1 + rank) // (1 + call % 2)  # ranks and calls differ in size
         g = torch.Generator(device=device).manual_seed(100 * call + rank)
-        x = torch.randn(tokens, hidden, device=device, generator=g)
+        x = torch.randn(tokens, HIDDEN, device=device, generator=g)
         scores = torch.rand(tokens, EXPERTS, device=device, generator=g)
         if call == 1:
             scores[:, 0] += 1.0  # most copies go to rank 0's first expert: its buffer must grow

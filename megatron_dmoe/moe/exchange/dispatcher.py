@@ -128,9 +128,8 @@ class ExpertParallelDispatcher(TokenDispatcher):
             exchange, reason = None, ""
             if self.exchange in ("auto", "symmetric"):
                 exchange, reason = self.exchanges.get(self.group, self.layout.num_virtual_experts, device)
-            if exchange is None and (self.exchange == "nvshmem" or (self.exchange == "auto" and device.type == "cuda")):
-                exchange, why = self.exchanges.nvshmem.get(self.group, device)
-                reason = "; ".join(r for r in (reason, why) if r)
+            if self.exchange == "nvshmem":  # asked for only: auto leaves it until runs across hosts have shown it
+                exchange, reason = self.exchanges.nvshmem.get(self.group, device)
             if exchange is None and self.exchange != "auto":
                 raise RuntimeError(f"expert exchange {self.exchange!r} cannot run here: {reason}; use 'nccl' or 'auto'")
             self._resolved = exchange if exchange is not None else False
@@ -196,7 +195,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
         received = exchange_counts(counts_by_rank, self.group)  # [source rank, local expert]
         offsets, positions, x_sorted = _sorted_by_destination(x, virtual, counts)
         splits = (counts_by_rank.sum(1).to(torch.int64), received.sum(1).to(torch.int64))
-        x_recv = send_to_experts(x_sorted, exchange, *splits)
+        x_recv = send_to_experts(x_sorted, exchange, *splits, site=id(self))
         if not self.rows_consumed_at_once:
             x_recv = x_recv.clone()
         state = ExpertParallelState(positions, virtual_weights, offsets, counts, received, exchange=exchange,
@@ -214,7 +213,7 @@ class ExpertParallelDispatcher(TokenDispatcher):
             from .nvshmem import send_to_sources
 
             sent, received = state.device_splits
-            y_sorted = send_to_sources(y_recv, state.exchange, received, sent, state.positions.numel())
+            y_sorted = send_to_sources(y_recv, state.exchange, received, sent, state.positions.numel(), site=id(self))
         elif state.plan is not None:
             from .symmetric import send_to_sources
 

@@ -21,16 +21,12 @@ this exchange or the symmetric one, never both.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Hashable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .buffers import grown_capacity
-
-# all_to_all_vdev asserts that each peer's bytes split evenly over the thread blocks it gives that peer
-# (up to 64); whole 128-byte rows always do
-ROW_BYTES = 128
 
 
 def nvshmem_unavailable_reason() -> Optional[str]:
@@ -62,9 +58,19 @@ class NvshmemExchange:
             symm_mem.enable_symm_mem_for_group(self.group_name)
         self.ranks = dist.get_world_size(group)
         self.device = device
-        self.in_splits = self._symmetric((self.ranks,), torch.int64)
-        self.out_splits_offsets = self._symmetric((2, self.ranks), torch.int64)
         self.buffers: Dict[Tuple[str, int, torch.dtype], torch.Tensor] = {}
+        self._splits: Dict[Hashable, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def splits(self, site: Hashable) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(in_splits [ranks], out_splits_offsets [2, ranks]) of one call site, allocated (collectively)
+        at its first call. all_to_all_vdev writes each rank's splits into its peers' buffers before
+        its barrier, and reads its own after it, with no barrier at its end: a peer already in the
+        next call would overwrite splits still being read. No two consecutive exchanges share a call
+        site (a layer's dispatch and combine, forward and backward), so none share these buffers."""
+        if site not in self._splits:
+            self._splits[site] = (self._symmetric((self.ranks,), torch.int64),
+                                  self._symmetric((2, self.ranks), torch.int64))
+        return self._splits[site]
 
     def _symmetric(self, shape, dtype) -> torch.Tensor:
         t = self._symm_mem.empty(*shape, dtype=dtype, device=self.device)
@@ -86,23 +92,20 @@ class NvshmemExchange:
         return buf
 
     def exchange(self, rows: torch.Tensor, send_splits: torch.Tensor, send_kind: str, recv_kind: str,
-                 recv_rows: Optional[int], bound: int) -> torch.Tensor:
+                 recv_rows: Optional[int], bound: int, site: Hashable) -> torch.Tensor:
         """rows [n, H] (the first send_splits.sum() real, grouped by destination rank) -> this rank's
         `recv_kind` buffer, rank-ordered runs of what every rank sent here: its first recv_rows rows
         (the exact count, known to the caller), or the whole buffer when recv_rows is None. bound:
         what this rank's share of the group can send it (the buffer grows to the largest bound of
-        any rank, so the whole buffer holds what every rank sends, however unequal their tokens)."""
+        any rank, so the whole buffer holds what every rank sends, however unequal their tokens).
+        site: the call site (see splits)."""
         hidden, dtype = rows.shape[1], rows.dtype
-        if hidden * rows.element_size() % ROW_BYTES:
-            raise ValueError(
-                f"the NVSHMEM expert exchange moves rows of a multiple of {ROW_BYTES} bytes (torch's all_to_all_vdev "
-                f"shares each peer's bytes evenly among its thread blocks); these rows have {hidden} x "
-                f"{rows.element_size()} bytes: use a hidden size that makes them so, or moe.ep_exchange: nccl")
         send = self.reserve(send_kind, hidden, dtype, rows.shape[0])
         recv = self.reserve(recv_kind, hidden, dtype, bound)
         send[: rows.shape[0]].copy_(rows)
-        self.in_splits.copy_(send_splits)
-        torch.ops.symm_mem.all_to_all_vdev(send, recv, self.in_splits, self.out_splits_offsets, self.group_name)
+        in_splits, out_splits_offsets = self.splits(site)
+        in_splits.copy_(send_splits)
+        torch.ops.symm_mem.all_to_all_vdev(send, recv, in_splits, out_splits_offsets, self.group_name)
         return recv if recv_rows is None else recv[:recv_rows]
 
 
@@ -111,38 +114,39 @@ class _Exchange(torch.autograd.Function):
     by the received splits."""
 
     @staticmethod
-    def forward(ctx, rows, exchange, send_splits, recv_splits, recv_rows, bound, kinds):
-        ctx.exchange, ctx.kinds = exchange, kinds
+    def forward(ctx, rows, exchange, send_splits, recv_splits, recv_rows, bound, kinds, site):
+        ctx.exchange, ctx.kinds, ctx.site = exchange, kinds, site
         ctx.send_rows = rows.shape[0]
         ctx.save_for_backward(recv_splits)
-        return exchange.exchange(rows, send_splits, kinds[0], kinds[1], recv_rows, bound)
+        return exchange.exchange(rows, send_splits, kinds[0], kinds[1], recv_rows, bound, site)
 
     @staticmethod
     def backward(ctx, grad):
         (recv_splits,) = ctx.saved_tensors
         # the gradients return to exactly the rows this rank sent; the buffer is reused: copied out
         back = ctx.exchange.exchange(grad.contiguous(), recv_splits, ctx.kinds[1], ctx.kinds[0], ctx.send_rows,
-                                     ctx.send_rows)
-        return back.clone(), None, None, None, None, None, None
+                                     ctx.send_rows, (ctx.site, "backward"))
+        return back.clone(), None, None, None, None, None, None, None
 
 
 def send_to_experts(rows: torch.Tensor, exchange: NvshmemExchange, send_splits: torch.Tensor,
-                    recv_splits: torch.Tensor) -> torch.Tensor:
+                    recv_splits: torch.Tensor, site: Hashable) -> torch.Tensor:
     """Differentiable NVSHMEM exchange of T*K rows sorted by destination rank (send_splits [ranks]
     to each; recv_splits [ranks]: what each rank sends here). Returns this rank's whole receive
     buffer, at least ranks * T*K rows, whose first recv_splits.sum() are real: consume it (copy)
-    before the next exchange."""
+    before the next exchange. site: the caller (a layer's dispatcher), see NvshmemExchange.splits."""
     kinds = ("to_experts_send", "to_experts")
-    return _Exchange.apply(rows, exchange, send_splits, recv_splits, None, exchange.ranks * rows.shape[0], kinds)
+    return _Exchange.apply(rows, exchange, send_splits, recv_splits, None, exchange.ranks * rows.shape[0], kinds,
+                           (site, "to_experts"))
 
 
 def send_to_sources(rows: torch.Tensor, exchange: NvshmemExchange, send_splits: torch.Tensor,
-                    recv_splits: torch.Tensor, recv_rows: int) -> torch.Tensor:
+                    recv_splits: torch.Tensor, recv_rows: int, site: Hashable) -> torch.Tensor:
     """The experts' outputs (arrival order, send_splits [ranks] rows back to each source) -> the
     [recv_rows, H] view of this rank's receive buffer (recv_rows: the T*K rows it sent out, in its
-    sorted order): consume it (copy) before the next exchange."""
+    sorted order): consume it (copy) before the next exchange. site: as for send_to_experts."""
     kinds = ("to_sources_send", "to_sources")
-    return _Exchange.apply(rows, exchange, send_splits, recv_splits, recv_rows, recv_rows, kinds)
+    return _Exchange.apply(rows, exchange, send_splits, recv_splits, recv_rows, recv_rows, kinds, (site, "to_sources"))
 
 
 class NvshmemExchanges:
