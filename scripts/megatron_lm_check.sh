@@ -99,7 +99,7 @@ compare_losses() {
               printf "%d iterations compared, largest difference %.3g (iteration %s)", n, worst, at
               if (n < nref) printf "; %d of the reference'"'"'s %d iterations missing", nref - n, nref
               printf "\n"
-              exit bad > 0 || n < nref }' <(per_iteration "$1") <(per_iteration "$2")
+              exit (bad > 0 || n < nref) }' <(per_iteration "$1") <(per_iteration "$2")
 }
 
 tp=1 pp=1 ep=1 sp=0 nproc="" reference="" tolerance=2e-2 init="" compare=""
