@@ -61,6 +61,13 @@ MCORE_FREE = {
     "moe/test_options_gpu.py": "the sparse backend's kernels (interpreter) with the options",
     "moe/test_per_step_wgrad.py": "the experts' weight gradients once per step, our autograd functions",
     "moe/test_bench_moe.py": "tools/bench_moe.py's report (the layer it times is tested in both legs)",
+    # tools/bench_train.py: its rows, children and torchrun; the training it times is dmoe-train's,
+    # tested in both legs (the experts' weight gradients once per step: parallel/test_ep_training.py)
+    "training/test_bench_train.py": "tools/bench_train.py's report",
+    # the shipped default's 200 steps (README's quick start: its size, that it learns, its files);
+    # what it runs of megatron-core is tested in both legs: every shipped config built
+    # (launch/test_shipped_models.py), the training loop, its checkpoints and evaluation (training/)
+    "training/test_default_run.py": "the shipped default run, end to end",
     "test_docs_links.py": "documentation links",
     "test_imports.py": "import graph of the source",
     "test_lint.py": "ruff",
