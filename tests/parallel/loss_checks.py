@@ -152,3 +152,9 @@ def check_against_reference(use_distributed_optimizer: bool = False):
     assert abs(val - ref_val) <= 1e-6 * abs(ref_val), ("validation loss", val, ref_val)
     torch.testing.assert_close(weight.double(), ref_weight, rtol=0, atol=1e-6)
     torch.testing.assert_close(bias.double(), ref_bias, rtol=0, atol=1e-6)
+
+
+def check_with_both_optimizers():
+    """check_against_reference with megatron's Adam, then with its distributed optimizer."""
+    for use_distributed_optimizer in (False, True):
+        check_against_reference(use_distributed_optimizer)

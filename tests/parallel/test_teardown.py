@@ -1,6 +1,7 @@
-"""Teardown after a failure: the process groups are aborted, not destroyed gracefully (a graceful
-NCCL teardown waits for peers stuck in a collective the failed rank will never join), and nothing
-stays initialised. Gloo cannot show the hang itself; this checks the abort path in 2 processes."""
+"""Teardown, in 2 processes (one spawn for both checks): a finished run frees its model and groups;
+after a failure the process groups are aborted, not destroyed gracefully (a graceful NCCL teardown
+waits for peers stuck in a collective the failed rank will never join), and nothing stays
+initialised. Gloo cannot show the hang itself; this checks the abort path."""
 from process_group import run_in_processes
 
 
@@ -13,10 +14,6 @@ def _abort_after_failure() -> None:
     init_distributed("cpu", expert_model_parallel_size=2)
     destroy_distributed(abort=True)
     assert not dist.is_initialized() and not ps.model_parallel_is_initialized()
-
-
-def test_abort_leaves_no_process_group_behind():
-    run_in_processes(2, _abort_after_failure)
 
 
 def _train_twice_and_count_models(run_root: str, cache_dir: str) -> None:
@@ -40,9 +37,15 @@ def _train_twice_and_count_models(run_root: str, cache_dir: str) -> None:
         assert not alive, f"after the {run} run {len(alive)} model(s) are still alive"
 
 
-def test_a_finished_run_frees_its_model_and_groups(tmp_path, corpus_cache):
+def _train_twice_then_abort(run_root: str, cache_dir: str) -> None:
+    _train_twice_and_count_models(run_root, cache_dir)
+    _abort_after_failure()
+
+
+def test_a_finished_run_frees_its_model_and_groups_and_an_abort_leaves_none(tmp_path, corpus_cache):
     """A process that trains run after run (a sweep, a test of every layout) keeps none of a finished
     run's model, optimizer or process groups: megatron's gradient hooks and the distributed
     optimizer's parameter shards close reference cycles through autograd's C++ nodes, which the
-    garbage collector cannot free, and each gloo group they held kept three threads."""
-    run_in_processes(2, _train_twice_and_count_models, str(tmp_path / "runs"), corpus_cache, timeout=600)
+    garbage collector cannot free, and each gloo group they held kept three threads. Then the same
+    processes abort their groups as after a failure, and nothing stays initialised."""
+    run_in_processes(2, _train_twice_then_abort, str(tmp_path / "runs"), corpus_cache, timeout=600)
