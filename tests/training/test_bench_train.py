@@ -30,7 +30,7 @@ def test_bench_train_reports_every_model(tmp_path):
 
 
 def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path):
-    """The dMoE twice on the sparse experts (interpreter), three micro-batches per step: the loss
+    """The dMoE twice on the sparse experts (interpreter), two micro-batches per step: the loss
     after an update is the same whether the experts' weight gradients were added per micro-batch or
     once at the end of the step, so the deferred gradients reached the optimizer."""
     spec = importlib.util.spec_from_file_location("bench_train", TOOL)
@@ -41,7 +41,7 @@ def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path
         "--device", "cpu", "--precision", "fp32", "--steps", "2", "--warmup", "0", "--models", "dmoe,dmoe-per-step",
         "--in-process",  # both in this process: numerics, not isolation, are checked here
         # 16 tokens a sequence: the interpreter runs a program per token in the permutations
-        "--micro-batch-size", "2", "--global-batch-size", "6", "--seq-length", "16", "--vocab-size", "300",
+        "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "16", "--vocab-size", "300",
         "--out", str(out),
         "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
         "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64", "moe.num_experts=8", "moe.backend=sparse",

@@ -5,7 +5,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from train_helpers import SMALL, losses, run_train, train_command
+from train_helpers import SMALL, losses, train_command
 
 ITERS = 16
 
@@ -22,14 +22,16 @@ def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: fl
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-def test_sigterm_then_resume_matches_uninterrupted_run(tmp_path, corpus_cache):
+def test_sigterm_then_resume_matches_uninterrupted_run(cli_run, tmp_path, corpus_cache):
     args = SMALL + [
         f"training.train_iters={ITERS}",
         "training.eval_interval=0",
         "checkpoint.save_interval=100",
         f"data.cache_dir={corpus_cache}",
     ]
-    full = run_train(tmp_path / "full", *args)
+    # the uninterrupted run and the resume in this process; the interrupted run in a process of its
+    # own, which the signal is sent to
+    full = cli_run(tmp_path / "full", *args)
     assert full.returncode == 0, full.stderr[-3000:]
     reference = losses(tmp_path / "full")
     assert sorted(reference) == list(range(1, ITERS + 1))
@@ -52,7 +54,7 @@ def test_sigterm_then_resume_matches_uninterrupted_run(tmp_path, corpus_cache):
     stopped_at = int((run_dir / "checkpoints" / "latest").read_text())
     assert 5 <= stopped_at < ITERS
 
-    resumed = run_train(run_dir, "--resume")
+    resumed = cli_run(run_dir, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout
     continued = losses(run_dir)

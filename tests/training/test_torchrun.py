@@ -3,13 +3,13 @@ import os
 import subprocess
 import sys
 
-from train_helpers import SMALL, losses, run_train
+from train_helpers import SMALL, losses
 
 
-def test_two_process_data_parallel_matches_one_process(tmp_path, corpus_cache):
+def test_two_process_data_parallel_matches_one_process(cli_run, tmp_path, corpus_cache):
     args = SMALL + ["training.train_iters=6", "training.eval_interval=3", "training.eval_iters=1",
                     "checkpoint.save_interval=0", f"data.cache_dir={corpus_cache}"]
-    single = run_train(tmp_path / "single", *args)
+    single = cli_run(tmp_path / "single", *args)  # one process: this one
     assert single.returncode == 0, single.stderr[-3000:]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "megatron_dmoe",
            *args, "--run-dir", str(tmp_path / "dp2")]
