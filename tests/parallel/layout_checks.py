@@ -93,24 +93,21 @@ def layouts(world_size, cache_dir):
     return out
 
 
-def train_accepted_layouts(run_root, cache_dir, summary_file):
-    """Train STEPS steps of every accepted layout; rank 0 writes a summary {accepted: [names],
-    trained: {name: {"loss": [per step], "grad_norm": [per step]}}, refused: count} to
-    `summary_file`."""
+def train_accepted_layouts(run_root, cache_dir, summary_file, accepted):
+    """Train STEPS steps of every accepted layout, `accepted` [(name, resolved config)] in the order
+    `layouts` gives (validated once, in the test process: each rank would spend seconds on the
+    hundreds of candidates); rank 0 writes a summary {trained: {name: {"loss": [per step],
+    "grad_norm": [per step]}}} to `summary_file`."""
     import torch.distributed as dist
 
     world = dist.get_world_size()
-    trained, accepted, refused = {}, [], 0
-    for name, cfg, problems in layouts(world, cache_dir):
-        if problems:
-            refused += 1
-            continue
-        accepted.append(name)
+    trained = {}
+    for name, cfg in accepted:
         par = cfg.parallel
         if par.pipeline_model_parallel_size > 1 and world > TRAINED_PIPELINES_UP_TO:
             continue
         trained[name] = _train_layout(cfg, Path(run_root) / name)
-    summary = {"accepted": accepted, "trained": trained, "refused": refused}
+    summary = {"trained": trained}
     if world == 8:
         overrides = one_process_overrides("moe-every-layer", PARAMETERS_CHECKED_BATCH, cache_dir)
         cfg = resolve(load_config(None, overrides + PARAMETERS_CHECKED_LAYOUT))
