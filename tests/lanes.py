@@ -56,11 +56,14 @@ MCORE_FREE = {
     # products and our autograd functions; what the layer takes from megatron-core (its config, the
     # aux-loss scaler and tracker, DDP's main_grad convention) is the same for every backend and is
     # tested at both versions by moe/test_layer_vs_reference.py, test_shared_grouped_seq.py and
-    # test_fused_wgrad.py
+    # test_fused_wgrad_megatron_ddp.py
     "moe/test_sparse_layer.py": "the sparse backend's kernels (interpreter)",
     "moe/test_options_gpu.py": "the sparse backend's kernels (interpreter) with the options",
     "moe/test_per_step_wgrad.py": "the experts' weight gradients once per step, our autograd functions",
     "moe/test_bench_moe.py": "tools/bench_moe.py's report (the layer it times is tested in both legs)",
+    # megatron-core's gradient-accumulation convention as our kernels follow it, on plain
+    # parameters; megatron-core's DDP reading it: moe/test_fused_wgrad_megatron_ddp.py, both legs
+    "moe/test_fused_wgrad.py": "the sparse experts' weight gradients into main_grad, our side",
     # tools/bench_train.py: its rows, children and torchrun; the training it times is dmoe-train's,
     # tested in both legs (the experts' weight gradients once per step: parallel/test_ep_training.py)
     "training/test_bench_train.py": "tools/bench_train.py's report",
