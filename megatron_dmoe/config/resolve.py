@@ -5,7 +5,7 @@ import copy
 
 from .schema import RunConfig
 
-# Each derived key and the keys its default is computed from (validate.py skips checks on a derived
+# Each derived key and the keys its default is computed from (validation skips checks on a derived
 # value when one of its sources is itself invalid, so one mistake is reported once).
 DERIVED_FROM = {
     "model.ffn_hidden_size": ("model.hidden_size",),

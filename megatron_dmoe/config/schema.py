@@ -2,8 +2,8 @@
 
 Inside a section Megatron-LM's argument names are used without the section's prefix
 (`moe.num_experts` is Megatron-LM's `--num-experts`, `moe.aux_loss_coeff` its `--moe-aux-loss-coeff`).
-Defaults describe a small model that trains on a laptop CPU. Validation lives in `validate.py`;
-loading, `extends:` and `key.sub=value` overrides in `load.py`.
+Defaults describe a small model that trains on a laptop CPU. Validation lives in `validate.py` (its
+checks in `section_checks/`); loading, `extends:` and `key.sub=value` overrides in `load.py`.
 """
 from __future__ import annotations
 

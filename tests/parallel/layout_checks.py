@@ -39,8 +39,8 @@ TRAINED_PIPELINES_UP_TO = 4  # world size
 STEPS = 2  # the second step's loss shows the first update
 # At 8 processes, PP 2 x TP 2 (with SP) x DP 2 with the distributed optimizer, experts over EP 2,
 # saves its last step, whose parameters are compared with one process's. Its model has MoE layers on
-# both stages: with the MoE kind's dense first layer, stage 0 holds no expert, and saving fails in
-# megatron-core (the distributed optimizer's expert part has no Adam step count there).
+# both stages, so both stages' expert optimizer state is compared (a stage without experts saves
+# through compat/distopt_empty_step.py, checked in test_pipeline_training.py).
 PARAMETERS_CHECKED = "moe-every-layer-tp2-sp1-ep2-etp1-cp1-pp2"
 KINDS_ALSO = {"moe-every-layer": ["moe.num_experts=4", "moe.first_dense_layers=0"]}
 PARAMETERS_CHECKED_LAYOUT = ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
