@@ -1,17 +1,37 @@
-"""Row buffers of the expert-parallel exchanges (symmetric.py, nvshmem.py): how large they grow.
+"""Row buffers of the expert-parallel exchanges (symmetric.py, nvshmem.py): whether every rank
+could make them, and how large they grow.
 
 Buffers are allocated collectively (symmetric memory), so every rank of the group must agree on
-their size; they hold a bound that any routing fits, and grow only when a rank passes more tokens
-than any did before.
+whether the exchange exists and on their size; they hold a bound that any routing fits, and grow
+only when a rank passes more tokens than any did before.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
 
 ROW_ALIGN = 256
+
+T = TypeVar("T")
+
+
+def built_on_every_rank(build: Callable[[], T], what: str, group, device: torch.device,
+                        unavailable: Optional[str] = None) -> Tuple[Optional[T], str]:
+    """(build(), "") where it succeeded on every rank of `group`, else (None, why not): collective,
+    and every rank reaches the same answer. unavailable: why this rank cannot even try (no build)."""
+    made, reason = None, unavailable
+    if reason is None:
+        try:
+            made = build()
+        except Exception as exc:  # the driver, peer mappings, NVSHMEM's heap or transports
+            reason = f"{what} failed on rank {dist.get_rank()}: {exc}"
+    ok = torch.tensor([0 if made is None else 1], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+    if not ok.item():
+        return None, reason or f"{what} failed on another rank of the group"
+    return made, ""
 
 
 def grown_capacity(capacity: int, rows: int, kind: str, group, device: torch.device) -> Optional[int]:

@@ -26,7 +26,7 @@ from typing import Dict, Hashable, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .buffers import grown_capacity
+from .buffers import built_on_every_rank, grown_capacity
 
 
 def nvshmem_unavailable_reason() -> Optional[str]:
@@ -163,16 +163,9 @@ class NvshmemExchanges:
         key = (group.group_name, str(device))
         if key in self._by_key:
             return self._by_key[key], ""
-        reason = nvshmem_unavailable_reason()
-        exchange = None
-        if reason is None:
-            try:
-                exchange = NvshmemExchange(group, device)
-            except Exception as exc:  # NVSHMEM could not start (heap, transports, driver)
-                reason = f"NVSHMEM failed on rank {dist.get_rank()}: {exc}"
-        ok = torch.tensor([0 if exchange is None else 1], device=device)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-        if not ok.item():
-            return None, reason or "NVSHMEM failed on another rank of the group"
+        exchange, reason = built_on_every_rank(lambda: NvshmemExchange(group, device), "NVSHMEM", group, device,
+                                               unavailable=nvshmem_unavailable_reason())
+        if exchange is None:
+            return None, reason
         self._by_key[key] = exchange
         return exchange, ""

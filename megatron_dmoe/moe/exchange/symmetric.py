@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .buffers import grown_capacity
+from .buffers import built_on_every_rank, grown_capacity
 from .nvshmem import NvshmemExchanges
 
 if TYPE_CHECKING:  # the launchers import triton, a Linux-only dependency: imported where they run
@@ -183,16 +183,15 @@ class SymmetricExchanges:
         reason = symmetric_unavailable_reason(group, device)
         if reason is not None:
             return None, reason
-        exchange = None
-        try:
+
+        def build() -> SymmetricExchange:
             exchange = SymmetricExchange(group, num_virtual_experts, device)
             exchange.push_programs = self._push_programs
-        except Exception as exc:  # no peer mappings on this machine (driver, P2P, container limits)
-            reason = f"symmetric memory failed on rank {dist.get_rank()}: {exc}"
-        ok = torch.tensor([0 if exchange is None else 1], device=device)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-        if not ok.item():
-            return None, reason or "symmetric memory failed on another rank of the group"
+            return exchange
+
+        exchange, reason = built_on_every_rank(build, "symmetric memory", group, device)
+        if exchange is None:
+            return None, reason
         self._by_key[key] = exchange
         return exchange, ""
 
