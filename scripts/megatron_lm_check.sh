@@ -6,7 +6,7 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-Usage: scripts/megatron_lm_check.sh MEGATRON_LM_DIR [WHEEL_DIR] [--tp N] [--sp] [--pp N] [--ep N]
+Usage: scripts/megatron_lm_check.sh MEGATRON_LM_DIR [WHEEL_DIR] [--tp N] [--sp] [--pp N] [--ep N] [--etp N]
            [--nproc N] [--init DIR] [--reference LOG] [--tolerance T]
        scripts/megatron_lm_check.sh --compare LOG --reference LOG [--tolerance T]
 
@@ -26,10 +26,13 @@ The layout (Megatron-LM's flags; the defaults are 1, on one GPU):
   --sp        --sequence-parallel (needs --tp 2 or more)
   --pp N      --pipeline-model-parallel-size N
   --ep N      --expert-model-parallel-size N
+  --etp N     --expert-tensor-parallel-size N (default 1: Megatron-LM would take --tp, and refuses
+              the experts' biases, which its defaults add, at any other size)
   --nproc N   processes (GPUs) for torchrun: default tp x pp x ep; the rest is data parallelism
-Every run draws its weights on the CPU (--use-cpu-initialization), so one seed gives the same model
-at any tensor-parallel size; Megatron-LM offsets the seed per pipeline stage, so a --pp run draws
-other weights. Dropout is off (--attention-dropout 0 --hidden-dropout 0): its masks depend on the
+Without --init, at 0.16, every run draws its weights on the CPU (--use-cpu-initialization), so one
+seed gives the same model at any tensor-parallel size (0.19's pretrain_gpt.py cannot train a model
+drawn on the CPU: its optimizer refuses the parameters left there); Megatron-LM offsets the seed per
+pipeline stage, so a --pp run draws other weights. Dropout is off (--attention-dropout 0 --hidden-dropout 0): its masks depend on the
 layout's random streams. To compare layouts, start every run, the reference included, from one
 checkpoint:
   --init DIR  load the model from the Megatron-LM checkpoint in DIR (--load DIR --finetune
@@ -102,18 +105,19 @@ compare_losses() {
               exit (bad > 0 || n < nref) }' <(per_iteration "$1") <(per_iteration "$2")
 }
 
-tp=1 pp=1 ep=1 sp=0 nproc="" reference="" tolerance=2e-2 init="" compare=""
+tp=1 pp=1 ep=1 etp=1 sp=0 nproc="" reference="" tolerance=2e-2 init="" compare=""
 positional=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         -h|--help) usage; exit 0 ;;
         --sp) sp=1; shift ;;
-        --tp|--pp|--ep|--nproc|--reference|--tolerance|--init|--compare)
+        --tp|--pp|--ep|--etp|--nproc|--reference|--tolerance|--init|--compare)
             [[ $# -ge 2 ]] || fail_setup "$1 needs a value (see --help)"
             case $1 in
                 --tp) tp=$2 ;;
                 --pp) pp=$2 ;;
                 --ep) ep=$2 ;;
+                --etp) etp=$2 ;;
                 --nproc) nproc=$2 ;;
                 --reference) reference=$2 ;;
                 --tolerance) tolerance=$2 ;;
@@ -142,12 +146,14 @@ if [[ -n $compare ]]; then
 fi
 
 if [[ ${#positional[@]} -lt 1 || ${#positional[@]} -gt 2 ]]; then usage >&2; exit 2; fi
-for pair in "--tp:$tp" "--pp:$pp" "--ep:$ep" "--nproc:${nproc:-1}"; do
+for pair in "--tp:$tp" "--pp:$pp" "--ep:$ep" "--etp:$etp" "--nproc:${nproc:-1}"; do
     [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] || fail_setup "${pair%%:*} ${pair#*:}: give a positive integer"
 done
 nproc=${nproc:-$((tp * pp * ep))}
 (( nproc % (tp * pp) == 0 )) || fail_setup "--nproc $nproc is not a multiple of --tp x --pp ($((tp * pp)))"
 (( (nproc / pp) % ep == 0 )) || fail_setup "--ep $ep does not divide the $((nproc / pp)) processes of a pipeline stage"
+(( (nproc / pp) % (ep * etp) == 0 )) \
+    || fail_setup "--ep $ep x --etp $etp does not divide the $((nproc / pp)) processes of a pipeline stage"
 (( sp == 0 || tp > 1 )) || fail_setup "--sp splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more"
 if [[ -n ${MASTER_PORT:-} ]] && ! [[ $MASTER_PORT =~ ^[1-9][0-9]*$ && $MASTER_PORT -le 65535 ]]; then
     fail_setup "MASTER_PORT '$MASTER_PORT': give a port number (1-65535), or leave it unset for a free one"
@@ -169,6 +175,7 @@ python=${PYTHON:-python3}
 layout=tp${tp}
 if [[ $sp == 1 ]]; then layout+=_sp; fi
 layout+=_pp${pp}_ep${ep}
+if [[ $etp != 1 ]]; then layout+=_etp${etp}; fi
 
 # -- which Megatron-LM release the checkout is -------------------------------------------------------
 tag=""
@@ -236,8 +243,6 @@ cp -p "$mlm/megatron/core/datasets/Makefile" "$mlm/megatron/core/datasets/helper
 # -- the run -------------------------------------------------------------------------------------------
 model=(
     --spec megatron_dmoe.model.spec dmoe_layer_spec
-    # the whole weights drawn on the CPU from the seed, then split: the same model at any TP size
-    --use-cpu-initialization
     # no apex, no Transformer Engine
     --transformer-impl local --no-gradient-accumulation-fusion --no-masked-softmax-fusion
     --no-bias-gelu-fusion --no-bias-dropout-fusion --no-persist-layer-norm
@@ -253,6 +258,11 @@ model=(
     # every iteration's loss, to compare runs iteration by iteration
     --log-interval 1 --eval-interval 20 --eval-iters 1
 )
+# without a starting checkpoint, the whole weights drawn on the CPU from the seed, then split: the same
+# model at any TP size (with --init every run loads its weights, and the starting run has one GPU).
+# Not at 0.19: its pretrain_gpt.py leaves a model drawn on the CPU there (the device move in
+# megatron/training/models/dist_utils.py skips it) and its optimizer then refuses the parameters.
+if [[ -z $init && $release == 0.16 ]]; then model+=(--use-cpu-initialization); fi
 if [[ -n ${MASTER_PORT:-} ]]; then
     rendezvous=(--nnodes 1 --node-rank 0 --master-addr 127.0.0.1 --master-port "$MASTER_PORT")
 else
@@ -284,7 +294,7 @@ if [[ -n $init ]]; then
         echo "megatron_lm_check: saving the starting checkpoint in $init (one GPU, one iteration at lr 0; log in $work/init.log)"
         mkdir -p "$init"
         pretrain 1 "$work/init.log" --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 \
-            --expert-model-parallel-size 1 --train-iters 1 --lr 0 --min-lr 0 --lr-warmup-iters 0 \
+            --expert-model-parallel-size 1 --expert-tensor-parallel-size 1 --train-iters 1 --lr 0 --min-lr 0 --lr-warmup-iters 0 \
             --lr-decay-style constant --save "$init" --save-interval 1 --ckpt-format torch_dist \
             --no-save-optim --no-save-rng || exit 1
         [[ -f $init/latest_checkpointed_iteration.txt ]] || {
@@ -297,7 +307,8 @@ fi
 log=$work/train_$layout.log
 args=(
     --tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp" --expert-model-parallel-size "$ep"
-    --train-iters "$iters" --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 5 --lr-decay-style cosine
+    --expert-tensor-parallel-size "$etp"
+    --train-iters "$iters" --lr 5e-4 --min-lr 5e-5 --lr-warmup-iters 5 --lr-decay-style cosine
     --tensorboard-dir "$work/tensorboard_$layout"
     "${checkpoint[@]}"
 )

@@ -28,7 +28,8 @@ def _log(path, losses):
 def test_help_names_the_starting_checkpoint_the_comparison_and_the_port():
     proc = _check("--help")
     assert proc.returncode == 0
-    for text in ("--init DIR", "--load DIR --finetune", "--compare LOG", "MASTER_PORT"):
+    for text in ("--init DIR", "--load DIR --finetune", "--compare LOG", "MASTER_PORT", "--etp N",
+                 "--expert-tensor-parallel-size"):
         assert text in proc.stdout
 
 
@@ -61,6 +62,9 @@ def test_compare_fails_when_the_log_lacks_an_iteration_of_the_reference(tmp_path
 
 @pytest.mark.parametrize("args, env, message", [
     (["MLM", "--pp", "x"], {}, "--pp x: give a positive integer"),
+    (["MLM", "--etp", "0"], {}, "--etp 0: give a positive integer"),
+    (["MLM", "--ep", "2", "--etp", "2", "--nproc", "2"], {},
+     "--ep 2 x --etp 2 does not divide the 2 processes of a pipeline stage"),
     (["MLM", "--sp"], {}, "--sp splits the sequence over the tensor-parallel ranks: it needs --tp 2 or more"),
     (["MLM", "--tolerance", "0"], {}, "--tolerance 0: give a positive number"),
     (["MLM"], {"MASTER_PORT": "port"}, "MASTER_PORT 'port': give a port number"),
