@@ -228,6 +228,10 @@ CASES = {
     "nvshmem_exchange_on_cpu": (
         {"moe.ep_exchange": "nvshmem", "training.device": "cpu"}, None, EVERYTHING,
         "moe.ep_exchange", ["nvshmem needs CUDA", "use auto or nccl"]),
+    "nvshmem_exchange_rows_torch_cannot_split": (
+        {"moe.ep_exchange": "nvshmem", "parallel.expert_model_parallel_size": 2, "model.hidden_size": 72,
+         "training.bf16": True}, 2, EVERYTHING,
+        "moe.ep_exchange", ["rows of a multiple of 32 bytes", "group of 2", "144 bytes", "symmetric", "nccl"]),
     "unknown_exchange": (
         {"moe.ep_exchange": "shmem"}, None, EVERYTHING, "moe.ep_exchange", ["nccl", "symmetric", "nvshmem"]),
     "triton_cross_entropy_with_tensor_parallel": (
@@ -397,6 +401,9 @@ VALID = {
                             "moe.aux_loss_type": "sequence"}, None, EVERYTHING),
     "upcycled_fine_grained": ({"checkpoint.upcycle_from": "runs/dense", "moe.upcycle_granularity": 2,
                                "moe.ffn_hidden_size": 256, "moe.aux_loss_type": "global"}, None, EVERYTHING),
+    "nvshmem_exchange_rows_of_256_bytes_at_ep2": (
+        {"moe.ep_exchange": "nvshmem", "parallel.expert_model_parallel_size": 2, "training.bf16": True}, 2,
+        EVERYTHING),
     "gpu_everything": ({"training.device": "cuda", "training.bf16": True,
                         "training.use_distributed_optimizer": True,
                         "model.transformer_impl": "transformer_engine"}, None, EVERYTHING),

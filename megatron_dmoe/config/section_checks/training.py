@@ -2,7 +2,10 @@
 depends on them (the exchanges through GPU memory, per-step expert weight gradients)."""
 from __future__ import annotations
 
+from megatron_dmoe.parallel.layout_rules import EP_KEY
+
 from ..cuda_graphs_rules import RULE_KEYS, capture_refusals
+from ..nvshmem_rows import row_bytes_problem
 from ..value_text import fmt
 from .state import CheckState
 
@@ -89,3 +92,8 @@ def _check_ep_exchange(state: CheckState) -> None:
         how = ("stores rows straight into peer GPUs' memory" if v(key) == "symmetric"
                else "moves rows between GPUs' symmetric memory")
         state.problem(key, f"{v(key)} needs CUDA GPUs (it {how}); use auto or nccl")
+    elif v(key) == "nvshmem" and ok("model.hidden_size", EP_KEY, "training.bf16", "training.fp16") and v(EP_KEY) > 1:
+        element_bytes = 2 if v("training.bf16") or v("training.fp16") else 4
+        problem = row_bytes_problem(v("model.hidden_size") * element_bytes, v(EP_KEY))
+        if problem is not None:
+            state.problem(key, f"nvshmem: {problem}")

@@ -18,6 +18,9 @@ consumed (copied) before the next exchange starts, as the symmetric exchange's a
 
 torch allows one symmetric-memory backend per process, fixed by the first allocation: a run uses
 this exchange or the symmetric one, never both.
+
+Its send buffers hold at least the bytes that fix the grid of torch's kernel, and rows must be a
+multiple of the bytes that grid divides each peer's share by (config/nvshmem_rows.py says why).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from typing import Dict, Hashable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+
+from megatron_dmoe.config.nvshmem_rows import row_bytes_problem, send_rows
 
 from .buffers import built_on_every_rank, grown_capacity
 
@@ -100,7 +105,11 @@ class NvshmemExchange:
         any rank, so the whole buffer holds what every rank sends, however unequal their tokens).
         site: the call site (see splits)."""
         hidden, dtype = rows.shape[1], rows.dtype
-        send = self.reserve(send_kind, hidden, dtype, rows.shape[0])
+        row_bytes = hidden * rows.element_size()
+        problem = row_bytes_problem(row_bytes, self.ranks)
+        if problem is not None:
+            raise ValueError(problem)
+        send = self.reserve(send_kind, hidden, dtype, send_rows(rows.shape[0], row_bytes))
         recv = self.reserve(recv_kind, hidden, dtype, bound)
         send[: rows.shape[0]].copy_(rows)
         in_splits, out_splits_offsets = self.splits(site)
