@@ -9,6 +9,7 @@ patching.py         replace an attribute for the length of a block and put it ba
 cpu/                megatron-core's CUDA-minded code paths redirected to the host (CPU runs)
 torch_dist_save.py  our writer class and results queue inside the torch_dist checkpoint save
 distopt_state.py    the distributed optimizer's reshardable checkpoint state at its own offsets
+distopt_adam_step.py the distributed optimizer's reshardable checkpoint loaded into torch's Adam (its step)
 distopt_empty_step.py the Adam step of a distributed-optimizer part with no parameters here (a stage without experts)
 host_grad_norm.py   megatron-core's gradient norm on the host accumulated in float64
 foreach_multi_tensor.py torch's foreach kernels for megatron-core's multi-tensor fallbacks

@@ -23,6 +23,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
+from megatron_dmoe.compat.distopt_adam_step import keep_restored_adam_step
 from megatron_dmoe.compat.foreach_multi_tensor import use_foreach_multi_tensor_ops
 from megatron_dmoe.compat.host_grad_norm import use_float64_host_grad_norm
 from megatron_dmoe.config import RunConfig
@@ -208,6 +209,8 @@ def _expert_duplicates_by_expert_tensor_group(optimizer: MegatronOptimizer) -> N
 
 def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
     config = optimizer_config(cfg)
+    if config.use_distributed_optimizer:
+        keep_restored_adam_step()  # its checkpoints load into torch's Adam (compat/distopt_adam_step.py)
     if not on_cuda and config.use_distributed_optimizer:
         # megatron's, on gloo through compat/cpu/; parameters sharded over the
         # data-parallel group, expert parameters over the expert-data-parallel group; its grad norm

@@ -8,10 +8,6 @@ checkpoint state with `.cuda()`; megatron's fallback multi-tensor L2 norm return
 exist on gloo. Could go once upstream makes those tensors on the parameters' device and groups
 parameters by dtype rather than by type name.
 
-Also applied here (on CPU runs, as before): torch's Adam keeps a 'step' with each parameter's
-moments, which the reshardable checkpoint keeps in the parameter groups instead, and megatron-core
-copies every state entry the optimizer has from the loaded tensors; entries the checkpoint lacks
-keep their restored values. Could go once upstream copies only the entries the checkpoint holds.
 """
 from __future__ import annotations
 
@@ -80,15 +76,5 @@ def optimizers_on_host() -> None:
             return gather_state(self, *args, **kwargs)
 
     optimizer_class.get_parameter_state_dp_zero = gather_state_on_cpu
-    set_states = optimizer_class._set_main_param_and_optimizer_states
-
-    @functools.wraps(set_states)
-    def set_saved_states(self, model_param, tensors):
-        # torch's Adam (no TE or apex) keeps its step count with each parameter's moments; the
-        # reshardable checkpoint has it in the parameter groups (load_state_dict restores it from
-        # there), so a per-parameter 'step' the checkpoint lacks keeps its restored value
-        return set_states(self, model_param, {**self._get_main_param_and_optimizer_states(model_param), **tensors})
-
-    optimizer_class._set_main_param_and_optimizer_states = set_saved_states
     clip_grads.clip_grad_by_total_norm_fp32 = clip_on_cpu
     mcore_optimizer.clip_grad_by_total_norm_fp32 = clip_on_cpu  # imported by name there
