@@ -4,7 +4,13 @@ import math
 
 import pytest
 
-from megatron_dmoe.config.nvshmem_rows import GRID_FIXING_BYTES, LARGEST_GRIDS, row_bytes_problem, row_multiple, send_rows
+from megatron_dmoe.config.nvshmem_rows import (
+    GRID_FIXING_BYTES,
+    LARGEST_GRIDS,
+    row_bytes_problem,
+    row_multiple,
+    send_rows,
+)
 
 
 def _grid(send_bytes, ranks, max_blocks):
