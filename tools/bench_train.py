@@ -409,12 +409,22 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     return result
 
 
-def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool, auto: bool = False) -> list:
+def row_line(row: dict) -> str:
+    """One finished run in a line, printed as it finishes (the table comes at the end)."""
+    head = f"bench_train: {row['model']} done:"
+    if "tokens_per_s" in row:
+        return f"{head} {row['ms_per_step']:.1f} ms a step, {row['tokens_per_s']:,.0f} tokens/s per GPU"
+    return f"{head} {row.get('reason') or 'failed'}"
+
+
+def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool, auto: bool = False,
+                      finished=None) -> list:
     """Rows of the planned runs, each measured by a child: one plain process (nproc None) or
     torchrun --standalone with nproc processes, started from this run's own arguments and then the
     model and mode it runs (argparse keeps the last value of an option). One child per run: a run that
     fails (CUDA out of memory, say) is that run's row, and the next run starts afresh. Refused runs
-    become rows here."""
+    become rows here. finished(rows so far), if given, is called after each child: a run stopped
+    from outside keeps what it measured."""
     import subprocess
     import tempfile
 
@@ -444,12 +454,16 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool, 
                 with open(out) as f:
                     for r in json.load(f)["results"]:
                         rows[(r["model"].split("+")[0], r["cuda_graphs"])] = r
-                continue
-            print(done.stdout[-4000:], flush=True)
-            for name in names:
-                cfg = next(c for n, g, c, _ in plan if n == name and g == graphs)
-                rows[(name, graphs)] = failure_row(run_row(name, graphs, cfg, world_size), done.returncode,
-                                                   done.stdout)
+            else:
+                print(done.stdout[-4000:], flush=True)
+                for name in names:
+                    cfg = next(c for n, g, c, _ in plan if n == name and g == graphs)
+                    rows[(name, graphs)] = failure_row(run_row(name, graphs, cfg, world_size), done.returncode,
+                                                       done.stdout)
+        for name in names:
+            print(row_line(rows[(name, graphs)]), flush=True)
+        if finished is not None:
+            finished(list(rows.values()))
     return [rows.get((name, graphs)) or dict(run_row(name, graphs, cfg, world_size),
                                               error="the child exited without a row for this run")
             for name, graphs, cfg, _ in plan]
@@ -512,6 +526,18 @@ def print_table(results: list, peak: float | None) -> None:
               f"{r['tflops_per_gpu']:8.1f} {mfu} {rel} {mem}")
 
 
+def write_results(args, peak, world_size: int, results: list, complete: bool, gpu: str | None = None) -> None:
+    """--out's JSON; written after each child's run too (complete: false), so a run stopped from
+    outside keeps what it measured. gpu: the device's name, asked for only at the end (a CUDA
+    context in this process would take GPU memory from the runs still to come)."""
+    if not args.out:
+        return
+    versions = {"torch": torch.__version__, **({"gpu": gpu} if gpu else {})}
+    with open(args.out, "w") as f:
+        json.dump({"matmul_tflops": peak, "versions": versions, "world_size": world_size, "complete": complete,
+                   "args": vars(args), "results": results}, f, indent=2)
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -531,7 +557,8 @@ def main(argv=None) -> None:
         is_main = True
         peak = None if (args.no_matmul or device_type != "cuda") else matmul_tflops_in_child()
         results = bench_in_children(plan, argv, args.nproc_per_node, device_type == "cuda",
-                                    auto=args.cuda_graphs == "auto")
+                                    auto=args.cuda_graphs == "auto",
+                                    finished=lambda rows: write_results(args, peak, world_size, rows, complete=False))
     else:
         env = init_distributed(args.device)
         is_main = env.is_main
@@ -546,9 +573,6 @@ def main(argv=None) -> None:
             # after a failure the other ranks may never arrive: abort instead of waiting for them
             destroy_distributed(abort=failed)
     if is_main:
-        versions = {"torch": torch.__version__}
-        if device_type == "cuda":
-            versions["gpu"] = torch.cuda.get_device_name()
         shapes = sorted({(r["global_batch_size"], r["micro_batch_size"], r["seq_length"]) for r in results})
         batches = ", ".join(f"global batch {g} (micro-batch {m}) x {s} tokens" for g, m, s in shapes)
         print(f"{world_size} process(es), {batches}; tokens/s and TFLOP/s per GPU (per process on CPU)")
@@ -566,10 +590,8 @@ def main(argv=None) -> None:
                     from step_breakdown import summary_lines
 
                     print("\n".join(summary_lines(prof["parts"], prof["wall_ms"], prof.get("wgrad_flops", 0.0))))
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"matmul_tflops": peak, "versions": versions, "world_size": world_size,
-                           "args": vars(args), "results": results}, f, indent=2)
+        write_results(args, peak, world_size, results, complete=True,
+                      gpu=torch.cuda.get_device_name() if device_type == "cuda" else None)
     failures = [r["model"] for r in results if "error" in r]
     if failures or not any("tokens_per_s" in r for r in results):
         raise SystemExit(f"bench_train: failed: {', '.join(failures)}" if failures

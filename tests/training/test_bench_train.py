@@ -72,7 +72,7 @@ def test_bench_train_on_two_processes_with_expert_parallel_dmoe(tmp_path, capsys
     _load().main(["--nproc-per-node", "2", "--ep", "2", "--models", "dense,dmoe,capacity", "--cuda-graphs", "both",
                   "--out", str(out), *TOY])
     data = json.loads(out.read_text())
-    assert data["world_size"] == 2
+    assert data["world_size"] == 2 and data["complete"] is True
     rows = {r["model"]: r for r in data["results"]}
     assert list(rows) == ["dense", "dmoe", "capacity", "dense+graphs", "dmoe+graphs", "capacity+graphs"]
     ep = {name: rows[name]["expert_model_parallel_size"] for name in ("dense", "dmoe", "capacity")}
@@ -91,8 +91,9 @@ def test_bench_train_on_two_processes_with_expert_parallel_dmoe(tmp_path, capsys
     assert f"{'dmoe+graphs':23s}   2 refused: " in table and "tokens/s/GPU" in table
 
 
-def test_bench_train_failed_child_becomes_a_row_and_the_next_runs():
-    """Each run in its own process: a run whose child fails is that run's row only."""
+def test_bench_train_failed_child_becomes_a_row_and_the_next_runs(capsys):
+    """Each run in its own process: a run whose child fails is that run's row only; each row is
+    printed and handed on as soon as its child ends."""
     bench = _load()
     args = bench.parse_args(["--models", "dense", *TOY])
     plan = bench.plan_runs(args, "cpu", world_size=1)
@@ -101,10 +102,16 @@ def test_bench_train_failed_child_becomes_a_row_and_the_next_runs():
     assert "--no-such-option" in rows[0]["error"] and "tokens_per_s" not in rows[0]
     # a run that fails in its child (no such config there), then one that works
     (name, graphs, cfg, _), = plan
-    rows = bench.bench_in_children([("zoo/no_such_model", graphs, cfg, None), plan[0]], TOY, None, on_cuda=False)
+    seen = []
+    rows = bench.bench_in_children([("zoo/no_such_model", graphs, cfg, None), plan[0]], TOY, None, on_cuda=False,
+                                   finished=lambda so_far: seen.append([r["model"] for r in so_far]))
     assert [r["model"] for r in rows] == ["zoo/no_such_model", "dense"]
     assert "no_such_model" in rows[0]["error"] and "tokens_per_s" not in rows[0]
     assert rows[1]["tokens_per_s"] > 0 and "error" not in rows[1]
+    assert seen == [["zoo/no_such_model"], ["zoo/no_such_model", "dense"]]
+    out = capsys.readouterr().out
+    assert "bench_train: zoo/no_such_model done: failed" in out
+    assert f"bench_train: dense done: {rows[1]['ms_per_step']:.1f} ms a step, {rows[1]['tokens_per_s']:,.0f}" in out
 
 
 def test_out_of_memory_is_named_with_the_allocation_torch_asked_for():
