@@ -47,6 +47,7 @@ MCORE_FREE = {
     "launch/test_slurm.py": "SLURM launcher",
     "launch/test_train_sh.py": "torchrun launcher script",
     "launch/test_megatron_lm_check.py": "Megatron-LM check script: its arguments and log comparison (bash only)",
+    "launch/test_megatron_lm_layouts.py": "Megatron-LM layouts script: its runs' order and table (bash only)",
     "launch/test_missing_packages.py": "optional packages of ours, refused before anything is built",
     "launch/test_readme_install.py": "README text",
     # README's examples as commands: whether each parses, validates and starts; training itself is
