@@ -11,6 +11,7 @@ torch_dist_save.py  our writer class and results queue inside the torch_dist che
 distopt_state.py    the distributed optimizer's reshardable checkpoint state at its own offsets
 distopt_adam_step.py the distributed optimizer's reshardable checkpoint loaded into torch's Adam (its step)
 distopt_empty_step.py the Adam step of a distributed-optimizer part with no parameters here (a stage without experts)
+eager_fusions.py    megatron-core's fusions left uncompiled where torch has no CUDA (a faster process start)
 host_grad_norm.py   megatron-core's gradient norm on the host accumulated in float64
 foreach_multi_tensor.py torch's foreach kernels for megatron-core's multi-tensor fallbacks
 graph_buffers.py    0.16's CUDA-graph input buffers held until their backward is captured
