@@ -6,8 +6,9 @@ bias-GeGLU and -SwiGLU, bias-dropout-add, ...) with torch.compile as their modul
 start on a CPU, paid by every process of a CPU run (each rank of torchrun, each test process), and
 CPU runs gain nothing from it. Where torch has no CUDA, megatron-core's own switch
 (`disable_jit_fuser`) runs right after `megatron.core.jit` loads, before any fusion is decorated:
-those functions then run eagerly, as the same torch operations. Could go once upstream compiles its
-fusions on first call or only on CUDA.
+those functions then run eagerly, as the same torch operations (0.19's MoE router compiles one
+function with torch.compile itself, which still imports dynamo there). Could go once upstream
+compiles its fusions on first call or only on CUDA.
 """
 from __future__ import annotations
 
