@@ -8,10 +8,22 @@ restores it from there into every parameter's state), and its loader
 tensors, then copies every state entry the optimizer has from them: a KeyError on 'step', so no
 such checkpoint resumed on GPUs. Here entries the checkpoint lacks keep their restored values.
 Could go once upstream copies only the entries the checkpoint holds.
+
+Its `load_state_dict` also takes every parameter group whole from the checkpoint, whose groups are
+the saving rank's (rank 0 writes the common state), implementation flags included: a group that
+rank 0 ran as torch's multi-tensor Adam (an expert group without parameters on a stage without
+experts) turns this rank's fused Adam into the multi-tensor one, which refuses the `grad_scale`
+the folded clip hands it (training/clip_in_adam.py). How this process runs its update is not
+training state: the flags are kept, and the step counter goes where the fused kernel reads it.
 """
 from __future__ import annotations
 
 import functools
+
+import torch
+
+# how torch's Adam runs its update, not what it has learned
+IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable", "differentiable")
 
 
 def keep_restored_adam_step() -> None:
@@ -29,3 +41,40 @@ def keep_restored_adam_step() -> None:
 
     set_saved_states._keeps_unsaved_entries = True
     DistributedOptimizer._set_main_param_and_optimizer_states = set_saved_states
+
+
+def restore_implementation_flags(inner, flags: list) -> None:
+    """Give torch's Adam `inner` back the `flags` (one dict per parameter group, as taken before a
+    load), with each parameter's step counter as a float32 tensor of its own on the parameter's
+    device where the group is fused or capturable (the kernels read it there)."""
+    for group, kept in zip(inner.param_groups, flags):
+        group.update(kept)
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for param in group["params"]:
+            state = inner.state.get(param)
+            if state and "step" in state:
+                state["step"] = state["step"].to(device=param.device, dtype=torch.float32, copy=True)
+
+
+def keep_process_adam_flags() -> None:
+    """Make DistributedOptimizer.load_state_dict keep this process's implementation flags of torch's
+    Adam (idempotent)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer.load_state_dict
+    if getattr(original, "_keeps_process_flags", False):
+        return
+
+    @functools.wraps(original)
+    def load_state_dict(self, state_dict):
+        inner = self.optimizer
+        if not isinstance(inner, torch.optim.Optimizer):
+            return original(self, state_dict)
+        flags = [{k: group[k] for k in IMPLEMENTATION_FLAGS if k in group} for group in inner.param_groups]
+        result = original(self, state_dict)
+        restore_implementation_flags(inner, flags)
+        return result
+
+    load_state_dict._keeps_process_flags = True
+    DistributedOptimizer.load_state_dict = load_state_dict

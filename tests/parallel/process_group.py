@@ -17,6 +17,13 @@ import torch.multiprocessing as mp
 
 # NVLink multicast stays off: a program that uses it can take a shared host's GPUs out of service.
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# Every new_group ends in a store barrier over all ranks (torch's switch; off by default). Without it
+# a rank leaves new_group once its own gloo pairs are connected: an initiating pair counts once its
+# sequence number is written, before the peer has taken the connection. A fast rank that then
+# rebuilds megatron's groups (init_distributed destroys the previous gloo groups) closes sockets a
+# slower rank is still connecting: "Gloo connectFullMesh failed ... Connection closed by peer" there.
+# megatron's groups are built twice in a row here (below, then in `fn`) with no collective between.
+INIT_BARRIER_ENV = {"TORCH_DIST_INIT_BARRIER": "1"}
 
 
 def _free_port() -> int:
@@ -28,7 +35,7 @@ def _free_port() -> int:
 def _entry(rank, world_size, port, device, fn, args):
     torch.set_num_threads(1)  # several processes share two cores
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), **NCCL_ENV)
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), **NCCL_ENV, **INIT_BARRIER_ENV)
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
 
     init_distributed(device)  # on CUDA: GPU LOCAL_RANK, NCCL
