@@ -6,8 +6,9 @@ inside a CUDA graph; the symmetric exchange (symmetric.py) keeps them on the dev
 mappings, which only GPUs of one host have. Here the counts travel by an equal-split all-to-all on
 the device (capturable), and the rows by NVSHMEM's variable all-to-all, which reads each rank's
 split sizes from symmetric memory on the device: over NVLink within a host and over the network
-(InfiniBand/RoCE transports of NVSHMEM) between hosts. Nothing is read on the host, so layers that
-use it can be captured, on one host or many.
+(InfiniBand/RoCE transports of NVSHMEM) between hosts. Nothing is read on the host, so a layer
+that uses it can be captured; captured training has given wrong gradients with it, though, so
+training refuses it under CUDA graphs (config/cuda_graphs_rules.py).
 
 The rows go through the same steps as the NCCL exchange (rows sorted by destination rank in, runs of
 local-expert groups per source rank out), so the results are the NCCL exchange's, bit for bit.
