@@ -17,8 +17,8 @@ EXPERTS, TOP_K, HIDDEN = 8, 2, 40
 # per call on rank 0; other ranks scale these differently. A buffer grows collectively, so ranks
 # must agree on when: every rank outgrows the symmetric exchange's buffers in calls 1 and 3; the
 # NVSHMEM exchange's send floor (config/nvshmem_rows.py, 26,215 rows of HIDDEN fp32) raises its
-# buffers at call 0's backward, which calls 1 and 2 stay under on every rank (up to 4) and call 3
-# outgrows on every rank. In training every rank passes the same token count.
+# buffers at call 0, which calls 1 and 2 stay under on every rank (up to 4) and call 3 outgrows on
+# every rank. In training every rank passes the same token count.
 TOKENS = (13, 1000, 400, 30000)
 
 

@@ -40,7 +40,7 @@ def grown_capacity(capacity: int, rows: int, kind: str, group, device: torch.dev
     the same token count, so all grow in the same call). Never while a CUDA graph is captured."""
     if capacity >= rows:
         return None
-    if torch.cuda.is_current_stream_capturing():
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             f"the expert-parallel exchange needs a larger {kind} buffer ({rows} rows) while a CUDA graph is "
             "captured; run the same token count eagerly once before capturing"

@@ -65,18 +65,20 @@ class NvshmemExchange:
         self.ranks = dist.get_world_size(group)
         self.device = device
         self.buffers: Dict[Tuple[str, int, torch.dtype], torch.Tensor] = {}
-        self._splits: Dict[Hashable, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self._splits: Dict[Hashable, Tuple[Tuple[torch.Tensor, torch.Tensor], ...]] = {}  # forward, backward
 
-    def splits(self, site: Hashable) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(in_splits [ranks], out_splits_offsets [2, ranks]) of one call site, allocated (collectively)
-        at its first call. all_to_all_vdev writes each rank's splits into its peers' buffers before
-        its barrier, and reads its own after it, with no barrier at its end: a peer already in the
-        next call would overwrite splits still being read. No two consecutive exchanges share a call
-        site (a layer's dispatch and combine, forward and backward), so none share these buffers."""
+    def splits(self, site: Hashable, backward: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(in_splits [ranks], out_splits_offsets [2, ranks]) of one call site's forward or backward
+        exchange, allocated (collectively) at the site's first call, both directions at once: the
+        backward allocates nothing. all_to_all_vdev writes each rank's splits into its peers'
+        buffers before its barrier, and reads its own after it, with no barrier at its end: a peer
+        already in the next call would overwrite splits still being read. No two consecutive
+        exchanges share a call site and direction (a layer's dispatch and combine, forward and
+        backward), so none share these buffers."""
         if site not in self._splits:
-            self._splits[site] = (self._symmetric((self.ranks,), torch.int64),
-                                  self._symmetric((2, self.ranks), torch.int64))
-        return self._splits[site]
+            self._splits[site] = tuple((self._symmetric((self.ranks,), torch.int64),
+                                        self._symmetric((2, self.ranks), torch.int64)) for _ in range(2))
+        return self._splits[site][int(backward)]
 
     def _symmetric(self, shape, dtype) -> torch.Tensor:
         t = self._symm_mem.empty(*shape, dtype=dtype, device=self.device)
@@ -98,25 +100,30 @@ class NvshmemExchange:
         return buf
 
     def exchange(self, rows: torch.Tensor, send_splits: torch.Tensor, send_kind: str, recv_kind: str,
-                 recv_rows: Optional[int], bound: int, site: Hashable) -> torch.Tensor:
+                 recv_rows: Optional[int], bound: int, site: Hashable, backward: bool = False) -> torch.Tensor:
         """rows [n, H] (the first send_splits.sum() real, grouped by destination rank) -> this rank's
         `recv_kind` buffer, rank-ordered runs of what every rank sent here: its first recv_rows rows
         (the exact count, known to the caller), or the whole buffer when recv_rows is None. bound:
         what this rank's share of the group can send it (the buffer grows to the largest bound of
         any rank, so the whole buffer holds what every rank sends, however unequal their tokens).
-        site: the call site (see splits)."""
+        site, backward: the call site and direction (see splits)."""
         hidden, dtype = rows.shape[1], rows.dtype
         row_bytes = hidden * rows.element_size()
         problem = row_bytes_problem(row_bytes, self.ranks)
         if problem is not None:
             raise ValueError(problem)
         send = self.reserve(send_kind, hidden, dtype, send_rows(rows.shape[0], row_bytes))
-        recv = self.reserve(recv_kind, hidden, dtype, bound)
+        # the backward sends from this one: it gets the send floor now, so that no backward grows a
+        # buffer whose address a captured forward holds
+        recv = self.reserve(recv_kind, hidden, dtype, send_rows(bound, row_bytes))
         send[: rows.shape[0]].copy_(rows)
-        in_splits, out_splits_offsets = self.splits(site)
+        in_splits, out_splits_offsets = self.splits(site, backward)
         in_splits.copy_(send_splits)
-        torch.ops.symm_mem.all_to_all_vdev(send, recv, in_splits, out_splits_offsets, self.group_name)
+        self._all_to_all(send, recv, in_splits, out_splits_offsets)
         return recv if recv_rows is None else recv[:recv_rows]
+
+    def _all_to_all(self, send, recv, in_splits, out_splits_offsets) -> None:
+        torch.ops.symm_mem.all_to_all_vdev(send, recv, in_splits, out_splits_offsets, self.group_name)
 
 
 class _Exchange(torch.autograd.Function):
@@ -135,7 +142,7 @@ class _Exchange(torch.autograd.Function):
         (recv_splits,) = ctx.saved_tensors
         # the gradients return to exactly the rows this rank sent; the buffer is reused: copied out
         back = ctx.exchange.exchange(grad.contiguous(), recv_splits, ctx.kinds[1], ctx.kinds[0], ctx.send_rows,
-                                     ctx.send_rows, (ctx.site, "backward"))
+                                     ctx.send_rows, ctx.site, backward=True)
         return back.clone(), None, None, None, None, None, None, None
 
 
