@@ -28,8 +28,9 @@ if [ "$gpus" -ge 2 ]; then
         --exchange nccl,symmetric --shared-ffn 1024 --out "$out/bench_ep.json"
     # the zoo's batch (global 512, micro-batch 16), every layer MoE: the fresh router's collapsed
     # routing (dmoe), evenly loaded experts (dmoe-balanced) and those over the NVSHMEM exchange that
-    # groups across hosts need (dmoe-nvshmem); a profiled step of each says where the time goes
-    # (exchange waits, expert products, weight gradients, optimizer, rest)
+    # groups across hosts need (dmoe-nvshmem; eagerly only: its captured run is refused, a row says
+    # why); a profiled step of each says where the time goes (exchange waits, expert products,
+    # weight gradients, optimizer, rest)
     for ep in 2 4; do
         [ "$gpus" -ge "$ep" ] || continue
         step "bench_train_ep$ep" python3 tools/bench_train.py --nproc-per-node "$ep" --ep "$ep" \
