@@ -23,7 +23,9 @@ class _HostExchange(NvshmemExchange):
 
     def _symmetric(self, shape, dtype):
         self.made.append(shape)
-        return torch.full(shape, float("nan"), dtype=dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+        if dtype.is_floating_point:
+            return torch.full(shape, float("nan"), dtype=dtype)  # a row read before it is written shows
+        return torch.zeros(shape, dtype=dtype)
 
     def _all_to_all(self, send, recv, in_splits, out_splits_offsets):
         n = int(in_splits[0])
