@@ -84,6 +84,10 @@ def init_distributed(
             world_size=world_size,
             timeout=datetime.timedelta(minutes=timeout_minutes),
         )
+    elif ps.model_parallel_is_initialized():
+        # the groups are built again: no rank may tear the old gloo groups down while a slower rank
+        # is still connecting their pairs (gloo then fails there, "Connection closed by peer")
+        dist.barrier()
     _forget_group_state()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,
