@@ -22,7 +22,8 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 # sequence number is written, before the peer has taken the connection. A fast rank that then
 # rebuilds megatron's groups (init_distributed destroys the previous gloo groups) closes sockets a
 # slower rank is still connecting: "Gloo connectFullMesh failed ... Connection closed by peer" there.
-# megatron's groups are built twice in a row here (below, then in `fn`) with no collective between.
+# megatron's groups are built twice in a row here (below, then in `fn`); init_distributed waits for
+# every rank before a rebuild too, and this covers any other teardown that follows a group's creation.
 INIT_BARRIER_ENV = {"TORCH_DIST_INIT_BARRIER": "1"}
 
 
