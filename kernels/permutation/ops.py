@@ -61,6 +61,13 @@ def _check_scale(op: str, scale: Optional[torch.Tensor], pos: torch.Tensor) -> O
     return scale.contiguous()
 
 
+def _check_valid_rows(op: str, valid_rows: Optional[torch.Tensor], device: torch.device) -> None:
+    if valid_rows is not None and (valid_rows.numel() != 1 or valid_rows.dtype.is_floating_point
+                                   or valid_rows.device != device):
+        raise ValueError(f"{op}: valid_rows must be a one-element integer tensor on {device}, got "
+                         f"{valid_rows.dtype} {tuple(valid_rows.shape)} on {valid_rows.device}")
+
+
 def _rows_major(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     if t.dim() != 2:
         raise ValueError(f"{op}: {name} must be 2-D [rows, hidden], got shape {tuple(t.shape)}")
@@ -77,6 +84,7 @@ def expand(
     other: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     scale_rows: Optional[torch.Tensor] = None,
+    valid_rows: Optional[torch.Tensor] = None,
 ):
     """out [rows, H] with out[pos[t, j]] = scale[t, j] * src[t] and every padding row zero.
 
@@ -85,12 +93,14 @@ def expand(
     dot [T, K] fp32 = <src[t], other[pos[t, j]]>. out: a row-major [rows, H] buffer to write into.
     scale_rows: a [rows] buffer (with scale) that also gets scale_rows[pos[t, j]] = scale[t, j] and
     zeros on the padding rows, in the same launch (rows past the last expert's group are left as
-    they are).
+    they are). valid_rows: a one-element integer tensor on the device; source rows from its value on
+    write nothing (their dot entries are zero).
     """
     op = "expand"
     src = _rows_major(op, "src", src)
     T, H = src.shape
     _check_positions(op, pos, T, src.device)
+    _check_valid_rows(op, valid_rows, src.device)
     scale = _check_scale(op, scale, pos)
     E = counts.shape[0]
     if expert_offsets.shape != (E + 1,) or expert_offsets.dtype != torch.int32:
@@ -108,7 +118,8 @@ def expand(
         other = _rows_major(op, "other", other)
         if tuple(other.shape) != (rows, H):
             raise ValueError(f"{op}: other must be [{rows}, {H}], got {tuple(other.shape)}")
-        dot = torch.empty(pos.shape, dtype=torch.float32, device=src.device)
+        dot = (torch.zeros if valid_rows is not None else torch.empty)(pos.shape, dtype=torch.float32,
+                                                                        device=src.device)
     pos = pos.contiguous()
     K = pos.shape[1]
     if E + T > 0 and H > 0:
@@ -123,6 +134,7 @@ def expand(
             K=K, K_POW2=k_pow2, BLOCK_H=block_h, PAD_ROWS=max(1, _TILE_ELEMENTS // block_h),
             HAS_SCALE=scale is not None, HAS_DOT=other is not None,
             scale_rows_ptr=scale_rows, HAS_SCALE_ROWS=scale_rows is not None,
+            valid_ptr=valid_rows, HAS_VALID=valid_rows is not None,
             num_warps=4,
         )
     else:
@@ -134,11 +146,14 @@ def expand(
 
 
 def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] = None,
-           copy: Optional[torch.Tensor] = None, partials: Optional[torch.Tensor] = None):
+           copy: Optional[torch.Tensor] = None, partials: Optional[torch.Tensor] = None,
+           valid_rows: Optional[torch.Tensor] = None):
     """dst [T, H] with dst[t] = sum_j scale[t, j] * src[pos[t, j]] (fp32 sums); src [rows, H].
     With `copy` (like src), also copy[pos[t, j]] = src[pos[t, j]] in the same pass (a source that
     will be overwritten, kept for a backward). With `partials` (contiguous fp32 [rows, C]), returns
-    (dst, row_sums) where row_sums [T, K] fp32 = sum_c partials[pos[t, j], c], in the same launch."""
+    (dst, row_sums) where row_sums [T, K] fp32 = sum_c partials[pos[t, j], c], in the same launch.
+    valid_rows: a one-element integer tensor on the device; dst rows from its value on are left
+    unwritten (their contents undefined, their row_sums zero), and nothing is read or copied for them."""
     op = "reduce"
     src = _rows_major(op, "src", src)
     H = src.shape[1]
@@ -146,6 +161,7 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
         raise ValueError(f"{op}: pos must be 2-D [tokens, top_k], got shape {tuple(pos.shape)}")
     T = pos.shape[0]
     _check_positions(op, pos, T, src.device)
+    _check_valid_rows(op, valid_rows, src.device)
     scale = _check_scale(op, scale, pos)
     dst = torch.empty(T, H, dtype=src.dtype, device=src.device)
     pos = pos.contiguous()
@@ -156,7 +172,8 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
                 or not partials.is_contiguous() or partials.device != src.device):
             raise ValueError(f"{op}: partials must be a contiguous fp32 [{src.shape[0]}, C] tensor on {src.device}, "
                              f"got {partials.dtype} {tuple(partials.shape)} on {partials.device}")
-        row_sums = torch.empty(pos.shape, dtype=torch.float32, device=src.device)
+        row_sums = (torch.zeros if valid_rows is not None else torch.empty)(pos.shape, dtype=torch.float32,
+                                                                             device=src.device)
         if T * K > 0 and (H == 0 or partials.shape[1] == 0):  # the kernel sums nothing then
             row_sums.copy_(partials.sum(1)[pos.long()])
     if T > 0 and H > 0:
@@ -174,6 +191,7 @@ def reduce(src: torch.Tensor, pos: torch.Tensor, scale: Optional[torch.Tensor] =
             partials_ptr=partials, row_sums_ptr=row_sums, C=partials.shape[1] if partials is not None else 1,
             BLOCK_C=next_power_of_2(max(partials.shape[1], 1)) if partials is not None else 1,
             HAS_ROW_SUMS=partials is not None and partials.shape[1] > 0,
+            valid_ptr=valid_rows, HAS_VALID=valid_rows is not None,
             num_warps=4,
         )
     return dst if row_sums is None else (dst, row_sums)

@@ -182,3 +182,42 @@ def test_bad_arguments_raise_clear_errors(device):
         P.expand(x, pos, rows, offsets, counts, out=torch.empty(rows + 1, 8, device=device))
     with pytest.raises(ValueError, match="scale_rows must be"):  # row weights need the weights
         P.expand(x, pos, rows, offsets, counts, scale_rows=torch.empty(rows, device=device))
+
+
+@pytest.mark.parametrize("valid", [0, 5, 13])
+def test_rows_past_valid_rows_move_nothing(valid, device):
+    """valid_rows: the first `valid` of T source rows are real (a bound-sized receive buffer); the
+    rest move nothing either way, and the real rows' values and gradients are as without it."""
+    T, E, K, H, bs = 13, 4, 1, 24, 16
+    indices = _routing("balanced", T, E, K, device)
+    counts, offsets, rows = _layout(indices[:valid], E, bs)
+    # the dead rows' positions lie past every group, as arrival_positions gives them
+    pos = torch.cat([P.padded_positions(indices[:valid], counts, offsets),
+                     int(offsets[-1]) + torch.arange(T - valid, device=device, dtype=torch.int32).view(-1, K)])
+    rows = rows + T
+    x = torch.randn(T, H, device=device, requires_grad=True)
+    m = torch.randn(rows, H, device=device)
+    dy = torch.randn(T, H, device=device)
+    real = torch.tensor([valid], device=device)
+
+    sentinel = torch.full((rows, H), 7.0, device=device)
+    out = P.expand(x.detach(), pos, rows, offsets, counts, out=sentinel.clone(), valid_rows=real)
+    past = torch.arange(rows, device=device) >= int(offsets[-1])
+    assert (out[past] == 7.0).all()  # nothing written past the groups: the dead rows moved nothing
+    full = P.expand(x.detach(), pos, rows, offsets, counts)
+    assert torch.equal(out[~past], full[~past])
+
+    x_pad = permute(x, pos, rows, offsets, counts, valid_rows=real)
+    y = unpermute(x_pad * m, pos, offsets, counts, valid_rows=real)
+    y.backward(dy)
+    x64 = x.detach().double()[:valid].requires_grad_()
+    y64 = (x64[:, None, :] * m.double()[pos[:valid].long()]).sum(1)
+    y64.backward(dy.double()[:valid])
+    if valid:
+        assert _err(y[:valid], y64) < 1e-6
+        assert _err(x.grad[:valid], x64.grad) < 1e-6
+
+    summed, row_sums = P.reduce(m, pos, partials=torch.ones(rows, 3, device=device), valid_rows=real)
+    assert (row_sums[valid:] == 0).all() and (row_sums[:valid] == 3).all()
+    with pytest.raises(ValueError, match="valid_rows must be a one-element integer tensor"):
+        P.reduce(m, pos, valid_rows=torch.tensor([1.0, 2.0], device=device))

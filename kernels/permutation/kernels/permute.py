@@ -14,7 +14,9 @@ in one 2-D tile [K_POW2, BLOCK_H], so no atomics are needed and results are dete
                   optionally row_sums(t, j) = sum_c partials[pos(t, j), c] (each copy's row of
                   partial sums gathered and summed: the router-weight gradient in the same launch)
 
-Sums and dot products accumulate in fp32.
+Sums and dot products accumulate in fp32. With valid_ptr (HAS_VALID), token programs from
+valid_ptr[0] on touch nothing: the received rows of the expert-parallel exchange sit in a buffer of
+a bound's size whose real count is known only on the device.
 """
 import triton
 import triton.language as tl
@@ -27,6 +29,7 @@ def expand_kernel(
     num_experts, H, stride_src, stride_out, stride_other,
     K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_H: tl.constexpr, PAD_ROWS: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DOT: tl.constexpr, scale_rows_ptr, HAS_SCALE_ROWS: tl.constexpr,
+    valid_ptr, HAS_VALID: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_H)
     if tl.program_id(0) < num_experts:
@@ -46,8 +49,11 @@ def expand_kernel(
                          mask=r < end)
     else:
         pid = tl.program_id(0) - num_experts
+        # source rows from valid_ptr[0] on (a bound-sized buffer's unused end) move nothing; the
+        # masks compare vectors (the interpreter refuses a vector mask anded with a scalar one)
+        valid = tl.load(valid_ptr) if HAS_VALID else pid + 1
         slot = tl.arange(0, K_POW2)
-        slot_mask = slot < K
+        slot_mask = (slot < K) & (slot * 0 + pid < valid)
         rows = tl.load(pos_ptr + pid * K + slot, mask=slot_mask, other=0).to(tl.int64)
         if HAS_SCALE:
             scale = tl.load(scale_ptr + pid * K + slot, mask=slot_mask, other=0.0)
@@ -59,7 +65,7 @@ def expand_kernel(
         dot = tl.zeros((K_POW2, BLOCK_H), dtype=tl.float32)
         for h0 in range(0, H, BLOCK_H):
             h = h0 + cols
-            h_mask = h < H
+            h_mask = (h < H) & (h * 0 + pid < valid)
             x = tl.load(src_row + h, mask=h_mask, other=0.0).to(tl.float32)
             tile = tl.broadcast_to(x[None, :], (K_POW2, BLOCK_H))
             if HAS_SCALE:
@@ -80,15 +86,18 @@ def reduce_kernel(
     H, stride_src, stride_dst, stride_copy,
     K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_COPY: tl.constexpr,
     partials_ptr, row_sums_ptr, C, BLOCK_C: tl.constexpr, HAS_ROW_SUMS: tl.constexpr,
+    valid_ptr, HAS_VALID: tl.constexpr,
 ):
     # One 1-D row load per copy (unrolled over K): the sum stays inside each thread, where a
     # [K, BLOCK_H] tile summed over K would cross warps through shared memory at every chunk.
     pid = tl.program_id(0)
+    # destination rows from valid_ptr[0] on (a bound-sized buffer's unused end) are left unwritten
+    valid = tl.load(valid_ptr) if HAS_VALID else pid + 1
     cols = tl.arange(0, BLOCK_H)
     dst_row = dst_ptr + pid.to(tl.int64) * stride_dst
     for h0 in range(0, H, BLOCK_H):
         h = h0 + cols
-        h_mask = h < H
+        h_mask = (h < H) & (h * 0 + pid < valid)
         acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for j in tl.static_range(K):
             row = tl.load(pos_ptr + pid * K + j).to(tl.int64)
@@ -104,5 +113,5 @@ def reduce_kernel(
         c = tl.arange(0, BLOCK_C)
         for j in tl.static_range(K):
             row = tl.load(pos_ptr + pid * K + j).to(tl.int64)
-            part = tl.load(partials_ptr + row * C + c, mask=c < C, other=0.0)
-            tl.store(row_sums_ptr + pid * K + j, tl.sum(part, axis=0))
+            part = tl.load(partials_ptr + row * C + c, mask=(c < C) & (c * 0 + pid < valid), other=0.0)
+            tl.store(row_sums_ptr + pid * K + j, tl.sum(part, axis=0), mask=pid < valid)

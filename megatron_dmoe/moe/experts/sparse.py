@@ -397,7 +397,8 @@ class SparseBackend(ExpertBackend):
     def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
         """Rows as the expert-parallel exchange delivers them (runs of expert groups, one per source
         rank): one kernel writes each row to its expert's block-padded group, one brings the
-        outputs back in arrival order."""
+        outputs back in arrival order. A device-side exchange delivers a buffer of a bound's size
+        whose real rows come first: both kernels (and their backwards) skip the rest."""
         import dmoe_kernels as dk
         from dmoe_kernels.permutation.functional import permute, unpermute
 
@@ -407,6 +408,7 @@ class SparseBackend(ExpertBackend):
         tokens_per_expert = counts_by_source.sum(0)
         topo = dk.Topology.for_experts(tokens_per_expert, num_rows, f, block_size_for(f, self.block_size))
         pos = arrival_positions(counts_by_source, topo.expert_offsets, num_rows)
-        x_pad = permute(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert)
+        real_rows = tokens_per_expert.sum().reshape(1)
+        x_pad = permute(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
         y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized, wgrad_stash)
-        return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert)
+        return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
