@@ -51,9 +51,11 @@ def expand_kernel(
         pid = tl.program_id(0) - num_experts
         # source rows from valid_ptr[0] on (a bound-sized buffer's unused end) move nothing; the
         # masks compare vectors (the interpreter refuses a vector mask anded with a scalar one)
-        valid = tl.load(valid_ptr) if HAS_VALID else pid + 1
+        valid = tl.load(valid_ptr) if HAS_VALID else 0
         slot = tl.arange(0, K_POW2)
-        slot_mask = (slot < K) & (slot * 0 + pid < valid)
+        slot_mask = slot < K
+        if HAS_VALID:
+            slot_mask = slot_mask & (slot * 0 + pid < valid)
         rows = tl.load(pos_ptr + pid * K + slot, mask=slot_mask, other=0).to(tl.int64)
         if HAS_SCALE:
             scale = tl.load(scale_ptr + pid * K + slot, mask=slot_mask, other=0.0)
@@ -65,7 +67,9 @@ def expand_kernel(
         dot = tl.zeros((K_POW2, BLOCK_H), dtype=tl.float32)
         for h0 in range(0, H, BLOCK_H):
             h = h0 + cols
-            h_mask = (h < H) & (h * 0 + pid < valid)
+            h_mask = h < H
+            if HAS_VALID:
+                h_mask = h_mask & (h * 0 + pid < valid)
             x = tl.load(src_row + h, mask=h_mask, other=0.0).to(tl.float32)
             tile = tl.broadcast_to(x[None, :], (K_POW2, BLOCK_H))
             if HAS_SCALE:
@@ -92,12 +96,14 @@ def reduce_kernel(
     # [K, BLOCK_H] tile summed over K would cross warps through shared memory at every chunk.
     pid = tl.program_id(0)
     # destination rows from valid_ptr[0] on (a bound-sized buffer's unused end) are left unwritten
-    valid = tl.load(valid_ptr) if HAS_VALID else pid + 1
+    valid = tl.load(valid_ptr) if HAS_VALID else 0
     cols = tl.arange(0, BLOCK_H)
     dst_row = dst_ptr + pid.to(tl.int64) * stride_dst
     for h0 in range(0, H, BLOCK_H):
         h = h0 + cols
-        h_mask = (h < H) & (h * 0 + pid < valid)
+        h_mask = h < H
+        if HAS_VALID:
+            h_mask = h_mask & (h * 0 + pid < valid)
         acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for j in tl.static_range(K):
             row = tl.load(pos_ptr + pid * K + j).to(tl.int64)
@@ -113,5 +119,11 @@ def reduce_kernel(
         c = tl.arange(0, BLOCK_C)
         for j in tl.static_range(K):
             row = tl.load(pos_ptr + pid * K + j).to(tl.int64)
-            part = tl.load(partials_ptr + row * C + c, mask=(c < C) & (c * 0 + pid < valid), other=0.0)
-            tl.store(row_sums_ptr + pid * K + j, tl.sum(part, axis=0), mask=pid < valid)
+            c_mask = c < C
+            if HAS_VALID:
+                c_mask = c_mask & (c * 0 + pid < valid)
+            part = tl.load(partials_ptr + row * C + c, mask=c_mask, other=0.0)
+            if HAS_VALID:
+                tl.store(row_sums_ptr + pid * K + j, tl.sum(part, axis=0), mask=pid < valid)
+            else:
+                tl.store(row_sums_ptr + pid * K + j, tl.sum(part, axis=0))
