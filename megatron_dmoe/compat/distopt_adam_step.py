@@ -12,35 +12,48 @@ Could go once upstream copies only the entries the checkpoint holds.
 Its `load_state_dict` also takes every parameter group whole from the checkpoint, whose groups are
 the saving rank's (rank 0 writes the common state), implementation flags included: a group that
 rank 0 ran as torch's multi-tensor Adam (an expert group without parameters on a stage without
-experts) turns this rank's fused Adam into the multi-tensor one, which refuses the `grad_scale`
-the folded clip hands it (training/clip_in_adam.py). How this process runs its update is not
-training state: the flags are kept, and the step counter goes where the fused kernel reads it.
+experts, which training/optim.py leaves unfused) turns this rank's fused Adam into the
+multi-tensor one, which refuses the `grad_scale` the folded clip hands it
+(training/clip_in_adam.py). How this process runs its update is not training state: the flags
+are kept, and the step counter goes where the fused kernel reads it.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from .patching import wrapped_once
 
 # how torch's Adam runs its update, not what it has learned
 IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable", "differentiable")
 
 
-def keep_restored_adam_step() -> None:
-    """Make DistributedOptimizer._set_main_param_and_optimizer_states copy only the entries it is
-    given (idempotent)."""
+def keep_restored_adam_state() -> None:
+    """Make DistributedOptimizer's loads keep the entries the checkpoint lacks and this process's
+    implementation flags of torch's Adam (idempotent)."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    original = DistributedOptimizer._set_main_param_and_optimizer_states
-    if getattr(original, "_keeps_unsaved_entries", False):
-        return
+    wrapped_once(DistributedOptimizer, "_set_main_param_and_optimizer_states", _copy_saved_entries_only)
+    wrapped_once(DistributedOptimizer, "load_state_dict", _keep_process_flags)
 
-    @functools.wraps(original)
+
+def _copy_saved_entries_only(original):
     def set_saved_states(self, model_param, tensors):
         return original(self, model_param, {**self._get_main_param_and_optimizer_states(model_param), **tensors})
 
-    set_saved_states._keeps_unsaved_entries = True
-    DistributedOptimizer._set_main_param_and_optimizer_states = set_saved_states
+    return set_saved_states
+
+
+def _keep_process_flags(original):
+    def load_state_dict(self, state_dict):
+        inner = self.optimizer
+        if not isinstance(inner, torch.optim.Optimizer):
+            return original(self, state_dict)
+        flags = [{k: group[k] for k in IMPLEMENTATION_FLAGS if k in group} for group in inner.param_groups]
+        result = original(self, state_dict)
+        restore_implementation_flags(inner, flags)
+        return result
+
+    return load_state_dict
 
 
 def restore_implementation_flags(inner, flags: list) -> None:
@@ -55,26 +68,3 @@ def restore_implementation_flags(inner, flags: list) -> None:
             state = inner.state.get(param)
             if state and "step" in state:
                 state["step"] = state["step"].to(device=param.device, dtype=torch.float32, copy=True)
-
-
-def keep_process_adam_flags() -> None:
-    """Make DistributedOptimizer.load_state_dict keep this process's implementation flags of torch's
-    Adam (idempotent)."""
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    original = DistributedOptimizer.load_state_dict
-    if getattr(original, "_keeps_process_flags", False):
-        return
-
-    @functools.wraps(original)
-    def load_state_dict(self, state_dict):
-        inner = self.optimizer
-        if not isinstance(inner, torch.optim.Optimizer):
-            return original(self, state_dict)
-        flags = [{k: group[k] for k in IMPLEMENTATION_FLAGS if k in group} for group in inner.param_groups]
-        result = original(self, state_dict)
-        restore_implementation_flags(inner, flags)
-        return result
-
-    load_state_dict._keeps_process_flags = True
-    DistributedOptimizer.load_state_dict = load_state_dict

@@ -11,7 +11,7 @@ makes the slices right; loading reads per-parameter tensors and needs nothing el
 """
 from __future__ import annotations
 
-import functools
+from .patching import wrapped_once
 
 
 def _spread_over_buckets(optimizer, state: dict) -> dict:
@@ -38,11 +38,10 @@ def fix_reshardable_offsets() -> None:
     offsets its parameters have (idempotent)."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    original = DistributedOptimizer.sharded_param_state_fully_reshardable
-    if getattr(original, "_buckets_spread", False):
-        return
+    wrapped_once(DistributedOptimizer, "sharded_param_state_fully_reshardable", _slicing_at_buffer_offsets)
 
-    @functools.wraps(original)
+
+def _slicing_at_buffer_offsets(original):
     def sharded_state(self, *args, **kwargs):
         gather = self.get_parameter_state_dp_zero
 
@@ -56,5 +55,4 @@ def fix_reshardable_offsets() -> None:
         finally:
             del self.get_parameter_state_dp_zero
 
-    sharded_state._buckets_spread = True
-    DistributedOptimizer.sharded_param_state_fully_reshardable = sharded_state
+    return sharded_state

@@ -1,4 +1,5 @@
-"""Replace an attribute for the length of a block, then put back exactly what was there.
+"""Replace an attribute for the length of a block, then put back exactly what was there; or wrap a
+method once for the rest of the process (`wrapped_once`).
 
 The scoped replacements of megatron-core (and torch) attributes in this package go through here
 instead of `unittest.mock`, which is test machinery: `patched` stores the attribute as its owner
@@ -9,7 +10,8 @@ of a shared object: the replacement is seen by every thread while the block runs
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator
+import functools
+from typing import Any, Callable, Iterable, Iterator
 
 _ABSENT = object()
 
@@ -36,3 +38,14 @@ def patched_in(owners: Iterable[Any], name: str, value: Any) -> Iterator[None]:
         for owner in owners:
             stack.enter_context(patched(owner, name, value))
         yield
+
+
+def wrapped_once(owner: Any, name: str, wrap: Callable[[Callable], Callable]) -> None:
+    """`owner.name = wrap(original)` for the rest of the process, idempotent: the replacement keeps
+    the original's name and `__wrapped__`, and is marked with `wrap`, which a second call finds."""
+    original = getattr(owner, name)
+    if getattr(original, "_wrapped_by", None) is wrap:
+        return
+    replacement = functools.wraps(original)(wrap(original))
+    replacement._wrapped_by = wrap
+    setattr(owner, name, replacement)

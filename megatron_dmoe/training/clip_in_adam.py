@@ -53,10 +53,8 @@ def _step(self):
     if coefficient < 1.0:
         for part in parts:
             inner = part.optimizer
-            params = [p for group in inner.param_groups for p in group["params"]]
-            if not params:  # the experts' part on a pipeline stage without MoE layers
-                continue
-            inner.grad_scale = torch.full((), 1.0 / coefficient, dtype=torch.float32, device=params[0].device)
+            device = inner.param_groups[0]["params"][0].device
+            inner.grad_scale = torch.full((), 1.0 / coefficient, dtype=torch.float32, device=device)
             scaled.append(inner)
     num_zeros = self.count_zeros() if self.config.log_num_zeros_in_grad else None
     try:

@@ -23,7 +23,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
-from megatron_dmoe.compat.distopt_adam_step import keep_process_adam_flags, keep_restored_adam_step
+from megatron_dmoe.compat.distopt_adam_step import keep_restored_adam_state
 from megatron_dmoe.compat.foreach_multi_tensor import use_foreach_multi_tensor_ops
 from megatron_dmoe.compat.host_grad_norm import use_float64_host_grad_norm
 from megatron_dmoe.config import RunConfig
@@ -181,16 +181,14 @@ def _fuse_torch_adam(optimizer: MegatronOptimizer) -> None:
     megatron builds it with torch's default multi-tensor (foreach) implementation, which makes
     several passes over the fp32 master weights and moments; the fused kernel makes one. With
     experts that is most of the optimizer step (3.7B parameters in the Small dMoE). Set before the
-    first step, as the step counters are created on the device for the fused kernel. A part
-    without parameters here (the experts on a pipeline stage without MoE layers) is fused too: rank
-    0 saves its groups for every rank of a distributed checkpoint.
+    first step, as the step counters are created on the device for the fused kernel.
     """
     for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
         inner = getattr(chained, "optimizer", None)
         if not isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
             continue  # TE's or apex's fused Adam, or another optimizer
         params = [p for group in inner.param_groups for p in group["params"]]
-        if all(p.is_cuda and p.is_floating_point() for p in params) and not inner.state:
+        if params and all(p.is_cuda and p.is_floating_point() for p in params) and not inner.state:
             for group in inner.param_groups:
                 group["foreach"], group["fused"] = False, True
 
@@ -212,9 +210,7 @@ def _expert_duplicates_by_expert_tensor_group(optimizer: MegatronOptimizer) -> N
 def build_optimizer(cfg: RunConfig, model_chunks: List[torch.nn.Module], on_cuda: bool) -> MegatronOptimizer:
     config = optimizer_config(cfg)
     if config.use_distributed_optimizer:
-        # its checkpoints load into torch's Adam (compat/distopt_adam_step.py)
-        keep_restored_adam_step()
-        keep_process_adam_flags()
+        keep_restored_adam_state()  # its checkpoints load into torch's Adam (compat/distopt_adam_step.py)
     if not on_cuda and config.use_distributed_optimizer:
         # megatron's, on gloo through compat/cpu/; parameters sharded over the
         # data-parallel group, expert parameters over the expert-data-parallel group; its grad norm

@@ -71,36 +71,6 @@ def test_folded_clip_updates_as_clip_then_step(grad_size):
                 p.grad = torch.full_like(p, grad_size)
 
 
-class _ChainedLike:
-    """megatron-core's chained optimizer: the parts, and its step over all of them."""
-
-    def __init__(self, parts):
-        self.chained_optimizers = parts
-        self.config = parts[0].config
-
-    def prepare_grads(self):
-        return False
-
-    def get_grad_norm(self):
-        return self.chained_optimizers[0].get_grad_norm()
-
-    def step_with_ready_grads(self):
-        return all([part.step_with_ready_grads() for part in self.chained_optimizers])
-
-
-def test_a_part_without_parameters_takes_no_clip_factor():
-    """The experts' part on a pipeline stage without MoE layers: fused, but nothing to scale."""
-    reference, folded = _pair(clip=1.0, grad_size=10.0)
-    empty = _MegatronLike(torch.optim.AdamW([{"params": []}], lr=1e-2, fused=True), clip=1.0)
-    chained = _ChainedLike([folded, empty])
-    assert fold_clip_into_adam(chained)
-    ok, norm, _ = chained.step()
-    ok_ref, norm_ref, _ = reference.step()
-    assert ok and ok_ref and norm == pytest.approx(norm_ref) and empty.steps_with_ready_grads == 1
-    for p, q in zip(folded.params(), reference.params()):
-        assert torch.allclose(p, q, rtol=1e-6, atol=1e-7)
-
-
 def test_other_optimizers_keep_their_own_step():
     unfused, _ = _pair(clip=1.0, grad_size=1.0, fused=False)
     no_clip, _ = _pair(clip=0.0, grad_size=1.0)

@@ -9,8 +9,7 @@ import types
 import torch
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-from megatron_dmoe.compat.distopt_adam_step import keep_process_adam_flags, restore_implementation_flags
-from megatron_dmoe.training.optim import _fuse_torch_adam
+from megatron_dmoe.compat.distopt_adam_step import keep_restored_adam_state, restore_implementation_flags
 
 
 def _fused_adamw(seed):
@@ -77,8 +76,10 @@ def test_distributed_optimizer_load_keeps_this_process_flags(monkeypatch):
         return "loaded"
 
     monkeypatch.setattr(DistributedOptimizer, "load_state_dict", megatron_like_load)
-    keep_process_adam_flags()
-    keep_process_adam_flags()  # idempotent: one wrapper
+    monkeypatch.setattr(DistributedOptimizer, "_set_main_param_and_optimizer_states",
+                        DistributedOptimizer._set_main_param_and_optimizer_states)  # put back after the test
+    keep_restored_adam_state()
+    keep_restored_adam_state()  # idempotent: one wrapper
     assert DistributedOptimizer.load_state_dict.__wrapped__ is megatron_like_load
 
     other_params, other = _fused_adamw(1)
@@ -86,15 +87,3 @@ def test_distributed_optimizer_load_keeps_this_process_flags(monkeypatch):
     assert all(g["fused"] is True for g in other.param_groups)
     assert all(other.state[p]["step"].dtype == torch.float32 for p in other_params)
 
-
-def test_a_part_without_parameters_is_fused_too():
-    """rank 0 saves its groups for every rank: its empty expert part must say fused as theirs do."""
-    empty = torch.optim.AdamW([{"params": []}], lr=1e-3)
-    _fuse_torch_adam(types.SimpleNamespace(optimizer=empty))
-    assert empty.param_groups[0]["fused"] is True and empty.param_groups[0]["foreach"] is False
-    empty.step()  # nothing to update, and no error
-
-    cpu_params, on_cpu = _fused_adamw(0)
-    on_cpu.param_groups[0]["fused"] = None
-    _fuse_torch_adam(types.SimpleNamespace(optimizer=on_cpu))
-    assert on_cpu.param_groups[0]["fused"] is None  # CPU parameters: left to torch's choice
