@@ -36,12 +36,6 @@ def capture_refusals(values: Mapping[str, Any], cuda: bool, transformer_engine: 
         found.append((f"the NCCL expert-parallel exchange ({sizes}, moe.ep_exchange: nccl) reads its "
                       "split sizes on the host",
                       f"use moe.ep_exchange: symmetric or auto (GPUs of one host) {STRICT_FIX}"))
-    if ep * etp > 1 and get("moe.ep_exchange") == "nvshmem":
-        # captured training on two GPUs: the recording step's gradients came out wrong (grad norm 1e8
-        # against eager's 1.36), from torch's all_to_all_vdev (docs/performance.md, "The NVSHMEM exchange")
-        found.append(("the NVSHMEM expert-parallel exchange (moe.ep_exchange: nvshmem) has not trained "
-                      "correctly when captured",
-                      f"use moe.ep_exchange: symmetric or auto (GPUs of one host) {STRICT_FIX}"))
     found += _recompute_refusals(get, transformer_engine)
     if (get("moe.num_experts") or 0) > 0 and get("moe.backend") == "reference":
         found.append(("moe.backend: reference reads the expert counts on the host",

@@ -55,7 +55,8 @@ def _auto_only_refusal(cfg: RunConfig, world_size: int, local_world_size: int) -
     if (moe.num_experts > 0 and exchange and moe.ep_exchange == "auto"
             and world_size > local_world_size):
         return (f"the run spans hosts ({world_size} processes, {local_world_size} per host), where "
-                "moe.ep_exchange: auto takes the NCCL exchange, which reads its split sizes on the host")
+                "moe.ep_exchange: auto takes the NCCL exchange, which reads its split sizes on the host; "
+                "moe.ep_exchange: nvshmem keeps them on the device and is captured")
     if moe.num_experts > 0 and moe.backend == "auto":
         dtype = params_dtype(cfg)
         shards = ffn_shards_per_expert(moe.num_experts, par.expert_model_parallel_size,

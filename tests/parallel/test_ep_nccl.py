@@ -167,11 +167,11 @@ def test_expert_parallel_layer_captures_as_a_cuda_graph(exchange):
 
 
 @needs_gpus(2)
-@pytest.mark.parametrize("exchange", ["auto"])
+@pytest.mark.parametrize("exchange", ["auto", "nvshmem"])
 def test_two_gpu_expert_parallel_training_with_layer_graphs_matches_eager(tmp_path, corpus_cache, exchange):
     """training.cuda_graphs with EP = 2 (the symmetric exchange auto picks on one host): the captured
-    layers replay the eager run's losses and grad norms step for step. The NVSHMEM exchange failed
-    this (its recording step's grad norm was 1e8), so captured runs refuse it."""
+    layers replay the eager run's losses and grad norms step for step; so do they over the NVSHMEM
+    exchange (the across-hosts path, forced here)."""
     args = SMALL + GPU_TRAINING + ["training.train_iters=5", "training.eval_interval=0",
                                    "checkpoint.save_interval=0", f"data.cache_dir={corpus_cache}", f"{EP_KEY}=2",
                                    f"moe.ep_exchange={exchange}"]
