@@ -2,10 +2,11 @@
 """Training throughput of GPT models: dense, dMoE and capacity-factor MoE in one run, on one device
 or on the GPUs of one host.
 
-The dMoE runs four times: expert weight gradients accumulated per micro-batch (the default), once per
-step (dmoe-per-step, moe.expert_wgrad_per_step: true), with random router logits
+The dMoE runs in several forms: expert weight gradients accumulated per micro-batch (the default), once
+per step (dmoe-per-step, moe.expert_wgrad_per_step: true), with random router logits
 (dmoe-balanced, moe.router_force_load_balancing: true), and so over the NVSHMEM exchange that
-expert parallelism across hosts takes (dmoe-nvshmem, moe.ep_exchange: nvshmem). A fresh router on
+expert parallelism across hosts takes (dmoe-nvshmem, moe.ep_exchange: nvshmem) or with the weight
+gradients once per window of micro-batches (dmoe-window, moe.expert_wgrad_window: --wgrad-window). A fresh router on
 synthetic tokens sends most of a layer's tokens to a few experts (its inputs share one large
 component); dmoe-balanced loads every expert evenly, as a trained router's load-balancing loss does:
 with expert parallelism the two bracket what training sees, since an overloaded rank makes the
@@ -64,6 +65,7 @@ MODELS = {
     "dmoe-per-step": "zoo/dmoe_small",
     "dmoe-balanced": "zoo/dmoe_small",
     "dmoe-nvshmem": "zoo/dmoe_small",
+    "dmoe-window": "zoo/dmoe_small",
     "capacity": "zoo/capacity1.0_small",
 }
 # Overrides that make a named model differ from its config (before --set's). The MoE models keep
@@ -80,7 +82,10 @@ MODEL_OVERRIDES = {
     "dmoe-balanced": [ALL_MOE, "moe.router_force_load_balancing=true"],
     # dmoe-balanced over the NVSHMEM exchange, the one expert parallelism across hosts takes
     "dmoe-nvshmem": [ALL_MOE, "moe.router_force_load_balancing=true", "moe.ep_exchange=nvshmem"],
+    # dmoe-balanced with the expert weight gradients once per window of --wgrad-window micro-batches
+    "dmoe-window": [ALL_MOE, "moe.router_force_load_balancing=true"],
 }
+NOT_BY_DEFAULT = ("dmoe-nvshmem", "dmoe-window")
 # Models that run eagerly only: captured layers accumulate weight gradients per micro-batch.
 WITHOUT_GRAPHS = {"dmoe-per-step"}
 # --zoo: the zoo's Small configs exactly as shipped (their batch, precision and defaults; --set's
@@ -106,11 +111,15 @@ def vocab_size(args, cfg) -> int:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None,
-                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all but dmoe-nvshmem; "
-                        f"dmoe-per-step is the dMoE with moe.expert_wgrad_per_step: true, dmoe-balanced with "
-                        f"moe.router_force_load_balancing: true, dmoe-nvshmem that over moe.ep_exchange: "
-                        f"nvshmem); with --zoo, names "
+                   help=f"comma-separated names from {sorted(MODELS)} or config names (default: all but "
+                        f"{' and '.join(NOT_BY_DEFAULT)}; dmoe-per-step is the dMoE with moe.expert_wgrad_per_step: "
+                        f"true, dmoe-balanced with moe.router_force_load_balancing: true, dmoe-nvshmem that over "
+                        f"moe.ep_exchange: nvshmem, dmoe-window that with moe.expert_wgrad_window: --wgrad-window); "
+                        f"with --zoo, names "
                         f"from {sorted(ZOO_MODELS)} (default: all)")
+    p.add_argument("--wgrad-window", type=int, default=4, metavar="W",
+                   help="dmoe-window's moe.expert_wgrad_window: micro-batches per expert weight-gradient window "
+                        "(default 4; must divide the micro-batches of a step)")
     p.add_argument("--zoo", action="store_true",
                    help="run the zoo's Small configs exactly as shipped: dense_small, dmoe_small, dmoe_small with "
                         "every layer MoE and with 8 experts (EP = 8's per-GPU part), each with its own batch, "
@@ -165,7 +174,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error("--ep with --zoo: the zoo's configs run as shipped; drop --ep (zoo-dmoe-8x is the "
                     "per-GPU part of expert parallelism 8)")
     # dmoe-nvshmem differs from dmoe-balanced only where experts are spread (--ep): named, not by default
-    args.models = args.models or ",".join(ZOO_MODELS if args.zoo else [m for m in MODELS if m != "dmoe-nvshmem"])
+    args.models = args.models or ",".join(ZOO_MODELS if args.zoo else [m for m in MODELS if m not in NOT_BY_DEFAULT])
     args.cuda_graphs = args.cuda_graphs or ("auto" if args.zoo else "off")
     if args.ep < 1:
         p.error(f"--ep: {args.ep} is not a process count; use 1 (no expert parallelism) or more")
@@ -247,6 +256,7 @@ def model_config(name: str, args, device_type: str, cuda_graphs):
         "training.lr_warmup_iters=0",
         *graphs,
         *MODEL_OVERRIDES.get(name, []),
+        *([f"moe.expert_wgrad_window={args.wgrad_window}"] if name == "dmoe-window" else []),
     ]
     config_name = MODELS.get(name, name)
     cfg = resolve(load_config(config_name, overrides + args.set))
@@ -353,6 +363,7 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
                            par.pipeline_model_parallel_size, par.expert_model_parallel_size)
     seed_everything(cfg.training.seed, env, cuda_graphs=cfg.training.cuda_graphs)
     run_state = MoERunState()
+    run_state.wgrad.use_window(cfg.moe.expert_wgrad_window)
     run_state.metrics.megatron_tracker = False  # as dmoe-train: its loop logs MoE metrics itself
     vocab = vocab_size(args, cfg)
     model = wrap_for_training(build_gpt_model(cfg, vocab_size=vocab, on_cuda=env.on_cuda,

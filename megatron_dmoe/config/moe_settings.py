@@ -121,6 +121,7 @@ MOE_SETTINGS: Tuple[MoESetting, ...] = (
     MoESetting("moe.first_dense_layers", key_limits=_AT_LEAST_0),
     MoESetting("moe.upcycle_granularity", flag="--moe-upcycling-granularity", key_limits=_AT_LEAST_1),
     MoESetting("moe.expert_wgrad_per_step"),
+    MoESetting("moe.expert_wgrad_window", key_limits=_AT_LEAST_1),
 )
 
 BY_OPTION: Dict[str, MoESetting] = {s.option: s for s in MOE_SETTINGS if s.option}

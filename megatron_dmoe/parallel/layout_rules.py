@@ -19,6 +19,7 @@ ETP_KEY = "parallel.expert_tensor_parallel_size"
 CP_KEY = "parallel.context_parallel_size"
 SP_KEY = "parallel.sequence_parallel"
 VPP_KEY = "parallel.virtual_pipeline_model_parallel_size"
+WINDOW_KEY = "moe.expert_wgrad_window"
 
 
 def divisors(n: int) -> str:
@@ -126,6 +127,13 @@ def world_size_problems(values: dict, world_size) -> list:
                              f"(/ ({micro_key} {micro} x data-parallel size {data_parallel})), which "
                              f"the interleaved schedule ({VPP_KEY} {values[VPP_KEY]}) needs to be a "
                              f"multiple of {PP_KEY} ({pp}); use a multiple of {step * pp}"))
+        elif (have(WINDOW_KEY) and values[WINDOW_KEY] > 1 and values.get("moe.num_experts", 0) > 0
+              and (total // step) % values[WINDOW_KEY]):
+            # a window's gradients reach main_grad when it is full: a step must end with a full one
+            window = values[WINDOW_KEY]
+            problems.append((WINDOW_KEY, f"{window} does not divide the {total // step} micro-batches of a step "
+                             f"({global_key} {total} / ({micro_key} {micro} x data-parallel size "
+                             f"{data_parallel})); use one of: {divisors(total // step)}"))
     elif total % micro:
         problems.append((global_key, f"{total} is not divisible by {micro_key} ({micro}); use a "
                          f"multiple of {micro}"))

@@ -258,6 +258,24 @@ def _micro_batches(cfg: RunConfig, world_size: int = 1) -> int:
     return max(1, cfg.training.global_batch_size // (cfg.training.micro_batch_size * dp))
 
 
+def wgrad_window_bytes(cfg: RunConfig, pp_rank: int, on_cuda: bool) -> int:
+    """The slots of moe.expert_wgrad_window on pipeline rank `pp_rank`, held for the whole run: per
+    MoE layer and expert weight, W copies of its gradient's operands at their bound (the sparse
+    activation or its gradient, and the expert input rows or output gradient); the receive bound of
+    expert parallelism's exchange is ranks x T x k rows."""
+    moe = cfg.moe
+    window = moe.expert_wgrad_window
+    if window <= 1 or moe.num_experts == 0 or expert_backend(cfg, on_cuda) != "sparse":
+        return 0
+    _, tokens = _tokens(cfg)
+    _, width = _local_experts_and_width(cfg)
+    ranks = cfg.parallel.expert_model_parallel_size * cfg.parallel.expert_tensor_parallel_size
+    rows = sparse_rows(cfg, tokens * ranks)
+    weights = 1 + _glu(cfg)  # w1 (and v1), w2
+    layers = sum(moe_layer for chunk in rank_layers(cfg, pp_rank) for moe_layer in chunk)
+    return layers * weights * window * rows * (width + cfg.model.hidden_size) * _elem(cfg)
+
+
 def layer_activations(cfg: RunConfig, moe: bool, on_cuda: bool) -> Tuple[int, int]:
     """(bytes one layer keeps for backward for one micro-batch, its backward's transient)."""
     m, e, tp = cfg.model, _elem(cfg), cfg.parallel.tensor_model_parallel_size
@@ -362,7 +380,7 @@ def estimate_rank(cfg: RunConfig, vocab_size: int, world_size: int, pp_rank: int
     peak, layers = rank_activations(cfg, vocab_size, pp_rank, world_size, on_cuda)
     return MemoryEstimate(
         weights=params * e,
-        grads=params * 4,
+        grads=params * 4 + wgrad_window_bytes(cfg, pp_rank, on_cuda),  # windows' slots: gradient operands
         optimizer=optimizer,
         activations=peak + (0 if graphs else layers),
         graphs=layers if graphs else 0,

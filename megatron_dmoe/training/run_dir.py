@@ -131,6 +131,7 @@ MAY_CHANGE = {
     "model.hidden_dropout", "model.attention_dropout", "model.init_method_std",
     "model.cross_entropy_loss_fusion", "model.cross_entropy_fusion_impl",
     "moe.backend", "moe.block_size", "moe.memory_optimized", "moe.expert_wgrad_per_step",
+    "moe.expert_wgrad_window",
     "moe.ep_exchange", "moe.aux_loss_coeff", "moe.z_loss_coeff", "moe.router_bias_update_rate",
     "moe.input_jitter_eps", "moe.router_force_load_balancing",
     "training.train_iters", "training.time_limit_minutes", "training.micro_batch_size", "training.eval_interval",

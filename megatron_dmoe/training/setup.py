@@ -99,6 +99,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
 
     seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
     run_state = MoERunState()
+    run_state.wgrad.use_window(cfg.moe.expert_wgrad_window)
     # each layer's weights from its number: the same at any pipeline layout; only while this run's
     # model is built (a later model in the same process is not seeded by this run)
     set_layer_init_seed(tr.seed)

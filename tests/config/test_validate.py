@@ -250,6 +250,18 @@ CASES = {
     "wgrad_per_step_with_cuda_graphs": (
         {"moe.expert_wgrad_per_step": True, "training.cuda_graphs": True, "training.bf16": True}, None,
         EVERYTHING, "moe.expert_wgrad_per_step", ["no effect with training.cuda_graphs: true"]),
+    "wgrad_window_with_grouped_experts": (
+        {"moe.expert_wgrad_window": 2, "moe.backend": "grouped"}, None, EVERYTHING,
+        "moe.expert_wgrad_window", ["2 needs the sparse expert backend", "set moe.backend: sparse"]),
+    "wgrad_window_with_per_step": (
+        {"moe.expert_wgrad_window": 2, "moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, None,
+        EVERYTHING, "moe.expert_wgrad_window", ["both defer", "moe.expert_wgrad_per_step: false"]),
+    "wgrad_window_not_dividing_the_micro_batches": (
+        {"moe.expert_wgrad_window": 3, "training.global_batch_size": 16, "training.micro_batch_size": 2}, 2,
+        EVERYTHING, "moe.expert_wgrad_window", ["3 does not divide the 4 micro-batches of a step",
+                                                "data-parallel size 2", "use one of: 1, 2, 4"]),
+    "wgrad_window_below_one": (
+        {"moe.expert_wgrad_window": 0}, None, EVERYTHING, "moe.expert_wgrad_window", [">= 1"]),
     "cuda_graphs_on_cpu_device": (
         {"training.cuda_graphs": True, "training.device": "cpu"}, None, EVERYTHING,
         "training.cuda_graphs", ["needs CUDA", "training.device is cpu", "set it to false"]),
@@ -395,6 +407,8 @@ VALID = {
         {"training.cuda_graphs": True, "training.bf16": True, "parallel.expert_model_parallel_size": 2}, 2,
         EVERYTHING),
     "wgrad_per_step": ({"moe.expert_wgrad_per_step": True, "training.bf16": True}, None, EVERYTHING),
+    "wgrad_window_captured": ({"moe.expert_wgrad_window": 2, "training.cuda_graphs": True, "training.bf16": True,
+                               "training.global_batch_size": 16, "training.micro_batch_size": 2}, 2, EVERYTHING),
     "wgrad_per_step_sparse_on_cpu": ({"moe.expert_wgrad_per_step": True, "moe.backend": "sparse"}, None, BARE_CPU),
     "deepseek_style_moe": ({"moe.shared_expert_ffn_hidden_size": 256, "moe.shared_expert_gate": True,
                             "moe.router_num_groups": 4, "moe.router_group_topk": 2, "moe.top_k": 4,

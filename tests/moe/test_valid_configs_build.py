@@ -15,7 +15,7 @@ from megatron_dmoe.model.transformer_config import to_transformer_config
 from megatron_dmoe.moe import MoELayer
 
 CPU = Environment(cuda=False, transformer_engine=False, apex=False)
-SETTING_KEYS = set(OPTION_KEYS.values()) | {"moe.expert_wgrad_per_step"}
+SETTING_KEYS = set(OPTION_KEYS.values()) | {"moe.expert_wgrad_per_step", "moe.expert_wgrad_window"}
 
 ROUTER_GRID = {  # reference experts: every router and dispatch setting together
     "moe.router_score_function": ["softmax", "sigmoid"],

@@ -52,6 +52,36 @@ def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path
     assert abs(per_step["final_loss"] - per_micro_batch["final_loss"]) < 1e-5 * per_micro_batch["final_loss"]
 
 
+
+def test_expert_gradients_once_per_window_train_like_once_per_micro_batch(tmp_path, monkeypatch):
+    """As above with a window of two micro-batches (moe.expert_wgrad_window, the form captured layers
+    hold; dmoe-window is dmoe-balanced with it): the same loss after two updates, and every expert
+    weight's gradient went through a window."""
+    from dmoe_kernels.products.window import WindowSlots
+
+    spec = importlib.util.spec_from_file_location("bench_train", TOOL)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    calls = []
+    add = WindowSlots.add
+    monkeypatch.setattr(WindowSlots, "add", lambda self, *a: (calls.append(self.window), add(self, *a))[1])
+    out = tmp_path / "bench.json"
+    bench.main([
+        "--device", "cpu", "--precision", "fp32", "--steps", "2", "--warmup", "0",
+        "--models", "dmoe-balanced,dmoe-window", "--wgrad-window", "2", "--in-process",
+        "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "16", "--vocab-size", "300",
+        "--out", str(out),
+        "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+        "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64", "moe.num_experts=8", "moe.backend=sparse",
+        "moe.block_size=64",
+    ])
+    per_micro_batch, windowed = json.loads(out.read_text())["results"]
+    assert windowed["model"] == "dmoe-window"
+    # 2 layers x 2 weights (GELU) x 2 micro-batches x 2 steps
+    assert calls == [2] * 16
+    assert abs(windowed["final_loss"] - per_micro_batch["final_loss"]) < 1e-5 * per_micro_batch["final_loss"]
+
+
 TOY = ["--device", "cpu", "--precision", "fp32", "--steps", "1", "--warmup", "0",
        "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "32", "--vocab-size", "300",
        "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",

@@ -11,7 +11,8 @@ from .state import CheckState
 LAYOUT_KEYS = (TP_KEY, PP_KEY, VPP_KEY, EP_KEY, ETP_KEY, CP_KEY, SP_KEY, "model.num_layers",
                "model.num_attention_heads", "model.num_query_groups", "model.seq_length",
                "model.ffn_hidden_size", "moe.num_experts", "moe.ffn_hidden_size", "moe.expert_capacity_factor",
-               "training.micro_batch_size", "training.global_batch_size")
+               "training.micro_batch_size", "training.global_batch_size",
+               "moe.expert_wgrad_window")
 
 
 def check_layout(state: CheckState) -> None:

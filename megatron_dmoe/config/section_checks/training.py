@@ -45,6 +45,7 @@ def check(state: CheckState) -> None:
     _check_cuda_graphs(state)
     _check_ep_exchange(state)
     _check_expert_wgrad_per_step(state)
+    _check_expert_wgrad_window(state)
 
     for key in ("training.bf16", "training.fp16"):
         if ok(key, "training.device") and v(key):
@@ -80,7 +81,24 @@ def _check_expert_wgrad_per_step(state: CheckState) -> None:
                       f"(here: {backend}); set moe.backend: sparse, or set {key}: false")
     if ok("training.cuda_graphs") and v("training.cuda_graphs") is True:
         state.problem(key, "true has no effect with training.cuda_graphs: true (the captured layers "
-                      "accumulate per micro-batch); set one of them to false")
+                      "accumulate per micro-batch); set one of them to false, or use "
+                      "moe.expert_wgrad_window, which captured layers hold")
+
+
+def _check_expert_wgrad_window(state: CheckState) -> None:
+    """Windows are the sparse backend's, and exclude the per-step deferral (which covers the step)."""
+    v, ok, key = state.v, state.ok, "moe.expert_wgrad_window"
+    if not ok(key, "moe.num_experts", "moe.backend") or v(key) == 1 or v("moe.num_experts") == 0:
+        return
+    backend = v("moe.backend")
+    if backend == "auto" and (not state.env.cuda or (ok("training.device") and v("training.device") == "cpu")):
+        backend = "reference"  # what auto picks without CUDA
+    if backend in ("grouped", "reference"):
+        state.problem(key, f"{v(key)} needs the sparse expert backend, but moe.backend is {v('moe.backend')} "
+                      f"(here: {backend}); set moe.backend: sparse, or set {key}: 1")
+    if ok("moe.expert_wgrad_per_step") and v("moe.expert_wgrad_per_step"):
+        state.problem(key, f"{v(key)} and moe.expert_wgrad_per_step: true both defer the expert weight "
+                      f"gradients; keep one ({key}: 1 or moe.expert_wgrad_per_step: false)")
 
 
 def _check_ep_exchange(state: CheckState) -> None:

@@ -1,4 +1,5 @@
-"""Expert weight gradients once per training step instead of once per micro-batch.
+"""Expert weight gradients once per training step, or once per window of micro-batches, instead
+of once per micro-batch.
 
 Per micro-batch, each expert weight's gradient S^T @ B is added into its fp32 main_grad: a read and
 a write of the whole buffer (4 bytes x 2 per parameter) for a product whose reduction is only the
@@ -12,6 +13,13 @@ The price is memory: each micro-batch's activation (or its gradient) and the exp
 output gradient) stay alive until the step's end, about 2 x tokens x top-k x (ffn + hidden) x 2 bytes
 per MoE layer and micro-batch. Only weights whose gradient goes straight into main_grad (marked
 `main_grad_only`: DDP reduces after backward) are deferred; CUDA graph captures never are.
+
+A window of W micro-batches (`use_window(W)`, moe.expert_wgrad_window) is the form captured layers
+hold: each micro-batch's operands are copied into slot buffers made at its first call, and a
+product over the W slots adds into main_grad when the window is full (dmoe_kernels' WindowSlots;
+every decision on the device, so a replayed backward does the same). Memory: W x the operands'
+bound per weight, for the whole run; copy traffic: the used part of the operands once more per
+micro-batch.
 """
 from __future__ import annotations
 
@@ -38,10 +46,44 @@ class WgradStash:
     def __init__(self):
         self._pending: Optional[Dict[int, Tuple[torch.Tensor, List, List, List]]] = None
         self._written: Optional[set] = None
+        self.window = 1
+        self._slots: Dict[int, Tuple[torch.Tensor, object]] = {}  # id(weight) -> (weight, WindowSlots)
+
+    def use_window(self, window: int) -> None:
+        """Weight gradients once per `window` micro-batches (1: per micro-batch); before training."""
+        if window < 1:
+            raise ValueError(f"moe.expert_wgrad_window={window} must be at least 1")
+        self.window = window
+        self._slots = {}
 
     def main_grads_zeroed(self) -> None:
-        """The training loop has just zeroed every main_grad (DDP's zero_grad_buffer)."""
+        """The training loop has just zeroed every main_grad (DDP's zero_grad_buffer): a new step,
+        whose first micro-batch starts every window again."""
         self._written = set()
+        for _, slots in self._slots.values():
+            slots.restart()
+
+    def window_bytes(self) -> int:
+        """Device memory the windows' slots hold."""
+        return sum(slots.nbytes() for _, slots in self._slots.values())
+
+    def windowed(self, weight: torch.Tensor, data: torch.Tensor, topology, b: torch.Tensor) -> bool:
+        """Hand weight's gradient (S^T @ b) to its window, which adds into main_grad when full. False
+        when not windowing (window 1, or a topology that is not the dMoE one): the caller adds now."""
+        if self.window == 1 or not topology.blocks_per_row or topology.expert_offsets is None:
+            return False
+        from dmoe_kernels.products.window import WindowSlots
+
+        entry = self._slots.get(id(weight))
+        if entry is None:
+            if b.is_cuda and torch.cuda.is_current_stream_capturing():
+                # slots made inside a capture would be zeroed at every replay: this weight's graph
+                # accumulates per micro-batch (training runs a step eagerly before capturing)
+                return False
+            entry = self._slots[id(weight)] = (weight, WindowSlots(self.window, data, topology, b))
+        E, f, h = weight.shape
+        entry[1].add(data, topology, b, param_roles.main_grad(weight).view(E * f, h))
+        return True
 
     def first_write(self, weight: torch.Tensor) -> bool:
         """True for the first gradient of `weight` since main_grads_zeroed(): it may overwrite

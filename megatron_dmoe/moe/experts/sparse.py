@@ -25,7 +25,8 @@ DistributedDataParallel gives every parameter) by the DSD^T kernel's epilogue, i
 A caller turns fusion off for one parameter with
 `parallel.param_roles.set_fuse_wgrad_accumulation(param, False)`.
 Inside the run's `WgradStash.per_step()` (moe/run_state.py), the first way's products are deferred to
-the end of the training step and run once over all micro-batches (see per_step_wgrad.py).
+the end of the training step and run once over all micro-batches; with a window
+(moe.expert_wgrad_window) they run once per window of micro-batches (see per_step_wgrad.py).
 
 Saved for backward: x, the pre-activation(s) and the activation; memory-optimised mode drops the
 activation and recomputes it (one element-wise pass) in backward. Nothing is copied to the host:
@@ -126,8 +127,8 @@ def _grad_owners(x: torch.Tensor, *weights):
 def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tensor] = None, stash=None):
     """Gradient of an expert weight, S^T @ b for S = (data, topo): added into owner.main_grad
     (returns None: the weight entered detached), or left in `stash` (a WgradStash deferring to the
-    step's end), or else as below. Added means stored when `stash` says main_grad still holds the
-    zeros the training loop put there (WgradStash.first_write).
+    step's end, or to its window's end), or else as below. Added means stored when `stash` says
+    main_grad still holds the zeros the training loop put there (WgradStash.first_write).
 
     With a fusable main_grad (see _fusable_main_grad) the product is added into it in the kernel's
     epilogue (fp32 accumulator + old main_grad, one pass), the weight is flagged
@@ -141,7 +142,7 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
 
     E, f, h = weight.shape
     if owner is not None:
-        if stash is None or not stash.stash(owner, data, topo, b):
+        if stash is None or not (stash.stash(owner, data, topo, b) or stash.windowed(owner, data, topo, b)):
             ops.dsd(data, topo, b, transpose=True, out=param_roles.main_grad(owner).view(E * f, h),
                     accumulate=not (stash is not None and stash.first_write(owner)))
         return None

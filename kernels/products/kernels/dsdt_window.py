@@ -1,0 +1,108 @@
+"""A window's weight gradient: sum over W micro-batches of S_w^T @ B_w, added into fp32 C once.
+
+Each micro-batch's operands wait in slot w of stacked buffers (products/window.py copies them
+there): S_w's blocks in slot w of `s_desc` (rows w * slot_s_rows ...), B_w's rows in slot w of
+`b_desc`, and its dMoE topology as padded expert offsets offsets[w, 0 .. E]. For the dMoE
+topology these offsets say everything dsdt_tma_kernel reads from the index arrays: output tile tm
+is ffn block j = tm % F of expert e = tm // F, whose group starts at block row r0 = offsets[w, e] / BS
+and has nblk = (offsets[w, e + 1] - offsets[w, e]) / BS block rows; its blocks are r0 * F + j,
+(r0 + 1) * F + j, ... in the data and its rows of B start at r0 * BS.
+
+The loops are dsdt_tma_kernel's, fused by hand over segments: a segment is one (tile, slot), every
+tile has W of them, an empty one takes one step that reads out of bounds (TMA returns zeros), and a
+tile is added to C (C += acc, read and written once) at its last segment's last step. So C's
+traffic is paid once per window instead of once per micro-batch.
+
+counter_ptr gates the launch: the product runs only when the window is full (counter == W - 1);
+otherwise every program does no step and returns. A captured backward can then launch it at every
+micro-batch.
+"""
+import triton
+import triton.language as tl
+
+from .dsd_tma import add_tile_to_output
+from .tile_mapping import grouped_tile
+
+
+@triton.jit(do_not_specialize=["N", "num_experts", "num_programs", "slot_s_rows", "slot_b_rows",
+                               "s_rows", "b_rows"])
+def dsdt_window_kernel(
+    s_desc, b_desc, offsets_ptr, counter_ptr, c_ptr, stride_cm,
+    N, num_experts, num_programs, slot_s_rows, slot_b_rows, s_rows, b_rows,
+    F: tl.constexpr, W: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_CHUNK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    KSTEPS: tl.constexpr = BS // BLOCK_K
+    num_n = tl.cdiv(N, BLOCK_N)
+    out_block_rows = num_experts * F
+    num_tiles = out_block_rows * num_n
+    my_tiles = tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs)
+    stride_w = num_experts + 1
+
+    # Pass 1: total steps of this program (each segment at least one); none unless the window is full.
+    total = 0
+    for base in range(0, my_tiles, COUNT_CHUNK):
+        j = base + tl.arange(0, COUNT_CHUNK)
+        valid = j < my_tiles
+        t = pid + j * num_programs
+        t_m, _ = grouped_tile(t, out_block_rows, num_n, GROUP_M, PAST_END=True)
+        e = t_m // F
+        for w in tl.static_range(W):
+            lo = tl.load(offsets_ptr + w * stride_w + e, mask=valid, other=0)
+            hi = tl.load(offsets_ptr + w * stride_w + e + 1, mask=valid, other=0)
+            total += tl.sum(tl.where(valid, tl.maximum((hi - lo) // BS * KSTEPS, 1), 0))
+    total = tl.where(tl.load(counter_ptr) == W - 1, total, 0)
+
+    # Pass 2: one loop over every step of every segment of this program.
+    tile = pid - num_programs
+    w = W - 1
+    ki = -1
+    steps = 0
+    live_steps = 0
+    tm = 0
+    tn = 0
+    first = 0
+    blk0 = 0
+    acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)
+    for _ in range(total):
+        ki = tl.where(ki == steps - 1, 0, ki + 1)
+        if ki == 0:
+            w = tl.where(w == W - 1, 0, w + 1)
+            tile = tl.where(w == 0, tile + num_programs, tile)
+            tm, tn = grouped_tile(tile, out_block_rows, num_n, GROUP_M, PAST_END=True)
+            e = tm // F
+            lo = tl.load(offsets_ptr + w * stride_w + e) // BS
+            hi = tl.load(offsets_ptr + w * stride_w + e + 1) // BS
+            first = w * slot_b_rows + lo * BS
+            blk0 = w * slot_s_rows + (lo * F + tm % F) * BS
+            live_steps = (hi - lo) * KSTEPS
+            steps = tl.maximum(live_steps, 1)
+        live = ki < live_steps
+        s_row = tl.where(live, blk0 + (ki // KSTEPS) * F * BS + (ki % KSTEPS) * BLOCK_K, s_rows)
+        b_row = tl.where(live, first + ki * BLOCK_K, b_rows)
+        s = s_desc.load([s_row, 0]).T
+        b = b_desc.load([b_row, tn * BLOCK_N])
+        acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
+        if (ki == steps - 1) & (w == W - 1):
+            add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, True)
+            acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit(do_not_specialize=["n_static", "slot_elems", "num_programs"])
+def copy_to_slot_kernel(src_ptr, dst_ptr, slot_ptr, count_ptr, n_static, slot_elems, num_programs,
+                        COUNT_SCALE: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """dst[slot] [0, n) = src[0, n), slot read on the device; n = count * COUNT_SCALE elements (the
+    count read on the device: only the used part of a bound-sized buffer moves) or n_static."""
+    pid = tl.program_id(0)
+    slot = tl.load(slot_ptr)
+    if HAS_COUNT:
+        n = tl.load(count_ptr).to(tl.int64) * COUNT_SCALE
+    else:
+        n = n_static.to(tl.int64)
+    dst = dst_ptr + slot.to(tl.int64) * slot_elems
+    offs = tl.arange(0, BLOCK)
+    for start in range(pid * BLOCK, n, num_programs * BLOCK):
+        idx = start + offs
+        mask = idx < n
+        tl.store(dst + idx, tl.load(src_ptr + idx, mask=mask), mask=mask)

@@ -1,0 +1,111 @@
+"""Weight gradients over a window of W micro-batches, for dMoE topologies: each micro-batch's
+operands are copied into slot `counter` of a `WindowSlots`, and when the window is full (counter ==
+W - 1) one product sums all W slots' S^T @ B into the fp32 gradient, read and written once.
+
+Nothing is read on the host: the slot, the used rows and blocks, and whether the window is full
+are read by the kernels on the device, so a captured backward launches the same kernels at every
+micro-batch (the product kernel returns at once until the window is full).
+
+  WindowSlots            the stacked slot buffers of one weight, and its counter
+  WindowSlots.add        stash one micro-batch's (data, topology, b), add the window's sum into
+                         out when it is full, move the counter on
+"""
+from __future__ import annotations
+
+import torch
+
+from ..launch import check_launchable, direct, dot_precision, persistent_programs, tma_descriptor
+from .kernels import dsdt_window as _window_module
+from .topology import Topology
+from .tuning import dsd_config
+
+_COPY_BLOCK = 4096
+_COPY_PROGRAMS_PER_SM = 4
+
+
+class WindowSlots:
+    """W slots for the operands of one expert weight's gradient S^T @ b (S = (data, topology), a
+    dMoE topology of `max_blocks` blocks of bs x bs and `rows` padded rows; b [rows, n]), their
+    topologies' padded expert offsets, and the device counter saying which slot the next
+    micro-batch fills. Sized once, by the first micro-batch: every later one must have the same
+    bounds (a training run's micro-batches all do)."""
+
+    def __init__(self, window: int, data: torch.Tensor, topology: Topology, b: torch.Tensor):
+        if window < 1:
+            raise ValueError(f"window={window} must be at least 1")
+        if not topology.blocks_per_row or topology.expert_offsets is None:
+            raise ValueError("WindowSlots takes dMoE topologies (Topology.for_experts)")
+        self.window = window
+        dev = b.device
+        self.data = torch.zeros((window, *data.shape), dtype=data.dtype, device=dev)
+        self.b = torch.zeros((window, *b.shape), dtype=b.dtype, device=dev)
+        self.offsets = torch.zeros((window, topology.expert_offsets.numel()), dtype=torch.int32, device=dev)
+        self.counter = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.block_size = topology.block_size
+        self.blocks_per_row = topology.blocks_per_row
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data, self.b, self.offsets))
+
+    def restart(self) -> None:
+        """The next micro-batch fills slot 0 (a new training step; slots need no clearing)."""
+        self.counter.zero_()
+
+    def add(self, data: torch.Tensor, topology: Topology, b: torch.Tensor, out: torch.Tensor) -> None:
+        """Stash this micro-batch's operands; when they complete the window, out += the sum over its
+        slots of S_w^T @ b_w (out: fp32 [E * F * bs, n], row-major). Then the counter moves on."""
+        self._check(data, topology, b, out)
+        dev = b.device
+        programs = persistent_programs(dev, _COPY_PROGRAMS_PER_SM)
+        copy = direct(_window_module.copy_to_slot_kernel)
+        bs2 = self.block_size * self.block_size
+        offsets = topology.expert_offsets
+        # the used blocks of S, the used (padded) rows of b, the offsets: counts read on the device
+        for src, dst, count, scale in ((data, self.data, topology.nnz, bs2),
+                                       (b, self.b, offsets[-1:], b.shape[1])):
+            copy[(programs,)](src, dst, self.counter, count, 0, dst[0].numel(), programs,
+                              COUNT_SCALE=scale, HAS_COUNT=True, BLOCK=_COPY_BLOCK)
+        copy[(1,)](offsets, self.offsets, self.counter, self.counter, offsets.numel(), offsets.numel(), 1,
+                   COUNT_SCALE=1, HAS_COUNT=False, BLOCK=_COPY_BLOCK)
+        self._product(out)
+        self.counter.add_(1).remainder_(self.window)
+
+    def _product(self, out: torch.Tensor) -> None:
+        kernel = _window_module.dsdt_window_kernel
+        check_launchable(kernel, out.device)
+        bs, W, n = self.block_size, self.window, self.b.shape[-1]
+        cfg = dsd_config(bs, n, True, out.device, True, self.b.dtype)
+        num_experts = self.offsets.shape[1] - 1
+        s_rows = self.data[0].numel() // bs  # one slot's rows of the data viewed [-1, bs]
+        b_rows = self.b.shape[1]
+        tiles = num_experts * self.blocks_per_row * -(-n // cfg.block_n)
+        grid = max(1, min(persistent_programs(out.device, cfg.programs_per_sm), tiles))
+        direct(kernel)[(grid,)](
+            tma_descriptor(self.data.view(-1, bs), [cfg.block_k, bs]),
+            tma_descriptor(self.b.view(-1, n), [cfg.block_k, cfg.block_n]),
+            self.offsets, self.counter, out, out.stride(0),
+            n, num_experts, grid, s_rows, b_rows, W * s_rows, W * b_rows,
+            F=self.blocks_per_row, W=W, BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            DOT_PRECISION=dot_precision(self.b.dtype, out.device), COUNT_CHUNK=64,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    def _check(self, data, topology, b, out) -> None:
+        if (tuple(data.shape) != tuple(self.data.shape[1:]) or tuple(b.shape) != tuple(self.b.shape[1:])
+                or data.dtype != self.data.dtype or b.dtype != self.b.dtype
+                or topology.block_size != self.block_size or topology.blocks_per_row != self.blocks_per_row
+                or topology.expert_offsets is None
+                or topology.expert_offsets.numel() != self.offsets.shape[1]):
+            raise ValueError(
+                f"WindowSlots: this micro-batch's operands (data {tuple(data.shape)} {data.dtype}, b "
+                f"{tuple(b.shape)} {b.dtype}) differ from the ones the slots were sized for (data "
+                f"{tuple(self.data.shape[1:])}, b {tuple(self.b.shape[1:])}); every micro-batch of a window "
+                "must have the same bounds")
+        if not (data.is_contiguous() and b.is_contiguous()):
+            raise ValueError("WindowSlots: data and b must be contiguous")
+        rows = topology.expert_offsets.numel() - 1
+        shape = (rows * self.blocks_per_row * self.block_size, b.shape[1])
+        if (out.dtype != torch.float32 or tuple(out.shape) != shape or out.stride(1) != 1
+                or out.stride(0) < shape[1] or out.device != b.device):
+            raise ValueError(f"WindowSlots: out must be a row-major float32 {shape} tensor on {b.device}, got "
+                             f"{tuple(out.shape)} {out.dtype} strides {tuple(out.stride())} on {out.device}")

@@ -1,0 +1,74 @@
+"""WindowSlots: weight gradients over a window of micro-batches, added into fp32 main_grad once per
+window. Against float64 dense references of each micro-batch's S^T @ b, on topologies that change
+from micro-batch to micro-batch (experts without tokens, partial blocks, skew), over more than one
+window so that slots are reused. On CPU through Triton's interpreter (fp32, fp16)."""
+import pytest
+import torch
+
+import dmoe_kernels as dk
+from dmoe_kernels import reference as ref
+from dmoe_kernels.products.window import WindowSlots
+
+E, F_WIDTH, N, BS = 4, 64, 40, 16
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3}
+
+
+def _micro_batch(counts, rows_bound, dtype, device):
+    counts = torch.tensor(counts, device=device)
+    topo = dk.Topology.for_experts(counts, rows_bound, F_WIDTH, BS)
+    # the bound (rows_bound) is fixed, the real rows (sum of counts) are not
+    data = torch.randn(topo.data_shape(), device=device).to(dtype)
+    b = torch.randn(topo.shape[0], N, device=device).to(dtype)
+    return data, topo, b
+
+
+def _real_bound_topology(counts, device):
+    return dk.Topology.for_experts(torch.tensor(counts, device=device), sum(counts), F_WIDTH, BS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("window", [1, 3])
+def test_window_adds_the_sum_of_its_micro_batches_once_full(window, dtype, device, seeded_by_name):
+    rows_bound = 70
+    loads = [[5, 0, 40, 17], [0, 70, 0, 0], [16, 16, 16, 16], [1, 2, 3, 4], [0, 0, 0, 0], [33, 1, 0, 30]]
+    out = torch.randn(E * F_WIDTH, N, device=device)
+    expected = out.double().clone()
+    pending = torch.zeros_like(expected)
+    slots = None
+    for i, counts in enumerate(loads):
+        data, topo, b = _micro_batch(counts, rows_bound, dtype, device)
+        if slots is None:
+            slots = WindowSlots(window, data, topo, b)
+        pending += ref.dsd(data.double(), topo, b.double(), transpose=True)
+        slots.add(data, topo, b, out)
+        if (i + 1) % window == 0:
+            expected += pending
+            pending.zero_()
+        err = float((out.double() - expected).norm() / expected.norm())
+        assert err < TOLERANCE[dtype], (i, err)
+    assert int(slots.counter) == len(loads) % window
+
+
+def test_restart_starts_a_new_window(device):
+    data, topo, b = _micro_batch([5, 0, 40, 17], 70, torch.float32, device)
+    out = torch.zeros(E * F_WIDTH, N, device=device)
+    slots = WindowSlots(2, data, topo, b)
+    slots.add(data, topo, b, out)
+    slots.restart()  # the first micro-batch is dropped with its window
+    slots.add(data, topo, b, out)
+    assert torch.count_nonzero(out) == 0
+    slots.add(data, topo, b, out)
+    expected = 2 * ref.dsd(data.double(), topo, b.double(), transpose=True)
+    assert float((out.double() - expected).norm() / expected.norm()) < 1e-5
+
+
+def test_micro_batches_of_other_bounds_are_refused(device):
+    data, topo, b = _micro_batch([5, 0, 40, 17], 70, torch.float32, device)
+    slots = WindowSlots(2, data, topo, b)
+    other = _real_bound_topology([5, 0, 40, 17], device)
+    bigger = torch.randn(other.data_shape(), device=device)
+    with pytest.raises(ValueError, match="differ from the ones the slots were sized for"):
+        slots.add(bigger, other, torch.randn(other.shape[0] + 0, N, device=device),
+                  torch.zeros(E * F_WIDTH, N, device=device))
+    with pytest.raises(ValueError, match="out must be a row-major float32"):
+        slots.add(data, topo, b, torch.zeros(E * F_WIDTH, N, device=device, dtype=torch.float64))
