@@ -436,7 +436,6 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool, 
     fails (CUDA out of memory, say) is that run's row, and the next run starts afresh. Refused runs
     become rows here. finished(rows so far), if given, is called after each child: a run stopped
     from outside keeps what it measured."""
-    import subprocess
     import tempfile
 
     world_size = nproc or 1
@@ -460,8 +459,8 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool, 
                 sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
             child = [*start, os.path.abspath(__file__), *argv, "--models", ",".join(names), "--cuda-graphs", mode,
                      "--in-process", "--no-matmul", "--out", out]
-            done = subprocess.run(child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-            if done.returncode == 0:
+            done = _run_child(child, env, out, f"{tmp}/output.txt")
+            if done.returncode == 0 or (done.teardown_hung and os.path.exists(out)):
                 with open(out) as f:
                     for r in json.load(f)["results"]:
                         rows[(r["model"].split("+")[0], r["cuda_graphs"])] = r
@@ -478,6 +477,39 @@ def bench_in_children(plan: list, argv: list, nproc: int | None, on_cuda: bool, 
     return [rows.get((name, graphs)) or dict(run_row(name, graphs, cfg, world_size),
                                               error="the child exited without a row for this run")
             for name, graphs, cfg, _ in plan]
+
+
+TEARDOWN_GRACE_S = 120  # how long a child may take to exit once it has written its rows
+
+
+def _run_child(child: list, env: dict, result_file: str, output_file: str):
+    """Run one child launch to its end: (returncode, stdout, teardown_hung). A child writes its rows
+    before it tears its process groups down; one still running TEARDOWN_GRACE_S after that is
+    killed, its rows kept (a teardown that hangs must not cost the measurements)."""
+    import signal
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    hung = False
+    with open(output_file, "w") as log:
+        proc = subprocess.Popen(child, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        written_at = None
+        while proc.poll() is None:
+            time.sleep(1.0)
+            if written_at is None and os.path.exists(result_file):
+                written_at = time.monotonic()
+            if written_at is not None and time.monotonic() - written_at > TEARDOWN_GRACE_S:
+                hung = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    with open(output_file) as f:
+        output = f.read()
+    if hung:
+        print(f"bench_train: the launch wrote its rows but had not exited {TEARDOWN_GRACE_S} s later "
+              "(process-group teardown); killed, rows kept", flush=True)
+    return SimpleNamespace(returncode=proc.returncode, stdout=output, teardown_hung=hung)
 
 
 def profile_step(name: str, out_dir: str, step, sync) -> dict:
@@ -580,6 +612,9 @@ def main(argv=None) -> None:
                        else dict(run_row(name, graphs, cfg, env.world_size), refused=refusal)
                        for name, graphs, cfg, refusal in plan]
             failed = False
+            if is_main:  # before the teardown, which has hung (docs/performance.md, "The NVSHMEM exchange")
+                write_results(args, peak, env.world_size, results, complete=True,
+                              gpu=torch.cuda.get_device_name() if env.on_cuda else None)
         finally:
             # after a failure the other ranks may never arrive: abort instead of waiting for them
             destroy_distributed(abort=failed)

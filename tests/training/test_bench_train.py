@@ -203,3 +203,22 @@ def test_bench_train_checks_its_process_counts(monkeypatch):
     with pytest.raises(SystemExit):
         bench.parse_args(["--nproc-per-node", "2"])
     bench.parse_args(["--nproc-per-node", "2", "--in-process"])  # a launched child
+
+
+def test_a_child_that_hangs_after_writing_its_rows_is_killed_and_its_rows_kept(tmp_path, monkeypatch):
+    """A launch whose process-group teardown hangs after it wrote its rows is killed after the grace
+    period; what it measured is kept."""
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_train", TOOL)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "TEARDOWN_GRACE_S", 1)
+    rows = tmp_path / "rows.json"
+    child = [sys.executable, "-c", f"import time; open({str(rows)!r}, 'w').write('{{}}'); print('ran', flush=True); "
+                                   "time.sleep(600)"]
+    done = bench._run_child(child, {}, str(rows), str(tmp_path / "out.txt"))
+    assert done.teardown_hung and done.returncode != 0 and "ran" in done.stdout
+    quick = bench._run_child([sys.executable, "-c", "print('done')"], {}, str(tmp_path / "none.json"),
+                             str(tmp_path / "out2.txt"))
+    assert not quick.teardown_hung and quick.returncode == 0 and quick.stdout.strip() == "done"
