@@ -36,6 +36,9 @@ class WindowSlots:
         if not topology.blocks_per_row or topology.expert_offsets is None:
             raise ValueError("WindowSlots takes dMoE topologies (Topology.for_experts)")
         self.window = window
+        if max(data.numel(), b.numel()) >= 2**31:
+            raise ValueError(f"WindowSlots: an operand of {max(data.numel(), b.numel())} elements is beyond the "
+                             "copy kernel's 32-bit indices (2**31); use fewer tokens per micro-batch")
         dev = b.device
         self.data = torch.zeros((window, *data.shape), dtype=data.dtype, device=dev)
         self.b = torch.zeros((window, *b.shape), dtype=b.dtype, device=dev)

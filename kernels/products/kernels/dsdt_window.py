@@ -89,11 +89,13 @@ def dsdt_window_kernel(
             acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)
 
 
-@triton.jit(do_not_specialize=["n_static", "slot_elems", "num_programs"])
+@triton.jit(do_not_specialize=["n_static", "num_programs"])
 def copy_to_slot_kernel(src_ptr, dst_ptr, slot_ptr, count_ptr, n_static, slot_elems, num_programs,
                         COUNT_SCALE: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
     """dst[slot] [0, n) = src[0, n), slot read on the device; n = count * COUNT_SCALE elements (the
-    count read on the device: only the used part of a bound-sized buffer moves) or n_static."""
+    count read on the device: only the used part of a bound-sized buffer moves) or n_static.
+    slot_elems is specialised (its divisibility by 16 known) and every chunk starts at a multiple of
+    BLOCK, so that the copies move whole 16-byte vectors."""
     pid = tl.program_id(0)
     slot = tl.load(slot_ptr)
     if HAS_COUNT:
@@ -102,7 +104,7 @@ def copy_to_slot_kernel(src_ptr, dst_ptr, slot_ptr, count_ptr, n_static, slot_el
         n = n_static.to(tl.int64)
     dst = dst_ptr + slot.to(tl.int64) * slot_elems
     offs = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, n, num_programs * BLOCK):
-        idx = start + offs
+    for chunk in range(pid, tl.cdiv(n, BLOCK), num_programs):
+        idx = tl.multiple_of(chunk * BLOCK, BLOCK) + offs  # int32: WindowSlots keeps a slot below 2**31 elements
         mask = idx < n
         tl.store(dst + idx, tl.load(src_ptr + idx, mask=mask), mask=mask)
