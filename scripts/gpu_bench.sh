@@ -27,14 +27,15 @@ if [ "$gpus" -ge 2 ]; then
     step bench_ep torchrun --standalone --nproc_per_node 2 tools/bench_ep.py --ep 1,2 \
         --exchange nccl,symmetric --shared-ffn 1024 --out "$out/bench_ep.json"
     # the zoo's batch (global 512, micro-batch 16), every layer MoE: the fresh router's collapsed
-    # routing (dmoe), evenly loaded experts (dmoe-balanced) and those over the NVSHMEM exchange that
-    # groups across hosts need (dmoe-nvshmem; eagerly only: its captured run is refused, a row says
-    # why); a profiled step of each says where the time goes (exchange waits, expert products,
-    # weight gradients, optimizer, rest)
+    # routing (dmoe), evenly loaded experts (dmoe-balanced), those over the NVSHMEM exchange that
+    # groups across hosts need (dmoe-nvshmem) and with the weight gradients once per window of
+    # micro-batches (dmoe-window: 4 at EP 2, 2 at EP 4, where memory allows); a profiled step of
+    # each says where the time goes (exchange waits, expert products, weight gradients, optimizer, rest)
     for ep in 2 4; do
         [ "$gpus" -ge "$ep" ] || continue
         step "bench_train_ep$ep" python3 tools/bench_train.py --nproc-per-node "$ep" --ep "$ep" \
-            --models dense,dmoe,dmoe-balanced,dmoe-nvshmem --cuda-graphs both --global-batch-size 512 \
+            --models dense,dmoe,dmoe-balanced,dmoe-nvshmem,dmoe-window --wgrad-window $((8 / ep)) \
+            --cuda-graphs both --global-batch-size 512 \
             --micro-batch-size 16 --steps 3 --warmup 2 --profile "$out/profile_ep$ep" \
             --out "$out/bench_train_ep$ep.json"
     done
