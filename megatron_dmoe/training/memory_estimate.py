@@ -233,13 +233,15 @@ def moe_mlp_activations(cfg: RunConfig, on_cuda: bool) -> Tuple[int, int]:
         rows = -(-int(moe.expert_capacity_factor * tokens * moe.top_k) // moe.num_experts) * moe.num_experts
         extra = tokens * moe.top_k * h  # the gathered outputs the weighted sum keeps
     elif backend == "sparse":
-        rows = sparse_rows(cfg, tokens)
+        # the padded buffers of the rows the exchange delivers, sized by its receive buffer
+        rows = sparse_rows(cfg, tokens * _receive_bound_ranks(cfg, on_cuda))
         extra = 0
     else:  # grouped, reference: the routed copies, gathered
         rows = tokens * moe.top_k
         extra = tokens * moe.top_k * h
     if cfg.parallel.expert_model_parallel_size * cfg.parallel.expert_tensor_parallel_size > 1:
-        extra += 2 * tokens * moe.top_k * h  # the exchange's send and receive buffers
+        # the exchange's send buffer and its receive buffer
+        extra += (1 + _receive_bound_ranks(cfg, on_cuda)) * tokens * moe.top_k * h
     # the experts' input rows, pre-activation(s) and activation (recomputed when memory-optimised)
     hidden = glu + (0 if moe.memory_optimized else 1)
     kept = (rows * h + rows * width * hidden + extra) * e + router
@@ -250,6 +252,16 @@ def moe_mlp_activations(cfg: RunConfig, on_cuda: bool) -> Tuple[int, int]:
         # every micro-batch's weight-gradient operands until the step's end
         kept += (2 * rows * h + 2 * rows * width) * e * _micro_batches(cfg)
     return kept, transient
+
+
+def _receive_bound_ranks(cfg: RunConfig, on_cuda: bool) -> int:
+    """How many ranks' tokens an expert-parallel receive buffer is sized for: the exchanges that keep
+    the split sizes on the device (symmetric, nvshmem; auto on CUDA within a host) deliver into a
+    buffer of the bound, ranks x T x k rows, whose real rows come first; NCCL's holds about T x k."""
+    ranks = cfg.parallel.expert_model_parallel_size * cfg.parallel.expert_tensor_parallel_size
+    if ranks == 1 or cfg.moe.ep_exchange == "nccl" or not on_cuda:
+        return 1
+    return ranks
 
 
 def _micro_batches(cfg: RunConfig, world_size: int = 1) -> int:
@@ -269,8 +281,7 @@ def wgrad_window_bytes(cfg: RunConfig, pp_rank: int, on_cuda: bool) -> int:
         return 0
     _, tokens = _tokens(cfg)
     _, width = _local_experts_and_width(cfg)
-    ranks = cfg.parallel.expert_model_parallel_size * cfg.parallel.expert_tensor_parallel_size
-    rows = sparse_rows(cfg, tokens * ranks)
+    rows = sparse_rows(cfg, tokens * _receive_bound_ranks(cfg, on_cuda))
     weights = 1 + _glu(cfg)  # w1 (and v1), w2
     layers = sum(moe_layer for chunk in rank_layers(cfg, pp_rank) for moe_layer in chunk)
     return layers * weights * window * rows * (width + cfg.model.hidden_size) * _elem(cfg)

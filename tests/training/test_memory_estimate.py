@@ -180,3 +180,21 @@ def test_a_refused_run_is_one_line_exit_2_before_anything(cli_run, tmp_path, mon
     assert result.stderr.strip().splitlines() == [
         "dmoe-train: error: ~90.0 GiB per GPU estimated (...), more than training.memory_check allows"]
     assert snapshot(run) == {}
+
+
+def test_expert_parallel_buffers_are_sized_by_the_exchange_receive_bound():
+    """The device-side exchanges deliver into a buffer of ranks x T x k rows, and the sparse experts'
+    padded buffers take that bound: at EP 2 on CUDA the MoE layer keeps those rows; over NCCL (split
+    sizes read on the host) about T x k. The windows' slots are sized alike."""
+    ep2 = [*TINY, "moe.backend=sparse", "parallel.expert_model_parallel_size=2"]
+    tokens, k, h, e = 2 * 32, 2, 64, 4
+    width, experts, block = 128, 4, 64  # 8 experts over 2 ranks; block 64 divides the width
+    kept_symmetric, _ = me.moe_mlp_activations(_cfg(*ep2), on_cuda=True)
+    kept_nccl, _ = me.moe_mlp_activations(_cfg(*ep2, "moe.ep_exchange=nccl"), on_cuda=True)
+    bound_rows = 2 * tokens * k + experts * (block - 1)
+    nccl_rows = tokens * k + experts * (block - 1)
+    per_row = (h + 2 * width) * e  # the experts' input rows, pre-activation and activation
+    exchange = tokens * k * h * e  # one more T x k rows of receive buffer
+    assert kept_symmetric - kept_nccl == (bound_rows - nccl_rows) * per_row + exchange
+    window = me.wgrad_window_bytes(_cfg(*ep2, "moe.expert_wgrad_window=2"), pp_rank=0, on_cuda=True)
+    assert window == 2 * 2 * 2 * bound_rows * (width + h) * e  # 2 MoE layers x w1, w2 x 2 slots
