@@ -29,17 +29,20 @@ def test_bench_train_reports_every_model(tmp_path):
         results[0]["tflops_per_gpu"] / results[0]["tokens_per_s"])
 
 
-def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path):
-    """The dMoE twice on the sparse experts (interpreter), two micro-batches per step: the loss
-    after an update is the same whether the experts' weight gradients were added per micro-batch or
-    once at the end of the step, so the deferred gradients reached the optimizer."""
+def _load():
     spec = importlib.util.spec_from_file_location("bench_train", TOOL)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def _two_dmoe_runs(tmp_path, models, *extra):
+    """Two dMoE models on the sparse experts (interpreter), two micro-batches per step, two steps,
+    both in this process (numerics, not isolation, are checked here): their result rows."""
     out = tmp_path / "bench.json"
-    bench.main([
-        "--device", "cpu", "--precision", "fp32", "--steps", "2", "--warmup", "0", "--models", "dmoe,dmoe-per-step",
-        "--in-process",  # both in this process: numerics, not isolation, are checked here
+    _load().main([
+        "--device", "cpu", "--precision", "fp32", "--steps", "2", "--warmup", "0", "--models", models, *extra,
+        "--in-process",
         # 16 tokens a sequence: the interpreter runs a program per token in the permutations
         "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "16", "--vocab-size", "300",
         "--out", str(out),
@@ -47,10 +50,15 @@ def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path
         "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64", "moe.num_experts=8", "moe.backend=sparse",
         "moe.block_size=64",
     ])
-    per_micro_batch, per_step = json.loads(out.read_text())["results"]
+    return json.loads(out.read_text())["results"]
+
+
+def test_expert_gradients_once_per_step_train_like_once_per_micro_batch(tmp_path):
+    """The loss after an update is the same whether the experts' weight gradients were added per
+    micro-batch or once at the end of the step, so the deferred gradients reached the optimizer."""
+    per_micro_batch, per_step = _two_dmoe_runs(tmp_path, "dmoe,dmoe-per-step")
     assert per_step["model"] == "dmoe-per-step"
     assert abs(per_step["final_loss"] - per_micro_batch["final_loss"]) < 1e-5 * per_micro_batch["final_loss"]
-
 
 
 def test_expert_gradients_once_per_window_train_like_once_per_micro_batch(tmp_path, monkeypatch):
@@ -59,40 +67,19 @@ def test_expert_gradients_once_per_window_train_like_once_per_micro_batch(tmp_pa
     weight's gradient went through a window."""
     from dmoe_kernels.products.window import WindowSlots
 
-    spec = importlib.util.spec_from_file_location("bench_train", TOOL)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     calls = []
     add = WindowSlots.add
     monkeypatch.setattr(WindowSlots, "add", lambda self, *a: (calls.append(self.window), add(self, *a))[1])
-    out = tmp_path / "bench.json"
-    bench.main([
-        "--device", "cpu", "--precision", "fp32", "--steps", "2", "--warmup", "0",
-        "--models", "dmoe-balanced,dmoe-window", "--wgrad-window", "2", "--in-process",
-        "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "16", "--vocab-size", "300",
-        "--out", str(out),
-        "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
-        "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64", "moe.num_experts=8", "moe.backend=sparse",
-        "moe.block_size=64",
-    ])
-    per_micro_batch, windowed = json.loads(out.read_text())["results"]
+    per_micro_batch, windowed = _two_dmoe_runs(tmp_path, "dmoe-balanced,dmoe-window", "--wgrad-window", "2")
     assert windowed["model"] == "dmoe-window"
     # 2 layers x 2 weights (GELU) x 2 micro-batches x 2 steps
     assert calls == [2] * 16
     assert abs(windowed["final_loss"] - per_micro_batch["final_loss"]) < 1e-5 * per_micro_batch["final_loss"]
 
-
 TOY = ["--device", "cpu", "--precision", "fp32", "--steps", "1", "--warmup", "0",
        "--micro-batch-size", "2", "--global-batch-size", "4", "--seq-length", "32", "--vocab-size", "300",
        "--set", "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
        "model.ffn_hidden_size=64", "moe.ffn_hidden_size=64"]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_train", TOOL)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
 
 
 def test_bench_train_on_two_processes_with_expert_parallel_dmoe(tmp_path, capsys):
@@ -210,9 +197,7 @@ def test_a_child_that_hangs_after_writing_its_rows_is_killed_and_its_rows_kept(t
     period; what it measured is kept."""
     import sys
 
-    spec = importlib.util.spec_from_file_location("bench_train", TOOL)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _load()
     monkeypatch.setattr(bench, "TEARDOWN_GRACE_S", 1)
     rows = tmp_path / "rows.json"
     child = [sys.executable, "-c", f"import time; open({str(rows)!r}, 'w').write('{{}}'); print('ran', flush=True); "

@@ -67,15 +67,22 @@ def _check_cuda_graphs(state: CheckState) -> None:
         state.problem(key, f"true cannot be captured: {why}; {fix}")
 
 
+def _expert_backend_here(state: CheckState) -> str:
+    """moe.backend, with auto as it resolves without CUDA (reference); callers checked it is valid."""
+    v, ok = state.v, state.ok
+    backend = v("moe.backend")
+    if backend == "auto" and (not state.env.cuda or (ok("training.device") and v("training.device") == "cpu")):
+        return "reference"
+    return backend
+
+
 def _check_expert_wgrad_per_step(state: CheckState) -> None:
     """Only the sparse backend defers its weight gradients, and a captured graph replays the
     per-micro-batch accumulation: refuse a setting that would silently do nothing."""
     v, ok, key = state.v, state.ok, "moe.expert_wgrad_per_step"
     if not ok(key, "moe.num_experts", "moe.backend") or not v(key) or v("moe.num_experts") == 0:
         return
-    backend = v("moe.backend")
-    if backend == "auto" and (not state.env.cuda or (ok("training.device") and v("training.device") == "cpu")):
-        backend = "reference"  # what auto picks without CUDA
+    backend = _expert_backend_here(state)
     if backend in ("grouped", "reference"):
         state.problem(key, f"true needs the sparse expert backend, but moe.backend is {v('moe.backend')} "
                       f"(here: {backend}); set moe.backend: sparse, or set {key}: false")
@@ -90,9 +97,7 @@ def _check_expert_wgrad_window(state: CheckState) -> None:
     v, ok, key = state.v, state.ok, "moe.expert_wgrad_window"
     if not ok(key, "moe.num_experts", "moe.backend") or v(key) == 1 or v("moe.num_experts") == 0:
         return
-    backend = v("moe.backend")
-    if backend == "auto" and (not state.env.cuda or (ok("training.device") and v("training.device") == "cpu")):
-        backend = "reference"  # what auto picks without CUDA
+    backend = _expert_backend_here(state)
     if backend in ("grouped", "reference"):
         state.problem(key, f"{v(key)} needs the sparse expert backend, but moe.backend is {v('moe.backend')} "
                       f"(here: {backend}); set moe.backend: sparse, or set {key}: 1")
