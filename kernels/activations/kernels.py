@@ -3,6 +3,8 @@
   activation_forward_kernel    gelu(h1) | silu(h1) * h2 over the first nnz blocks
   activation_backward_kernel   their gradients, d_h1 over grad in place
   weighted_backward_kernel     the same for router-weighted rows, plus the rows' <grad, act> sums
+  store_to_slots               (both backwards, SLOTS) the activation and the gradients also into
+                               the weight-gradient window's slots (products/window.py)
   gelu, gelu_grad              exact (erf) GELU and its derivative in fp32, also used by the
                                products' epilogue (products/kernels/sdd_tma.py)
 """
@@ -24,6 +26,21 @@ def gelu_grad(x):
 
 
 @triton.jit
+def store_to_slots(offs, mask, act, d1, d2, act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr,
+                   d2_slot_ptr, d2_counter_ptr, slot_elements, SWIGLU: tl.constexpr):
+    """The weight gradients' left operands, each into its window's slot `counter` (read here, on the
+    device): act for the down-projection's, d1 (and d2) for the up-projection's. Stored here, they
+    need no copy into the slots after this pass."""
+    act_dst = act_slot_ptr + tl.load(act_counter_ptr).to(tl.int64) * slot_elements
+    tl.store(act_dst + offs, act.to(act_slot_ptr.dtype.element_ty), mask=mask)
+    d1_dst = d1_slot_ptr + tl.load(d1_counter_ptr).to(tl.int64) * slot_elements
+    tl.store(d1_dst + offs, d1.to(d1_slot_ptr.dtype.element_ty), mask=mask)
+    if SWIGLU:
+        d2_dst = d2_slot_ptr + tl.load(d2_counter_ptr).to(tl.int64) * slot_elements
+        tl.store(d2_dst + offs, d2.to(d2_slot_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def activation_forward_kernel(h1_ptr, h2_ptr, out_ptr, nnz_ptr, block_elements,
                                SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
     n = tl.load(nnz_ptr).to(tl.int64) * block_elements
@@ -42,8 +59,10 @@ def activation_forward_kernel(h1_ptr, h2_ptr, out_ptr, nnz_ptr, block_elements,
 
 
 @triton.jit
-def activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr, block_elements,
-                                SWIGLU: tl.constexpr, BLOCK: tl.constexpr):
+def activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr,
+                                act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr, d2_slot_ptr,
+                                d2_counter_ptr, slot_elements, block_elements,
+                                SWIGLU: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr):
     n = tl.load(nnz_ptr).to(tl.int64) * block_elements
     start = tl.program_id(0).to(tl.int64) * BLOCK
     if start >= n:
@@ -56,16 +75,24 @@ def activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr, block_
         b = tl.load(h2_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         sig = tl.sigmoid(a)
         d1 = g * b * sig * (1.0 + a * (1.0 - sig))
-        tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty), mask=mask)
+        d2 = g * a * sig
+        act = a * sig * b
+        tl.store(d2_ptr + offs, d2.to(d2_ptr.dtype.element_ty), mask=mask)
     else:
         d1 = g * gelu_grad(a)
+        d2 = d1
+        act = gelu(a)
     tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty), mask=mask)
+    if SLOTS:
+        store_to_slots(offs, mask, act, d1, d2, act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr,
+                       d2_slot_ptr, d2_counter_ptr, slot_elements, SWIGLU)
 
 
 @triton.jit
 def weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, row_weight_ptr, row_dot_ptr, nnz_ptr,
-                              blocks_per_row,
-                              SWIGLU: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr):
+                              act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr, d2_slot_ptr,
+                              d2_counter_ptr, slot_elements, blocks_per_row,
+                              SWIGLU: tl.constexpr, SLOTS: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr):
     # ROWS rows of one [BS, BS] block per program. Block b sits in block row b // F, as the
     # (b % F)-th block of that row (the dMoE topology's regular layout). The activation for the
     # row dots is recomputed from h (rounded to the data's dtype, as the kept one is) rather than
@@ -91,7 +118,12 @@ def weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, row_weight_ptr, r
     g = g * tl.load(row_weight_ptr + row)[:, None].to(tl.float32)
     if SWIGLU:
         d1 = g * v * sig * (1.0 + a * (1.0 - sig))
-        tl.store(d2_ptr + offs, (g * a * sig).to(d2_ptr.dtype.element_ty))
+        d2 = g * a * sig
+        tl.store(d2_ptr + offs, d2.to(d2_ptr.dtype.element_ty))
     else:
         d1 = g * gelu_grad(a)
+        d2 = d1
     tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty))
+    if SLOTS:
+        store_to_slots(offs, offs >= 0, act, d1, d2, act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr,
+                       d2_slot_ptr, d2_counter_ptr, slot_elements, SWIGLU)

@@ -10,6 +10,11 @@ process the whole bound; SwiGLU's forward and backward are one pass each instead
       the same for rows that a router weight multiplies later, plus per-row <grad, act> partial
       sums (the router weights' gradient) in the same pass, act recomputed from h in registers
 
+Both backwards take `slots`: the weight-gradient windows (products/window.py) of the down-projection
+(act is its gradient's left operand) and of the up-projection(s) (d_h1, d_h2 are theirs), as
+(stacked slot buffer, device counter) pairs. The pass then also stores act, d_h1 (and d_h2) into
+slot `counter` of each, so that no copy reads them back for the window.
+
 GELU is the exact erf form (torch's default). Math runs in fp32; results take the input dtype.
 Elements of blocks past nnz are left undefined, like the products' outputs.
 """
@@ -43,14 +48,33 @@ def _check(name: str, nnz: torch.Tensor, *tensors: Optional[torch.Tensor]) -> No
         raise ValueError("nnz must be the topology's one-element device tensor")
 
 
-def _launch(kernel, data: torch.Tensor, *args, swiglu: bool) -> None:
+Slot = Tuple[torch.Tensor, torch.Tensor]  # (stacked slots [W, *data shape], int32 [1] counter)
+
+
+def _slot_args(grad: torch.Tensor, slots: Optional[Tuple[Slot, Slot, Optional[Slot]]], swiglu: bool) -> tuple:
+    """Kernel arguments of the window slots (act's, d_h1's, d_h2's): pointers, counters and one
+    slot's elements; placeholders when there are none."""
+    if slots is None:
+        return (grad, grad, grad, grad, grad, grad, 0)
+    act_slot, d1_slot, d2_slot = slots
+    if (d2_slot is not None) != swiglu:
+        raise ValueError("slots: swiglu stores d_h2 into a third slot, gelu has none")
+    args = []
+    for stacked, counter in (act_slot, d1_slot, d2_slot if swiglu else d1_slot):
+        if (stacked.shape[1:] != grad.shape or stacked.dtype != grad.dtype or not stacked.is_contiguous()
+                or stacked.device != grad.device or counter.numel() != 1 or counter.dtype != torch.int32):
+            raise ValueError(f"slots must be contiguous [W, {', '.join(map(str, grad.shape))}] {grad.dtype} "
+                             f"buffers with an int32 counter, got {tuple(stacked.shape)} {stacked.dtype}")
+        args += [stacked, counter]
+    return (*args, grad.numel())
+
+
+def _launch(kernel, data: torch.Tensor, *args, **constexprs) -> None:
     if data.numel() == 0:
         return
     check_launchable(kernel, data.device)
     block_elements = data.shape[1] * data.shape[2]
-    direct(kernel)[(cdiv(data.numel(), _BLOCK),)](
-        *args, block_elements, SWIGLU=swiglu, BLOCK=_BLOCK, num_warps=4
-    )
+    direct(kernel)[(cdiv(data.numel(), _BLOCK),)](*args, block_elements, **constexprs, BLOCK=_BLOCK, num_warps=4)
 
 
 def activation_forward(name: str, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor) -> torch.Tensor:
@@ -58,19 +82,21 @@ def activation_forward(name: str, h1: torch.Tensor, h2: Optional[torch.Tensor], 
     _check(name, nnz, h1, h2)
     out = torch.empty_like(h1)
     swiglu = name == "swiglu"
-    _launch(_kernels.activation_forward_kernel, h1, h1, h2 if swiglu else h1, out, nnz, swiglu=swiglu)
+    _launch(_kernels.activation_forward_kernel, h1, h1, h2 if swiglu else h1, out, nnz, SWIGLU=swiglu)
     return out
 
 
 def activation_backward(
-    name: str, grad: torch.Tensor, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor
+    name: str, grad: torch.Tensor, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor,
+    slots: Optional[Tuple[Slot, Slot, Optional[Slot]]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(d_h1, d_h2) of activation_forward; d_h1 is written into grad (returned), d_h2 is new (swiglu)."""
+    """(d_h1, d_h2) of activation_forward; d_h1 is written into grad (returned), d_h2 is new (swiglu).
+    slots: also store act, d_h1 (, d_h2) into these windows' slots (see the module's note)."""
     _check(name, nnz, grad, h1, h2)
     swiglu = name == "swiglu"
     d2 = torch.empty_like(grad) if swiglu else None
     _launch(_kernels.activation_backward_kernel, grad, grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, nnz,
-            swiglu=swiglu)
+            *_slot_args(grad, slots, swiglu), SWIGLU=swiglu, SLOTS=slots is not None)
     return grad, d2
 
 
@@ -81,6 +107,7 @@ def activation_backward_weighted(
     h2: Optional[torch.Tensor],
     row_weights: torch.Tensor,
     topology,
+    slots: Optional[Tuple[Slot, Slot, Optional[Slot]]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     """Backward of row_weights[row] * act(h) for an output whose rows are later weighted.
 
@@ -89,7 +116,8 @@ def activation_backward_weighted(
     grad), and row_dot [rows, F] fp32 = per row and block column, the sum of
     grad * act(h), whose sum over F is the gradient of that row's router weight (act(h) recomputed
     and rounded to h's dtype, as activation_forward gives it).
-    Needs the dMoE topology's regular layout (``topology.blocks_per_row``).
+    Needs the dMoE topology's regular layout (``topology.blocks_per_row``). slots: as for
+    activation_backward (act is the recomputed, rounded one).
     """
     _check(name, topology.nnz, grad, h1, h2)
     F = topology.blocks_per_row
@@ -107,6 +135,7 @@ def activation_backward_weighted(
         rows_per_program = max(1, min(bs, 2048 // bs))
         direct(_kernels.weighted_backward_kernel)[(topology.max_blocks * (bs // rows_per_program),)](
             grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, row_weights.contiguous(), row_dot,
-            topology.nnz, F, SWIGLU=swiglu, BS=bs, ROWS=rows_per_program, num_warps=4,
+            topology.nnz, *_slot_args(grad, slots, swiglu), F, SWIGLU=swiglu, SLOTS=slots is not None, BS=bs,
+            ROWS=rows_per_program, num_warps=4,
         )
     return grad, d2, row_dot

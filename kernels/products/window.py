@@ -8,7 +8,9 @@ micro-batch (the product kernel returns at once until the window is full).
 
   WindowSlots            the stacked slot buffers of one weight, and its counter
   WindowSlots.add        stash one micro-batch's (data, topology, b), add the window's sum into
-                         out when it is full, move the counter on
+                         out when it is full, move the counter on; data=None when the kernel
+                         that made it stored it into `data_slot` already (the activation's
+                         backward does: activations/ops.py)
 """
 from __future__ import annotations
 
@@ -50,13 +52,20 @@ class WindowSlots:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data, self.b, self.offsets))
 
+    @property
+    def data_slot(self):
+        """(stacked data slots, counter): where a producing kernel stores S's blocks itself, into
+        slot `counter`, before add(None, ...)."""
+        return self.data, self.counter
+
     def restart(self) -> None:
         """The next micro-batch fills slot 0 (a new training step; slots need no clearing)."""
         self.counter.zero_()
 
-    def add(self, data: torch.Tensor, topology: Topology, b: torch.Tensor, out: torch.Tensor) -> None:
+    def add(self, data, topology: Topology, b: torch.Tensor, out: torch.Tensor) -> None:
         """Stash this micro-batch's operands; when they complete the window, out += the sum over its
-        slots of S_w^T @ b_w (out: fp32 [E * F * bs, n], row-major). Then the counter moves on."""
+        slots of S_w^T @ b_w (out: fp32 [E * F * bs, n], row-major). Then the counter moves on.
+        data None: S's used blocks are in slot `counter` already (see data_slot)."""
         self._check(data, topology, b, out)
         dev = b.device
         programs = persistent_programs(dev, _COPY_PROGRAMS_PER_SM)
@@ -64,8 +73,10 @@ class WindowSlots:
         bs2 = self.block_size * self.block_size
         offsets = topology.expert_offsets
         # the used blocks of S, the used (padded) rows of b, the offsets: counts read on the device
-        for src, dst, count, scale in ((data, self.data, topology.nnz, bs2),
-                                       (b, self.b, offsets[-1:], b.shape[1])):
+        copies = [(b, self.b, offsets[-1:], b.shape[1])]
+        if data is not None:
+            copies.append((data, self.data, topology.nnz, bs2))
+        for src, dst, count, scale in copies:
             copy[(programs,)](src, dst, self.counter, count, 0, dst[0].numel(), programs,
                               COUNT_SCALE=scale, HAS_COUNT=True, BLOCK=_COPY_BLOCK)
         copy[(1,)](offsets, self.offsets, self.counter, self.counter, offsets.numel(), offsets.numel(), 1,
@@ -94,6 +105,8 @@ class WindowSlots:
         )
 
     def _check(self, data, topology, b, out) -> None:
+        if data is None:
+            data = self.data[0]
         if (tuple(data.shape) != tuple(self.data.shape[1:]) or tuple(b.shape) != tuple(self.b.shape[1:])
                 or data.dtype != self.data.dtype or b.dtype != self.b.dtype
                 or topology.block_size != self.block_size or topology.blocks_per_row != self.blocks_per_row

@@ -242,8 +242,10 @@ def moe_mlp_activations(cfg: RunConfig, on_cuda: bool) -> Tuple[int, int]:
     if cfg.parallel.expert_model_parallel_size * cfg.parallel.expert_tensor_parallel_size > 1:
         # the exchange's send buffer and its receive buffer
         extra += (1 + _receive_bound_ranks(cfg, on_cuda)) * tokens * moe.top_k * h
-    # the experts' input rows, pre-activation(s) and activation (recomputed when memory-optimised)
-    hidden = glu + (0 if moe.memory_optimized else 1)
+    # the experts' input rows, pre-activation(s) and activation (recomputed when memory-optimised,
+    # and into its slot when the sparse experts' weight gradients go through windows)
+    recomputed = moe.memory_optimized or (backend == "sparse" and moe.expert_wgrad_window > 1)
+    hidden = glu + (0 if recomputed else 1)
     kept = (rows * h + rows * width * hidden + extra) * e + router
     kept += tokens * moe.shared_expert_ffn_hidden_size * (glu + 1) * e
     # backward: the output gradient in the padded rows twice, the activation's gradient, dx

@@ -85,3 +85,43 @@ def test_weighted_backward_gives_row_dots_and_weighted_gradients(activation, dev
     assert d1.data_ptr() == grad.data_ptr() and nnz < topo.max_blocks
     if activation == "swiglu":
         assert _err(ref.to_dense(d2, topo)[:used], x2.grad[:used]) < 1e-6
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_backward_stores_the_window_operands_into_slot_counter(activation, weighted, device):
+    """With slots, the pass also stores act, d_h1 (and d_h2) into slot `counter` of each window
+    (counters read on the device, each its own), over the first nnz blocks; other slots and the
+    blocks past nnz keep what they held. The in-place results are those of the pass without slots."""
+    topo = dk.Topology.for_experts(torch.tensor([20, 0, 3, 26], device=device), 49, 48, 16)
+    nnz, shape = int(topo.nnz), topo.data_shape()
+    assert nnz < topo.max_blocks
+    h1 = 2 * torch.randn(shape, device=device)
+    h2 = torch.randn(shape, device=device) if activation == "swiglu" else None
+    grad = torch.randn(shape, device=device)
+    row_w = torch.rand(topo.shape[0], device=device)
+
+    def backward(g, slots=None):
+        if weighted:
+            return dk.activation.activation_backward_weighted(activation, g, h1, h2, row_w, topo, slots)[:2]
+        return dk.activation.activation_backward(activation, g, h1, h2, topo.nnz, slots)
+
+    ref_d1, ref_d2 = backward(grad.clone())
+    ref_act = activation_forward(activation, h1, h2, topo.nnz)
+    names = ("act", "d1", "d2") if activation == "swiglu" else ("act", "d1")
+    stacked = {n: torch.randn(3, *shape, device=device) for n in names}
+    counters = {n: torch.tensor([c], dtype=torch.int32, device=device) for n, c in zip(names, (1, 2, 0))}
+    before = {n: t.clone() for n, t in stacked.items()}
+    slots = tuple((stacked[n], counters[n]) if n in stacked else None for n in ("act", "d1", "d2"))
+    d1, d2 = backward(grad, slots)
+
+    assert torch.equal(d1[:nnz], ref_d1[:nnz])
+    expected = {"act": ref_act, "d1": ref_d1, "d2": ref_d2}
+    for n in names:
+        c = int(counters[n])
+        assert torch.equal(stacked[n][c, :nnz], expected[n][:nnz]), n
+        assert torch.equal(stacked[n][c, nnz:], before[n][c, nnz:]), n
+        for other in {0, 1, 2} - {c}:
+            assert torch.equal(stacked[n][other], before[n][other]), (n, other)
+    with pytest.raises(ValueError, match="slots"):
+        backward(grad, (slots[0], slots[1], slots[0] if activation == "gelu" else None))

@@ -198,3 +198,14 @@ def test_expert_parallel_buffers_are_sized_by_the_exchange_receive_bound():
     assert kept_symmetric - kept_nccl == (bound_rows - nccl_rows) * per_row + exchange
     window = me.wgrad_window_bytes(_cfg(*ep2, "moe.expert_wgrad_window=2"), pp_rank=0, on_cuda=True)
     assert window == 2 * 2 * 2 * bound_rows * (width + h) * e  # 2 MoE layers x w1, w2 x 2 slots
+
+
+def test_a_window_keeps_no_activation():
+    """With weight-gradient windows the activation's backward recomputes the activation into its
+    slot, so the forward keeps the experts' activation no longer: one rows x width less per layer."""
+    cfg = [*TINY, "moe.backend=sparse"]
+    kept, _ = me.moe_mlp_activations(_cfg(*cfg), on_cuda=True)
+    kept_window, _ = me.moe_mlp_activations(_cfg(*cfg, "moe.expert_wgrad_window=2"), on_cuda=True)
+    kept_memopt, _ = me.moe_mlp_activations(_cfg(*cfg, "moe.memory_optimized=true"), on_cuda=True)
+    rows = me.sparse_rows(_cfg(*cfg), 2 * 32)
+    assert kept - kept_window == rows * 128 * 4 and kept_window == kept_memopt

@@ -67,11 +67,13 @@ class WgradStash:
         """Device memory the windows' slots hold."""
         return sum(slots.nbytes() for _, slots in self._slots.values())
 
-    def windowed(self, weight: torch.Tensor, data: torch.Tensor, topology, b: torch.Tensor) -> bool:
-        """Hand weight's gradient (S^T @ b) to its window, which adds into main_grad when full. False
-        when not windowing (window 1, or a topology that is not the dMoE one): the caller adds now."""
-        if self.window == 1 or not topology.blocks_per_row or topology.expert_offsets is None:
-            return False
+    def window_slots(self, weight: torch.Tensor, data: torch.Tensor, topology, b: torch.Tensor):
+        """The WindowSlots of weight's gradient S^T @ b (S = (data, topology)), made for these
+        operands' bounds at its first call; None when not windowing (window 1, a per-step block, a
+        topology that is not the dMoE one, or slots not yet made while a graph is captured)."""
+        if (self.window == 1 or self._pending is not None or not topology.blocks_per_row
+                or topology.expert_offsets is None):
+            return None
         from dmoe_kernels.products.window import WindowSlots
 
         entry = self._slots.get(id(weight))
@@ -79,10 +81,20 @@ class WgradStash:
             if b.is_cuda and torch.cuda.is_current_stream_capturing():
                 # slots made inside a capture would be zeroed at every replay: this weight's graph
                 # accumulates per micro-batch (training runs a step eagerly before capturing)
-                return False
+                return None
             entry = self._slots[id(weight)] = (weight, WindowSlots(self.window, data, topology, b))
+        return entry[1]
+
+    def windowed(self, weight: torch.Tensor, data: Optional[torch.Tensor], topology, b: torch.Tensor) -> bool:
+        """Hand weight's gradient (S^T @ b) to its window, which adds into main_grad when full. False
+        when not windowing (see window_slots): the caller adds now. data None: S is in the window's
+        slot already (its producer stored it there through window_slots(...).data_slot)."""
+        # data None: the slots exist (the caller stored S through them)
+        slots = self._slots[id(weight)][1] if data is None else self.window_slots(weight, data, topology, b)
+        if slots is None:
+            return False
         E, f, h = weight.shape
-        entry[1].add(data, topology, b, param_roles.main_grad(weight).view(E * f, h))
+        slots.add(data, topology, b, param_roles.main_grad(weight).view(E * f, h))
         return True
 
     def first_write(self, weight: torch.Tensor) -> bool:

@@ -29,7 +29,8 @@ the end of the training step and run once over all micro-batches; with a window
 (moe.expert_wgrad_window) they run once per window of micro-batches (see per_step_wgrad.py).
 
 Saved for backward: x, the pre-activation(s) and the activation; memory-optimised mode drops the
-activation and recomputes it (one element-wise pass) in backward. Nothing is copied to the host:
+activation and recomputes it (one element-wise pass) in backward. With weight-gradient windows it
+is not kept either: the activation's backward pass recomputes it into its window's slot. Nothing is copied to the host:
 every size comes from host-known bounds, counts stay on the device.
 
   sparse_experts_combine  the layer's path: experts on the padded buffer AND the router-weighted
@@ -191,6 +192,25 @@ def _hidden(x, w1, v1, topology, activation):
     return h1, h2, act.activation_forward(activation, h1, h2, topology.nnz)
 
 
+def _windows_wanted(stash, owners) -> bool:
+    """Whether every expert weight's gradient may go to a window (moe.expert_wgrad_window): then
+    the backward's activation pass stores the windows' left operands itself, and the forward keeps
+    no activation for them."""
+    return stash is not None and stash.window > 1 and owners[0] is not None and owners[2] is not None
+
+
+def _window_slots(ctx, x, h1, v1):
+    """(w1's, v1's, w2's WindowSlots; v1's None without v1) when each weight's gradient goes to a
+    window, else None."""
+    if not _windows_wanted(ctx.stash, ctx.owners) or (v1 is not None and ctx.owners[1] is None):
+        return None
+    # the down-projection's operands (a, its output gradient) have the up-projection's shapes
+    slots = tuple(None if o is None else ctx.stash.window_slots(o, h1, ctx.topology, x) for o in ctx.owners)
+    if any(s is None for s, o in zip(slots, ctx.owners) if o is not None):
+        return None
+    return slots
+
+
 def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, activation_backward):
     """The backward both autograd functions below share, from the first seven saved tensors (x, w1,
     v1, w2, h1, h2, a) -> (dx over the padded rows, dw1, dv1, dw2):
@@ -198,8 +218,11 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
       dw2 = DSD^T(a, g_out)      a recomputed when memory-optimised; g_out = output_grad_rows(),
                                  called only when dw2 is needed
       da  = SDD(g, w2^T)         g = unweighted_grad_rows()
-      d_h1, d_h2 = activation_backward(da)   (d_h1 may overwrite da)
+      d_h1, d_h2 = activation_backward(da, slots)   (d_h1 may overwrite da)
       dx, dw1, dv1 through the up-projection(s)
+
+    With weight-gradient windows, the activation's backward stores a, d_h1 (and d_h2) into the
+    windows' slots as it goes (slots), and only g_out and x are copied into theirs.
     """
     from dmoe_kernels import activation as act, ops
 
@@ -207,6 +230,20 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
     topo, owners = ctx.topology, ctx.owners
     need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
     E, f, h = w1.shape
+    slots = _window_slots(ctx, x, h1, v1)
+    if slots is not None:
+        g_out = output_grad_rows()
+        da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
+        w1_slots, v1_slots, w2_slots = slots
+        d_h1, d_h2 = activation_backward(
+            da, (w2_slots.data_slot, w1_slots.data_slot, None if v1_slots is None else v1_slots.data_slot))
+        ctx.stash.windowed(owners[2], None, topo, g_out)
+        del g_out
+        dx = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, False, False, (None, None), None)[0]
+        for owner in owners[:2]:
+            if owner is not None:
+                ctx.stash.windowed(owner, None, topo, x)
+        return dx, None, None, None
     dw2 = None
     if need_w2 or owners[2] is not None:
         if a is None:  # memory-optimised: recompute the activation instead of having kept it
@@ -214,7 +251,7 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
         dw2 = _weight_grad(a, topo, output_grad_rows(), w2, owners[2], ctx.stash)
     del a
     da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
-    d_h1, d_h2 = activation_backward(da)
+    d_h1, d_h2 = activation_backward(da, None)
     dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, ctx.stash)
     return dx, dw1, dv1, dw2
 
@@ -227,7 +264,8 @@ class _SparseExpertMLP(torch.autograd.Function):
         E, f, h = w1.shape
         h1, h2, a = _hidden(x, w1, v1, topology, activation)
         y = ops.dsd(a, topology, w2.reshape(E * f, h))
-        ctx.save_for_backward(x, w1, v1, w2, h1, h2, None if memory_optimized else a)
+        keep_a = not (memory_optimized or _windows_wanted(stash, owners))
+        ctx.save_for_backward(x, w1, v1, w2, h1, h2, a if keep_a else None)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
         return y
 
@@ -242,7 +280,7 @@ class _SparseExpertMLP(torch.autograd.Function):
         h1, h2 = ctx.saved_tensors[4:6]
         dx, dw1, dv1, dw2 = _expert_mlp_backward(
             ctx, ctx.saved_tensors, lambda: dy, lambda: dy,
-            lambda da: act.activation_backward(ctx.activation, da, h1, h2, nnz),
+            lambda da, slots: act.activation_backward(ctx.activation, da, h1, h2, nnz, slots),
         )
         return dx, dw1, dv1, dw2, None, None, None, None, None
 
@@ -287,7 +325,8 @@ class _SparseExpertsCombine(torch.autograd.Function):
         x_pad = expand(x, positions, topology.shape[0], topology.expert_offsets, counts)
         h1, h2, a = _hidden(x_pad, w1, v1, topology, activation)
         y = reduce(ops.dsd(a, topology, w2.reshape(E * f, h)), positions, weights)
-        ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, None if memory_optimized else a, weights, positions,
+        keep_a = not (memory_optimized or _windows_wanted(stash, owners))
+        ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, a if keep_a else None, weights, positions,
                               counts, aux_loss)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
         return y
@@ -317,11 +356,12 @@ class _SparseExpertsCombine(torch.autograd.Function):
 
         row_dot = []
 
-        def activation_backward(da):
+        def activation_backward(da, slots):
             if not row_weights_written:
                 row_weights.zero_().index_put_((positions.reshape(-1),), weights.reshape(-1))
             # the activation is recomputed here for the router-weight gradient
-            d_h1, d_h2, dot = act.activation_backward_weighted(ctx.activation, da, h1, h2, row_weights, topo)
+            d_h1, d_h2, dot = act.activation_backward_weighted(ctx.activation, da, h1, h2, row_weights, topo,
+                                                               slots)
             row_dot.append(dot)
             return d_h1, d_h2
 
