@@ -3,8 +3,9 @@
   activation_forward_kernel    gelu(h1) | silu(h1) * h2 over the first nnz blocks
   activation_backward_kernel   their gradients, d_h1 over grad in place
   weighted_backward_kernel     the same for router-weighted rows, plus the rows' <grad, act> sums
-  store_to_slots               (both backwards, SLOTS) the activation and the gradients also into
-                               the weight-gradient window's slots (products/window.py)
+  store_to_slots               (both backwards, SLOTS) the activation and the gradients into the
+                               weight-gradient windows' slots (products/window.py), the gradients
+                               there only unless KEEP
   gelu, gelu_grad              exact (erf) GELU and its derivative in fp32, also used by the
                                products' epilogue (products/kernels/sdd_tma.py)
 """
@@ -62,7 +63,7 @@ def activation_forward_kernel(h1_ptr, h2_ptr, out_ptr, nnz_ptr, block_elements,
 def activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr,
                                 act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr, d2_slot_ptr,
                                 d2_counter_ptr, slot_elements, block_elements,
-                                SWIGLU: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr):
+                                SWIGLU: tl.constexpr, SLOTS: tl.constexpr, KEEP: tl.constexpr, BLOCK: tl.constexpr):
     n = tl.load(nnz_ptr).to(tl.int64) * block_elements
     start = tl.program_id(0).to(tl.int64) * BLOCK
     if start >= n:
@@ -77,12 +78,14 @@ def activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr,
         d1 = g * b * sig * (1.0 + a * (1.0 - sig))
         d2 = g * a * sig
         act = a * sig * b
-        tl.store(d2_ptr + offs, d2.to(d2_ptr.dtype.element_ty), mask=mask)
     else:
         d1 = g * gelu_grad(a)
         d2 = d1
         act = gelu(a)
-    tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty), mask=mask)
+    if KEEP:  # else the gradients go to the slots only
+        tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty), mask=mask)
+        if SWIGLU:
+            tl.store(d2_ptr + offs, d2.to(d2_ptr.dtype.element_ty), mask=mask)
     if SLOTS:
         store_to_slots(offs, mask, act, d1, d2, act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr,
                        d2_slot_ptr, d2_counter_ptr, slot_elements, SWIGLU)
@@ -92,7 +95,8 @@ def activation_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, nnz_ptr,
 def weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, row_weight_ptr, row_dot_ptr, nnz_ptr,
                               act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr, d2_slot_ptr,
                               d2_counter_ptr, slot_elements, blocks_per_row,
-                              SWIGLU: tl.constexpr, SLOTS: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr):
+                              SWIGLU: tl.constexpr, SLOTS: tl.constexpr, KEEP: tl.constexpr, BS: tl.constexpr,
+                              ROWS: tl.constexpr):
     # ROWS rows of one [BS, BS] block per program. Block b sits in block row b // F, as the
     # (b % F)-th block of that row (the dMoE topology's regular layout). The activation for the
     # row dots is recomputed from h (rounded to the data's dtype, as the kept one is) rather than
@@ -119,11 +123,13 @@ def weighted_backward_kernel(grad_ptr, h1_ptr, h2_ptr, d2_ptr, row_weight_ptr, r
     if SWIGLU:
         d1 = g * v * sig * (1.0 + a * (1.0 - sig))
         d2 = g * a * sig
-        tl.store(d2_ptr + offs, d2.to(d2_ptr.dtype.element_ty))
     else:
         d1 = g * gelu_grad(a)
         d2 = d1
-    tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty))
+    if KEEP:
+        tl.store(grad_ptr + offs, d1.to(grad_ptr.dtype.element_ty))
+        if SWIGLU:
+            tl.store(d2_ptr + offs, d2.to(d2_ptr.dtype.element_ty))
     if SLOTS:
         store_to_slots(offs, offs >= 0, act, d1, d2, act_slot_ptr, act_counter_ptr, d1_slot_ptr, d1_counter_ptr,
                        d2_slot_ptr, d2_counter_ptr, slot_elements, SWIGLU)

@@ -13,7 +13,9 @@ process the whole bound; SwiGLU's forward and backward are one pass each instead
 Both backwards take `slots`: the weight-gradient windows (products/window.py) of the down-projection
 (act is its gradient's left operand) and of the up-projection(s) (d_h1, d_h2 are theirs), as
 (stacked slot buffer, device counter) pairs. The pass then also stores act, d_h1 (and d_h2) into
-slot `counter` of each, so that no copy reads them back for the window.
+slot `counter` of each, so that no copy reads them back for the window. With keep=False the
+gradients go to the slots only (the up-projection's input gradient then reads them there:
+products.ops.dsd's `slot`), and the backward returns None for them.
 
 GELU is the exact erf form (torch's default). Math runs in fp32; results take the input dtype.
 Elements of blocks past nnz are left undefined, like the products' outputs.
@@ -69,6 +71,11 @@ def _slot_args(grad: torch.Tensor, slots: Optional[Tuple[Slot, Slot, Optional[Sl
     return (*args, grad.numel())
 
 
+def _check_keep(slots, keep: bool) -> None:
+    if not keep and slots is None:
+        raise ValueError("keep=False stores the gradients into the slots only; pass slots")
+
+
 def _launch(kernel, data: torch.Tensor, *args, **constexprs) -> None:
     if data.numel() == 0:
         return
@@ -89,15 +96,18 @@ def activation_forward(name: str, h1: torch.Tensor, h2: Optional[torch.Tensor], 
 def activation_backward(
     name: str, grad: torch.Tensor, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor,
     slots: Optional[Tuple[Slot, Slot, Optional[Slot]]] = None,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    keep: bool = True,
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(d_h1, d_h2) of activation_forward; d_h1 is written into grad (returned), d_h2 is new (swiglu).
-    slots: also store act, d_h1 (, d_h2) into these windows' slots (see the module's note)."""
+    slots: also store act, d_h1 (, d_h2) into these windows' slots; keep=False: the gradients go
+    there only, (None, None) returned (see the module's note)."""
     _check(name, nnz, grad, h1, h2)
+    _check_keep(slots, keep)
     swiglu = name == "swiglu"
-    d2 = torch.empty_like(grad) if swiglu else None
-    _launch(_kernels.activation_backward_kernel, grad, grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, nnz,
-            *_slot_args(grad, slots, swiglu), SWIGLU=swiglu, SLOTS=slots is not None)
-    return grad, d2
+    d2 = torch.empty_like(grad) if swiglu and keep else None
+    _launch(_kernels.activation_backward_kernel, grad, grad, h1, h2 if swiglu else h1, grad if d2 is None else d2,
+            nnz, *_slot_args(grad, slots, swiglu), SWIGLU=swiglu, SLOTS=slots is not None, KEEP=keep)
+    return (grad, d2) if keep else (None, None)
 
 
 def activation_backward_weighted(
@@ -108,7 +118,8 @@ def activation_backward_weighted(
     row_weights: torch.Tensor,
     topology,
     slots: Optional[Tuple[Slot, Slot, Optional[Slot]]] = None,
-) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    keep: bool = True,
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor]:
     """Backward of row_weights[row] * act(h) for an output whose rows are later weighted.
 
     grad is the gradient of the UNWEIGHTED activation (dy @ w2^T with unit router weights).
@@ -117,9 +128,10 @@ def activation_backward_weighted(
     grad * act(h), whose sum over F is the gradient of that row's router weight (act(h) recomputed
     and rounded to h's dtype, as activation_forward gives it).
     Needs the dMoE topology's regular layout (``topology.blocks_per_row``). slots: as for
-    activation_backward (act is the recomputed, rounded one).
+    activation_backward (act is the recomputed, rounded one), and keep.
     """
     _check(name, topology.nnz, grad, h1, h2)
+    _check_keep(slots, keep)
     F = topology.blocks_per_row
     if not F:
         raise ValueError("activation_backward_weighted needs a dMoE topology (blocks_per_row set)")
@@ -127,15 +139,15 @@ def activation_backward_weighted(
     if row_weights.shape != (rows,) or row_weights.device != grad.device:
         raise ValueError(f"row_weights must be [{rows}] on {grad.device}, got {tuple(row_weights.shape)}")
     swiglu = name == "swiglu"
-    d2 = torch.empty_like(grad) if swiglu else None
+    d2 = torch.empty_like(grad) if swiglu and keep else None
     row_dot = torch.empty(rows, F, dtype=torch.float32, device=grad.device)
     bs = topology.block_size
     if topology.max_blocks:
         check_launchable(_kernels.weighted_backward_kernel, grad.device)
         rows_per_program = max(1, min(bs, 2048 // bs))
         direct(_kernels.weighted_backward_kernel)[(topology.max_blocks * (bs // rows_per_program),)](
-            grad, h1, h2 if swiglu else h1, d2 if swiglu else grad, row_weights.contiguous(), row_dot,
-            topology.nnz, *_slot_args(grad, slots, swiglu), F, SWIGLU=swiglu, SLOTS=slots is not None, BS=bs,
-            ROWS=rows_per_program, num_warps=4,
+            grad, h1, h2 if swiglu else h1, grad if d2 is None else d2, row_weights.contiguous(), row_dot,
+            topology.nnz, *_slot_args(grad, slots, swiglu), F, SWIGLU=swiglu, SLOTS=slots is not None, KEEP=keep,
+            BS=bs, ROWS=rows_per_program, num_warps=4,
         )
-    return grad, d2, row_dot
+    return (grad, d2, row_dot) if keep else (None, None, row_dot)

@@ -201,8 +201,13 @@ def dsd(
     out: Optional[torch.Tensor] = None,
     config: Optional[DsdConfig] = None,
     accumulate: bool = False,
+    slot: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Dense S @ b (S^T @ b when transpose) for the sparse S = (data, topology).
+
+    slot: an int32 [1] device tensor; data is then stacked sparse data [W, *the topology's data
+    shape] and S is data[slot], the slot read by the kernel (a weight-gradient window's slots, where
+    the activation's backward stored S: products/window.py).
 
     accumulate=True adds the product to out (required) in the kernel's epilogue: out += S @ b, the
     fp32 accumulator added to out's old values before the store. out is then float32 (a weight
@@ -212,6 +217,12 @@ def dsd(
     """
     op = "dsd"
     _check_2d(op, "b", b)
+    stacked = None
+    if slot is not None:
+        if slot.numel() != 1 or slot.dtype != torch.int32 or slot.device != data.device or data.dim() != 4:
+            raise ValueError(f"{op}: slot must be an int32 [1] tensor on {data.device} beside stacked data "
+                             f"[W, blocks, bs, bs], got {tuple(slot.shape)} {slot.dtype}, data {tuple(data.shape)}")
+        stacked, data = data.contiguous(), data[0]
     topology.check_data(data, "data")
     s_rows, s_cols = topology.transposed_shape() if transpose else topology.shape
     if b.shape[0] != s_cols:
@@ -232,6 +243,9 @@ def dsd(
             f"{out.dtype}"
         )
     data = data.contiguous()
+    # the kernels read S from slot `*slot` of the stacked data, or from data (slot_ptr unused)
+    from_slot = dict(slot_ptr=slot if stacked is not None else topology.nnz, FROM_SLOT=stacked is not None)
+    s_all = stacked if stacked is not None else data
     kernel = _dsd_module.dsd_kernel
     check_launchable(kernel, b.device)
     bs = topology.block_size
@@ -268,6 +282,8 @@ def dsd(
         else:
             c_desc = tma_descriptor(out, [bs, cfg.block_n])
         if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
+            if stacked is not None:
+                raise ValueError(f"{op}: slot is for S @ b (transpose=False)")
             direct(_dsdt_tma_module.dsdt_tma_kernel)[(grid,)](
                 tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
                 c_desc,
@@ -280,7 +296,7 @@ def dsd(
             )
             return out
         direct(_dsd_tma_module.dsd_tma_kernel)[(grid,)](
-            tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
+            tma_descriptor(s_all.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
             c_desc,
             offsets, indices, positions, topology.nnz,
             N, out_block_rows, regular, grid,
@@ -288,10 +304,11 @@ def dsd(
             TRANS_S=transpose, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
             DOT_PRECISION=dot_precision(dtype, b.device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
+            slot_rows=data.shape[0] * bs, **from_slot,
         )
         return out
     direct(kernel)[(num_programs,)](
-        data, b, out,
+        s_all, b, out,
         offsets, indices, positions,
         N, out_block_rows, topology.blocks_per_row or 1,
         b.stride(0), b.stride(1), out.stride(0), out.stride(1),
@@ -299,6 +316,7 @@ def dsd(
         TRANS_S=transpose, REGULAR=bool(topology.blocks_per_row), EVEN_N=(N % cfg.block_n == 0),
         DOT_PRECISION=dot_precision(dtype, b.device),
         ACCUMULATE=accumulate, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        slot_elements=data.numel(), **from_slot,
     )
     return out
 

@@ -87,12 +87,14 @@ def test_weighted_backward_gives_row_dots_and_weighted_gradients(activation, dev
         assert _err(ref.to_dense(d2, topo)[:used], x2.grad[:used]) < 1e-6
 
 
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "slots-only"])
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-def test_backward_stores_the_window_operands_into_slot_counter(activation, weighted, device):
+def test_backward_stores_the_window_operands_into_slot_counter(activation, weighted, keep, device):
     """With slots, the pass also stores act, d_h1 (and d_h2) into slot `counter` of each window
     (counters read on the device, each its own), over the first nnz blocks; other slots and the
-    blocks past nnz keep what they held. The in-place results are those of the pass without slots."""
+    blocks past nnz keep what they held. Kept, the in-place results are those of the pass without
+    slots; otherwise grad is left as it was and nothing is returned for the gradients."""
     topo = dk.Topology.for_experts(torch.tensor([20, 0, 3, 26], device=device), 49, 48, 16)
     nnz, shape = int(topo.nnz), topo.data_shape()
     assert nnz < topo.max_blocks
@@ -101,10 +103,10 @@ def test_backward_stores_the_window_operands_into_slot_counter(activation, weigh
     grad = torch.randn(shape, device=device)
     row_w = torch.rand(topo.shape[0], device=device)
 
-    def backward(g, slots=None):
+    def backward(g, slots=None, keep=True):
         if weighted:
-            return dk.activation.activation_backward_weighted(activation, g, h1, h2, row_w, topo, slots)[:2]
-        return dk.activation.activation_backward(activation, g, h1, h2, topo.nnz, slots)
+            return dk.activation.activation_backward_weighted(activation, g, h1, h2, row_w, topo, slots, keep)[:2]
+        return dk.activation.activation_backward(activation, g, h1, h2, topo.nnz, slots, keep)
 
     ref_d1, ref_d2 = backward(grad.clone())
     ref_act = activation_forward(activation, h1, h2, topo.nnz)
@@ -113,9 +115,13 @@ def test_backward_stores_the_window_operands_into_slot_counter(activation, weigh
     counters = {n: torch.tensor([c], dtype=torch.int32, device=device) for n, c in zip(names, (1, 2, 0))}
     before = {n: t.clone() for n, t in stacked.items()}
     slots = tuple((stacked[n], counters[n]) if n in stacked else None for n in ("act", "d1", "d2"))
-    d1, d2 = backward(grad, slots)
+    grad_before = grad.clone()
+    d1, d2 = backward(grad, slots, keep)
 
-    assert torch.equal(d1[:nnz], ref_d1[:nnz])
+    if keep:
+        assert torch.equal(d1[:nnz], ref_d1[:nnz])
+    else:
+        assert d1 is None and d2 is None and torch.equal(grad, grad_before)
     expected = {"act": ref_act, "d1": ref_d1, "d2": ref_d2}
     for n in names:
         c = int(counters[n])
@@ -125,3 +131,5 @@ def test_backward_stores_the_window_operands_into_slot_counter(activation, weigh
             assert torch.equal(stacked[n][other], before[n][other]), (n, other)
     with pytest.raises(ValueError, match="slots"):
         backward(grad, (slots[0], slots[1], slots[0] if activation == "gelu" else None))
+    with pytest.raises(ValueError, match="pass slots"):
+        backward(grad, None, keep=False)

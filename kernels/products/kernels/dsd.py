@@ -25,8 +25,11 @@ def dsd_kernel(
     BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     TRANS_S: tl.constexpr, REGULAR: tl.constexpr, EVEN_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ACCUMULATE: tl.constexpr,
+    slot_ptr, slot_elements, FROM_SLOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if FROM_SLOT:  # S is slot `*slot_ptr` of stacked data (read on the device)
+        s_ptr += tl.load(slot_ptr).to(tl.int64) * slot_elements
     num_n = tl.cdiv(N, BLOCK_N)
     tm, tn = grouped_tile(pid, out_block_rows, num_n, GROUP_M)
 

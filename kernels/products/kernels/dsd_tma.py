@@ -18,6 +18,9 @@ writes C through plain pointers (c_ptr, stride_cm) instead of the TMA store: sta
 (None), and the rows past the used ones are left as they are (they gain nothing). With OVERWRITE
 the same epilogue stores C = the product without reading C (a main_grad just zeroed): the stores
 need no wait, so the tile's epilogue no longer stalls on C's old values.
+
+FROM_SLOT: S is one slot of stacked data (a weight-gradient window's, products/window.py), the slot
+read from slot_ptr on the device, so that a replayed graph reads whichever slot is current.
 """
 import triton
 import triton.language as tl
@@ -75,9 +78,13 @@ def dsd_tma_kernel(
     TRANS_S: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     c_ptr, stride_cm, ACCUMULATE: tl.constexpr, OVERWRITE: tl.constexpr,
+    slot_ptr, slot_rows, FROM_SLOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
+    s_row0 = 0
+    if FROM_SLOT:  # S is slot `*slot_ptr` of stacked data, s_desc over all of it (read on the device)
+        s_row0 = tl.load(slot_ptr) * slot_rows
     if TRANS_S:
         busy_rows = out_block_rows  # every block column; an empty expert's tiles store zeros
     else:
@@ -104,9 +111,9 @@ def dsd_tma_kernel(
             blk = blk0 + (i // KSTEPS) * blk_step
             kk = (i % KSTEPS) * BLOCK_K
             if TRANS_S:
-                s = s_desc.load([blk * BS + kk, 0]).T
+                s = s_desc.load([s_row0 + blk * BS + kk, 0]).T
             else:
-                s = s_desc.load([blk * BS, kk])
+                s = s_desc.load([s_row0 + blk * BS, kk])
             b = b_desc.load([first * BS + i * BLOCK_K, tn * BLOCK_N])
             acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
         if ACCUMULATE:

@@ -222,7 +222,8 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
       dx, dw1, dv1 through the up-projection(s)
 
     With weight-gradient windows, the activation's backward stores a, d_h1 (and d_h2) into the
-    windows' slots as it goes (slots), and only g_out and x are copied into theirs.
+    windows' slots instead (slots; activation_backward then returns nothing), dx reads d_h1 (and
+    d_h2) there, and only g_out and x are copied into their slots.
     """
     from dmoe_kernels import activation as act, ops
 
@@ -235,11 +236,17 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
         g_out = output_grad_rows()
         da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
         w1_slots, v1_slots, w2_slots = slots
-        d_h1, d_h2 = activation_backward(
+        # d_h1 (, d_h2) go to the up-projections' slots only, and dx reads them there
+        activation_backward(
             da, (w2_slots.data_slot, w1_slots.data_slot, None if v1_slots is None else v1_slots.data_slot))
+        del da
         ctx.stash.windowed(owners[2], None, topo, g_out)
         del g_out
-        dx = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, False, False, (None, None), None)[0]
+        dx = None
+        if need_x:
+            dx = ops.dsd(w1_slots.data, topo, w1.reshape(E * f, h), slot=w1_slots.counter)
+            if v1 is not None:
+                dx += ops.dsd(v1_slots.data, topo, v1.reshape(E * f, h), slot=v1_slots.counter)
         for owner in owners[:2]:
             if owner is not None:
                 ctx.stash.windowed(owner, None, topo, x)
@@ -280,7 +287,7 @@ class _SparseExpertMLP(torch.autograd.Function):
         h1, h2 = ctx.saved_tensors[4:6]
         dx, dw1, dv1, dw2 = _expert_mlp_backward(
             ctx, ctx.saved_tensors, lambda: dy, lambda: dy,
-            lambda da, slots: act.activation_backward(ctx.activation, da, h1, h2, nnz, slots),
+            lambda da, slots: act.activation_backward(ctx.activation, da, h1, h2, nnz, slots, keep=slots is None),
         )
         return dx, dw1, dv1, dw2, None, None, None, None, None
 
@@ -361,7 +368,7 @@ class _SparseExpertsCombine(torch.autograd.Function):
                 row_weights.zero_().index_put_((positions.reshape(-1),), weights.reshape(-1))
             # the activation is recomputed here for the router-weight gradient
             d_h1, d_h2, dot = act.activation_backward_weighted(ctx.activation, da, h1, h2, row_weights, topo,
-                                                               slots)
+                                                               slots, keep=slots is None)
             row_dot.append(dot)
             return d_h1, d_h2
 
