@@ -55,6 +55,8 @@ CASES = {  # also the cases of tools/bench_kernels.py
     "paper-medium": (16384, 1024, 4096, 64, 1),
     # the per-GPU part of the paper's models under expert parallelism 8: 8 local experts x 2048 rows
     "paper-small-ep8": (16384, 768, 3072, 8, 1),
+    # ... and of the Small model at EP 2, micro-batch 16 (bench_train's EP 2): 32 local experts x 512 rows
+    "paper-small-ep2": (16384, 768, 3072, 32, 1),
     "paper-medium-ep8": (16384, 1024, 4096, 8, 1),
     "olmoe": (16384, 2048, 1024, 64, 8),
     "mixtral": (16384, 4096, 14336, 8, 2),
