@@ -17,6 +17,7 @@ PARTS: Tuple[Tuple[str, str], ...] = (
     ("exchange waits", r"barrier_kernel|nccl"),
     ("exchange rows", r"^(push_rows|push_copies|post_counts|exchange_plan)_kernel$"),
     ("weight gradients", r"^dsdt"),
+    ("wgrad slot copies", r"^copy_to_slot_kernel$"),  # moe.expert_wgrad_window's narrow operands
     ("expert products", r"^(sdd|dsd)(_tma)?_kernel$|grouped_mm|grouped_gemm"),
     # this project's Triton kernels are named plainly; torch's own (at::native::reduce_kernel<...>) are not
     ("permutation", r"^(expand|gather_rows|reduce|weighted_backward|block_histogram|block_positions"

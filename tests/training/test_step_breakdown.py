@@ -15,6 +15,8 @@ def test_kernels_fall_into_their_parts():
         "push_rows_kernel": "exchange rows",
         "push_copies_kernel": "exchange rows",
         "dsdt_tma_kernel": "weight gradients",
+        "dsdt_window_kernel": "weight gradients",
+        "copy_to_slot_kernel": "wgrad slot copies",
         "dsd_tma_kernel": "expert products",
         "sdd_tma_kernel": "expert products",
         "expand_kernel": "permutation",

@@ -15,11 +15,11 @@ per MoE layer and micro-batch. Only weights whose gradient goes straight into ma
 `main_grad_only`: DDP reduces after backward) are deferred; CUDA graph captures never are.
 
 A window of W micro-batches (`use_window(W)`, moe.expert_wgrad_window) is the form captured layers
-hold: each micro-batch's operands are copied into slot buffers made at its first call, and a
-product over the W slots adds into main_grad when the window is full (dmoe_kernels' WindowSlots;
-every decision on the device, so a replayed backward does the same). Memory: W x the operands'
-bound per weight, for the whole run; copy traffic: the used part of the operands once more per
-micro-batch.
+hold: each micro-batch's operands go into slot buffers made at its first call, and a product over
+the W slots adds into main_grad when the window is full (dmoe_kernels' WindowSlots; every decision
+on the device, so a replayed backward does the same). The sparse experts' backward has its
+activation pass store the wide operands into the slots (`window_slots`, then `windowed` with no
+data); the narrow ones are copied. Memory: W x the operands' bound per weight, for the whole run.
 """
 from __future__ import annotations
 
