@@ -5,7 +5,7 @@
 # training throughput (dense, dMoE, capacity factor, eager and graphs; micro-batch 16 and 32; the zoo's
 # Small models as shipped); with
 # two or more, the gpu-marked expert-parallel tests, the exchange and layer at EP 1 and 2 (with a
-# shared expert) and training at EP 2 (and EP 4 with four GPUs) against data-parallel dense.
+# shared expert), the exchange beside the experts' products, and training at EP 2 (and EP 4 with four GPUs) against data-parallel dense.
 # Usage: scripts/gpu_bench.sh OUT_DIR [GPUS]    (GPUS: 1 (default), 2 or 4)
 set -u
 out=${1:?usage: scripts/gpu_bench.sh OUT_DIR [GPUS]}
@@ -26,6 +26,9 @@ if [ "$gpus" -ge 2 ]; then
     step ep_tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/parallel
     step bench_ep torchrun --standalone --nproc_per_node 2 tools/bench_ep.py --ep 1,2 \
         --exchange nccl,symmetric --shared-ffn 1024 --out "$out/bench_ep.json"
+    # how much of the exchange hides under the experts' products (what a chunked layer would win)
+    step bench_overlap torchrun --standalone --nproc_per_node 2 tools/bench_overlap.py --ep 2 \
+        --out "$out/bench_overlap.json"
     # the zoo's batch (global 512, micro-batch 16), every layer MoE: the fresh router's collapsed
     # routing (dmoe), evenly loaded experts (dmoe-balanced), those over the NVSHMEM exchange that
     # groups across hosts need (dmoe-nvshmem) and with the weight gradients once per window of
