@@ -211,49 +211,58 @@ def _window_slots(ctx, x, h1, v1):
     return slots
 
 
+def _windowed_backward(ctx, x, w1, v1, w2, slots, output_grad_rows, unweighted_grad_rows, activation_backward):
+    """_expert_mlp_backward with every weight gradient going to a window (slots: w1's, v1's, w2's
+    WindowSlots): the activation's backward stores a, d_h1 (and d_h2) into the windows' slots and
+    nowhere else, dx reads d_h1 (and d_h2) there, and only g_out and x are copied into their slots.
+    -> (dx, None, None, None)."""
+    from dmoe_kernels import ops
+
+    topo, owners, stash = ctx.topology, ctx.owners, ctx.stash
+    E, f, h = w1.shape
+    w1_slots, v1_slots, w2_slots = slots
+    g_out = output_grad_rows()
+    da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
+    activation_backward(da, (w2_slots.data_slot, w1_slots.data_slot, None if v1_slots is None else v1_slots.data_slot))
+    del da
+    stash.windowed(owners[2], None, topo, g_out)
+    del g_out
+    dx = None
+    if ctx.needs_input_grad[0]:
+        dx = ops.dsd(w1_slots.data, topo, w1.reshape(E * f, h), slot=w1_slots.counter)
+        if v1 is not None:
+            dx += ops.dsd(v1_slots.data, topo, v1.reshape(E * f, h), slot=v1_slots.counter)
+    for owner in owners[:2]:
+        if owner is not None:
+            stash.windowed(owner, None, topo, x)
+    return dx, None, None, None
+
+
 def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, activation_backward):
     """The backward both autograd functions below share, from the first seven saved tensors (x, w1,
     v1, w2, h1, h2, a) -> (dx over the padded rows, dw1, dv1, dw2):
 
-      dw2 = DSD^T(a, g_out)      a recomputed when memory-optimised; g_out = output_grad_rows(),
-                                 called only when dw2 is needed
+      dw2 = DSD^T(a, g_out)      a recomputed when not kept; g_out = output_grad_rows(), called
+                                 only when dw2 is needed
       da  = SDD(g, w2^T)         g = unweighted_grad_rows()
-      d_h1, d_h2 = activation_backward(da, slots)   (d_h1 may overwrite da)
+      d_h1, d_h2 = activation_backward(da, None)   (d_h1 may overwrite da)
       dx, dw1, dv1 through the up-projection(s)
 
-    With weight-gradient windows, the activation's backward stores a, d_h1 (and d_h2) into the
-    windows' slots instead (slots; activation_backward then returns nothing), dx reads d_h1 (and
-    d_h2) there, and only g_out and x are copied into their slots.
+    With weight-gradient windows: _windowed_backward.
     """
     from dmoe_kernels import activation as act, ops
 
     x, w1, v1, w2, h1, h2, a = saved
+    slots = _window_slots(ctx, x, h1, v1)
+    if slots is not None:
+        return _windowed_backward(ctx, x, w1, v1, w2, slots, output_grad_rows, unweighted_grad_rows,
+                                  activation_backward)
     topo, owners = ctx.topology, ctx.owners
     need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
     E, f, h = w1.shape
-    slots = _window_slots(ctx, x, h1, v1)
-    if slots is not None:
-        g_out = output_grad_rows()
-        da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
-        w1_slots, v1_slots, w2_slots = slots
-        # d_h1 (, d_h2) go to the up-projections' slots only, and dx reads them there
-        activation_backward(
-            da, (w2_slots.data_slot, w1_slots.data_slot, None if v1_slots is None else v1_slots.data_slot))
-        del da
-        ctx.stash.windowed(owners[2], None, topo, g_out)
-        del g_out
-        dx = None
-        if need_x:
-            dx = ops.dsd(w1_slots.data, topo, w1.reshape(E * f, h), slot=w1_slots.counter)
-            if v1 is not None:
-                dx += ops.dsd(v1_slots.data, topo, v1.reshape(E * f, h), slot=v1_slots.counter)
-        for owner in owners[:2]:
-            if owner is not None:
-                ctx.stash.windowed(owner, None, topo, x)
-        return dx, None, None, None
     dw2 = None
     if need_w2 or owners[2] is not None:
-        if a is None:  # memory-optimised: recompute the activation instead of having kept it
+        if a is None:  # memory-optimised (or windows that could not be made): recompute the activation
             a = act.activation_forward(ctx.activation, h1, h2, topo.nnz)
         dw2 = _weight_grad(a, topo, output_grad_rows(), w2, owners[2], ctx.stash)
     del a
