@@ -71,9 +71,9 @@ class MoEConfig:
     # backend): main_grad read and written once; keeps every micro-batch's expert operands until then.
     expert_wgrad_per_step: bool = False
     # Expert weight gradients once per window of this many micro-batches (sparse backend; 1: once per
-    # micro-batch): main_grad read and written once per window; each micro-batch's operands are copied
-    # into slots on the device until then. Captured layers hold it (the step's micro-batches must
-    # divide into whole windows).
+    # micro-batch): main_grad read and written once per window; each micro-batch's operands wait in
+    # slots on the device until then (the activation's backward stores the wide ones there). Captured
+    # layers hold it (the step's micro-batches must divide into whole windows).
     expert_wgrad_window: int = 1
     ep_exchange: str = "auto"  # auto | nccl | symmetric | nvshmem: how tokens travel between expert-parallel ranks
     # Shared experts (DeepSeek-MoE, Qwen-MoE): an MLP of this width that every token runs besides its
