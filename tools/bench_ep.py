@@ -158,6 +158,13 @@ def format_table(rows: List[dict], columns=EXCHANGE_COLUMNS) -> str:
     return "\n".join(out)
 
 
+def write_json(path: Path, results: dict) -> None:
+    """The results as JSON at path (its folder made), and a line saying so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def _timed(fn, args, device) -> float:
     """Mean seconds per call of fn() run back to back on this rank, then the largest over all ranks."""
     import torch
@@ -448,9 +455,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 print(f"skipped EP sizes {results['skipped_ep']}: they must divide the {world} processes and "
                       f"divide or be a multiple of {args.experts} experts")
             if args.out:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(results, indent=2) + "\n")
-                print(f"wrote {args.out}")
+                write_json(args.out, results)
     finally:
         destroy_distributed()
     return results

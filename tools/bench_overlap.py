@@ -26,14 +26,13 @@ Defaults: the Small model at expert parallelism 2, a chunk of half a micro-batch
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ep import NCCL_ENV, _graph_timed, _random_routing, format_table  # noqa: E402
+from bench_ep import NCCL_ENV, _graph_timed, _random_routing, format_table, write_json  # noqa: E402
 
 COLUMNS = [
     ("ep", "EP", "{:d}"),
@@ -173,9 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 print(f"skipped EP sizes {results['skipped_ep']}: they must divide the {env.world_size} processes "
                       f"and the {args.experts} experts")
             if args.out:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(results, indent=2) + "\n")
-                print(f"wrote {args.out}")
+                write_json(args.out, results)
     finally:
         destroy_distributed()
     return results
