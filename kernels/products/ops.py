@@ -205,8 +205,8 @@ def dsd(
 ) -> torch.Tensor:
     """Dense S @ b (S^T @ b when transpose) for the sparse S = (data, topology).
 
-    slot: an int32 [1] device tensor; data is then stacked sparse data [W, *the topology's data
-    shape] and S is data[slot], the slot read by the kernel (a weight-gradient window's slots, where
+    slot (S @ b only): an int32 [1] device tensor; data is then stacked sparse data [W, *the
+    topology's data shape] and S is data[slot], the slot read by the kernel (a weight-gradient window's slots, where
     the activation's backward stored S: products/window.py).
 
     accumulate=True adds the product to out (required) in the kernel's epilogue: out += S @ b, the
@@ -219,6 +219,8 @@ def dsd(
     _check_2d(op, "b", b)
     stacked = None
     if slot is not None:
+        if transpose:
+            raise ValueError(f"{op}: slot is for S @ b (transpose=False)")
         if slot.numel() != 1 or slot.dtype != torch.int32 or slot.device != data.device or data.dim() != 4:
             raise ValueError(f"{op}: slot must be an int32 [1] tensor on {data.device} beside stacked data "
                              f"[W, blocks, bs, bs], got {tuple(slot.shape)} {slot.dtype}, data {tuple(data.shape)}")
@@ -282,8 +284,6 @@ def dsd(
         else:
             c_desc = tma_descriptor(out, [bs, cfg.block_n])
         if transpose and cfg.flatten:  # uneven K per tile: loops fused by hand
-            if stacked is not None:
-                raise ValueError(f"{op}: slot is for S @ b (transpose=False)")
             direct(_dsdt_tma_module.dsdt_tma_kernel)[(grid,)](
                 tma_descriptor(data.view(-1, bs), s_block), tma_descriptor(b, [cfg.block_k, cfg.block_n]),
                 c_desc,

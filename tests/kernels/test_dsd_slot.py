@@ -24,7 +24,7 @@ def test_product_reads_the_slot_the_counter_names(path, device):
         assert torch.equal(got, expected), slot
 
 
-def test_slot_needs_stacked_data_and_an_int32_counter(device):
+def test_slot_needs_stacked_data_an_int32_counter_and_s_at_b(device):
     topo = dk.Topology.for_experts(torch.tensor([16, 16], device=device), 32, 32, 16)
     stacked = torch.randn(2, *topo.data_shape(), device=device)
     b = torch.randn(topo.shape[1], 8, device=device)
@@ -32,3 +32,5 @@ def test_slot_needs_stacked_data_and_an_int32_counter(device):
         ops.dsd(stacked, topo, b, slot=torch.tensor([0], device=device))
     with pytest.raises(ValueError, match="slot must be an int32"):
         ops.dsd(stacked[0], topo, b, slot=torch.tensor([0], dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="slot is for S @ b"):
+        ops.dsd(stacked, topo, b, transpose=True, slot=torch.tensor([0], dtype=torch.int32, device=device))

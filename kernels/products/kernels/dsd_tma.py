@@ -19,7 +19,7 @@ writes C through plain pointers (c_ptr, stride_cm) instead of the TMA store: sta
 the same epilogue stores C = the product without reading C (a main_grad just zeroed): the stores
 need no wait, so the tile's epilogue no longer stalls on C's old values.
 
-FROM_SLOT: S is one slot of stacked data (a weight-gradient window's, products/window.py), the slot
+FROM_SLOT (S @ B only): S is one slot of stacked data (a weight-gradient window's, products/window.py), the slot
 read from slot_ptr on the device, so that a replayed graph reads whichever slot is current.
 """
 import triton
@@ -111,7 +111,7 @@ def dsd_tma_kernel(
             blk = blk0 + (i // KSTEPS) * blk_step
             kk = (i % KSTEPS) * BLOCK_K
             if TRANS_S:
-                s = s_desc.load([s_row0 + blk * BS + kk, 0]).T
+                s = s_desc.load([blk * BS + kk, 0]).T
             else:
                 s = s_desc.load([s_row0 + blk * BS, kk])
             b = b_desc.load([first * BS + i * BLOCK_K, tn * BLOCK_N])

@@ -89,7 +89,6 @@ class WgradStash:
         """Hand weight's gradient (S^T @ b) to its window, which adds into main_grad when full. False
         when not windowing (see window_slots): the caller adds now. data None: S is in the window's
         slot already (its producer stored it there through window_slots(...).data_slot)."""
-        # data None: the slots exist (the caller stored S through them)
         slots = self._slots[id(weight)][1] if data is None else self.window_slots(weight, data, topology, b)
         if slots is None:
             return False

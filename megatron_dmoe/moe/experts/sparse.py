@@ -30,8 +30,8 @@ the end of the training step and run once over all micro-batches; with a window
 
 Saved for backward: x, the pre-activation(s) and the activation; memory-optimised mode drops the
 activation and recomputes it (one element-wise pass) in backward. With weight-gradient windows it
-is not kept either: the activation's backward pass recomputes it into its window's slot. Nothing is copied to the host:
-every size comes from host-known bounds, counts stay on the device.
+is not kept either: the activation's backward pass recomputes it into its window's slot. Nothing
+is copied to the host: every size comes from host-known bounds, counts stay on the device.
 
   sparse_experts_combine  the layer's path: experts on the padded buffer AND the router-weighted
                           combine in one autograd function (no expert output kept for the
