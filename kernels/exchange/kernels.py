@@ -10,6 +10,11 @@ one process (how the tests check the index arithmetic).
                 buffer, from row dest_base[d] on
   push_copies   each routed copy (t, j) of a token row to its expert's rank, at the row that its
                 sorted position gives (no sorted copy of the tokens is made)
+  push_to_targets
+                each row r of the source to row targets[r] // R of rank targets[r] % R
+  return_targets
+                for each row of the experts' padded buffer, where its output returns to: the
+                targets push_to_targets (and the products' scattering epilogue) take
 Rows at or past `capacity` are not written.
 """
 from __future__ import annotations
@@ -124,3 +129,40 @@ def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, tokens_per_e
     ends = tl.cumsum(mine, axis=0)
     tl.store(offsets_ptr + v, 0, mask=v == 0)
     tl.store(offsets_ptr + 1 + v, ends, mask=v < V)
+
+
+@triton.jit
+def push_to_targets_kernel(src_ptr, targets_ptr, dest_ptrs, n_rows, ranks, H, src_stride,
+                           BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    for start in range(tl.program_id(0) * BLOCK_R, n_rows, tl.num_programs(0) * BLOCK_R):
+        rows = start + tl.arange(0, BLOCK_R)
+        targets = tl.load(targets_ptr + rows, mask=rows < n_rows, other=-1)
+        live = targets >= 0
+        rank = tl.where(live, targets % ranks, 0)
+        dest = tl.load(dest_ptrs + rank, mask=live, other=0).to(tl.pointer_type(src_ptr.dtype.element_ty))
+        dest_rows = targets // ranks
+        for h0 in range(0, H, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            m = live[:, None] & (cols[None, :] < H)
+            values = tl.load(src_ptr + rows.to(tl.int64)[:, None] * src_stride + cols[None, :], mask=m)
+            tl.store(dest[:, None] + dest_rows[:, None] * H + cols[None, :], values, mask=m)
+
+
+@triton.jit
+def return_targets_kernel(pos_ptr, recv_starts_ptr, return_base_ptr, targets_ptr, n_rows, ranks,
+                          BLOCK: tl.constexpr, R_P2: tl.constexpr):
+    # received row a (arrival order) came from the source s with recv_starts[s] <= a < recv_starts[s+1],
+    # where it was row return_base[s] + a - recv_starts[s] of s's sorted order; it sits at row pos[a]
+    # of the padded buffer. Rows past recv_starts[ranks] are not real and set nothing.
+    s = tl.arange(0, R_P2)
+    starts = tl.load(recv_starts_ptr + s, mask=s <= ranks, other=0)
+    ends = tl.load(recv_starts_ptr + s + 1, mask=s < ranks, other=0)
+    bases = tl.load(return_base_ptr + s, mask=s < ranks, other=0)
+    for start in range(tl.program_id(0) * BLOCK, n_rows, tl.num_programs(0) * BLOCK):
+        a = start + tl.arange(0, BLOCK)
+        inside = (a[:, None] >= starts[None, :]) & (a[:, None] < ends[None, :]) & (s[None, :] < ranks)
+        source = tl.sum(tl.where(inside, s[None, :], 0), axis=1)
+        real = tl.sum(inside.to(tl.int32), axis=1) > 0
+        row = tl.sum(tl.where(inside, bases[None, :] - starts[None, :], 0), axis=1) + a
+        padded = tl.load(pos_ptr + a, mask=real, other=0).to(tl.int64)
+        tl.store(targets_ptr + padded, row * ranks + source, mask=real)

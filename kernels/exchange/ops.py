@@ -8,6 +8,9 @@ moe/exchange/symmetric.py owns the buffers, the barriers and the autograd around
                                             rows already in destination order to each rank
   push_copies(x, experts, positions, plan, dest_ptrs, capacity, local_experts)
                                             each routed copy of a token row to its expert's rank
+  return_targets(pos, plan, padded_rows)    where each row of the experts' padded buffer returns to
+  push_to_targets(src, targets, dest_ptrs)  rows to those targets (what dsd(..., targets=) does
+                                            from its epilogue)
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ..launch import direct, multiprocessors, next_power_of_2
+from ..launch import cdiv, direct, multiprocessors, next_power_of_2
 from . import kernels as _kernels
 
 
@@ -101,4 +104,32 @@ def push_copies(
         x, experts, positions, plan.send_starts, plan.dest_base, dest_ptrs, capacity, experts.numel(), local_experts,
         x.shape[1], x.stride(0),
         K=experts.shape[1], BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
+    )
+
+
+def return_targets(pos: torch.Tensor, plan: ExchangePlan, padded_rows: int) -> torch.Tensor:
+    """int64 [padded_rows]: for each row of the experts' padded buffer, where its output returns
+    (products.ops.RowTargets): row * R + s for row `row` of source s's sorted order (the row that
+    rank's `to_sources` buffer receives it at), -1 for padding and rows past the real ones. pos
+    int32 [recv_rows, 1]: the padded row of each received row (arrival order)."""
+    ranks = plan.return_base.numel()
+    targets = torch.full((padded_rows,), -1, dtype=torch.int64, device=pos.device)
+    n_rows = pos.shape[0]
+    block = 256
+    programs = max(1, min(cdiv(n_rows, block), 4 * multiprocessors(pos.device)))
+    direct(_kernels.return_targets_kernel)[(programs,)](
+        pos, plan.recv_starts, plan.return_base, targets, n_rows, ranks, BLOCK=block, R_P2=next_power_of_2(ranks),
+    )
+    return targets
+
+
+def push_to_targets(src: torch.Tensor, targets: torch.Tensor, dest_ptrs: torch.Tensor,
+                    programs: Optional[int] = None) -> None:
+    """Row r of src [rows, H] to row targets[r] // R of the buffer at dest_ptrs[targets[r] % R]
+    (R = dest_ptrs.numel(); rows with a negative target stay)."""
+    src = src if src.stride(1) == 1 else src.contiguous()
+    programs, block_h, warps = _launch_shape(src, programs)
+    direct(_kernels.push_to_targets_kernel)[(programs,)](
+        src, targets, dest_ptrs, src.shape[0], dest_ptrs.numel(), src.shape[1], src.stride(0),
+        BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
     )

@@ -153,3 +153,39 @@ def test_exchange_choice_on_cpu():
         ExpertParallelDispatcher(layout, None, "nvshmem")._resolve(torch.device("cpu"))
     with pytest.raises(ValueError, match="'shmem'.*nvshmem"):
         ExpertParallelDispatcher(layout, None, "shmem")
+
+
+@pytest.mark.parametrize("ranks,local_experts,k", [(2, 3, 2), (4, 2, 3)])
+def test_padded_rows_return_to_the_senders_sorted_order(ranks, local_experts, k):
+    """The combine stored from the experts' padded buffer (return_targets, push_to_targets: what the
+    down-projection's epilogue does) lands where push_rows from arrival order does; padding rows and
+    the receive buffer's rows past the real ones go nowhere."""
+    import dmoe_kernels as dk
+    from dmoe_kernels.exchange.ops import push_to_targets, return_targets
+    from megatron_dmoe.moe.experts.arrival import arrival_positions
+
+    routed, V, H = _routing(ranks, local_experts, k, seed=40 + ranks)
+    inbox = torch.stack([_counts(c, V) for _, c in routed])
+    plans = [_host_sizes(exchange_plan(inbox, me, local_experts), inbox, me, local_experts) for me in range(ranks)]
+    bound = max(p.recv_rows for p in plans) + 5  # a bound-sized receive buffer: its tail is not real
+    to_experts = [torch.zeros(bound, H) for _ in range(ranks)]
+    for me, (x, choices) in enumerate(routed):
+        push_copies(x, choices, _sorted_positions(choices, V), plans[me], _addresses(to_experts), bound,
+                    local_experts, programs=2)
+    send_rows = max(p.send_rows for p in plans) + 2
+    by_targets = [torch.full((send_rows, H), 9.0) for _ in range(ranks)]
+    by_rows = [torch.full((send_rows, H), 9.0) for _ in range(ranks)]
+    for me in range(ranks):
+        to_experts[me][plans[me].recv_rows:] = 1e6  # junk past the real rows must not travel
+        plan = plans[me]
+        topo = dk.Topology.for_experts(plan.tokens_per_expert, bound, 32, 16, builder="torch")
+        pos = arrival_positions(plan.counts_by_source, topo.expert_offsets, bound)
+        padded = torch.full((topo.shape[0], H), -5.0)  # padding rows: -5, never to arrive anywhere
+        padded[pos[: plan.recv_rows, 0].long()] = to_experts[me][: plan.recv_rows] * (me + 2)
+        targets = return_targets(pos, plan, topo.shape[0])
+        assert int((targets >= 0).sum()) == plan.recv_rows
+        push_to_targets(padded, targets, _addresses(by_targets), programs=3)
+        push_rows(to_experts[me][: plan.recv_rows] * (me + 2), plan.recv_starts, plan.return_base,
+                  _addresses(by_rows), send_rows, me, programs_per_destination=2)
+    for a, b in zip(by_targets, by_rows):
+        assert torch.equal(a, b)
