@@ -52,6 +52,8 @@ class ExpertParallelState:
     plan: Optional[object] = None  # symmetric: the ExchangePlan
     exchange: Optional[object] = None  # symmetric: the SymmetricExchange; nvshmem: the NvshmemExchange
     device_splits: Optional[tuple] = None  # nvshmem: rows sent to / received from each rank, on the device
+    returned_by_experts: bool = False  # symmetric: the experts store their outputs (and the received
+    # rows' gradients) straight into the senders' to_sources buffers (experts/sparse_returning.py)
 
 
 def expand_to_virtual_experts(layout: ExpertLayout, indices: torch.Tensor, weights: torch.Tensor):
@@ -101,15 +103,20 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
     With the symmetric exchange the received rows are a view of a buffer that the next exchange
     overwrites: they are cloned unless `rows_consumed_at_once` says the experts copy them before
-    anything else runs (the sparse backend's permutation does; its execution path says so)."""
+    anything else runs (the sparse backend's permutation does; its execution path says so).
+    `experts_return_rows`: over the symmetric exchange the experts store their outputs into the
+    senders' buffers themselves (state.returned_by_experts; the path then calls `sum_copies`
+    instead of `combine`), and in backward the received rows' gradients too."""
 
-    def __init__(self, layout: ExpertLayout, group, exchange: str = "auto", rows_consumed_at_once: bool = False):
+    def __init__(self, layout: ExpertLayout, group, exchange: str = "auto", rows_consumed_at_once: bool = False,
+                 experts_return_rows: bool = False):
         if exchange not in EP_EXCHANGES:
             raise ValueError(f"expert exchange {exchange!r} is not supported; use one of {EP_EXCHANGES}")
         self.layout = layout
         self.group = group
         self.exchange = exchange
         self.rows_consumed_at_once = rows_consumed_at_once
+        self.experts_return_rows = experts_return_rows
         # the run's SymmetricExchanges (moe/run_state.py), set by the layer: exchanges and their
         # buffers are shared by every layer of a model
         self.exchanges = None
@@ -178,11 +185,11 @@ class ExpertParallelDispatcher(TokenDispatcher):
         cumulative = expert_histogram(virtual, self.layout.num_virtual_experts)  # last column: counts
         plan = exchange.plan(cumulative[:, -1])  # counts posted to every rank; offsets on the device
         positions = positions_from_histogram(virtual, cumulative, plan.offsets)  # sorted row of each copy
-        x_recv = send_to_experts(x, virtual, positions, exchange, plan)
+        x_recv = send_to_experts(x, virtual, positions, exchange, plan, returned=self.experts_return_rows)
         if not self.rows_consumed_at_once:
             x_recv = x_recv.clone()
         state = ExpertParallelState(positions, virtual_weights, plan.offsets, plan.counts, plan.counts_by_source,
-                                    plan=plan, exchange=exchange)
+                                    plan=plan, exchange=exchange, returned_by_experts=self.experts_return_rows)
         return x_recv, plan.tokens_per_expert, state
 
     def _dispatch_nvshmem(self, x, virtual, virtual_weights, exchange):
@@ -207,8 +214,9 @@ class ExpertParallelDispatcher(TokenDispatcher):
 
     def combine(self, y_recv, state: ExpertParallelState):
         """Outputs in arrival order -> y [T, h] = sum over copies of weight * output."""
-        # a view of the exchange's buffer, which the next exchange reuses
-        transient = state.plan is not None or state.device_splits is not None
+        if state.returned_by_experts:
+            raise RuntimeError("these experts' outputs were stored into the senders' buffers by the experts: "
+                               "sum them with sum_copies")
         if state.device_splits is not None:
             from .nvshmem import send_to_sources
 
@@ -220,6 +228,13 @@ class ExpertParallelDispatcher(TokenDispatcher):
             y_sorted = send_to_sources(y_recv, state.exchange, state.plan)
         else:
             y_sorted = differentiable_all_to_all(y_recv, state.send_splits, state.recv_splits, self.group)
+        return self.sum_copies(y_sorted, state)
+
+    def sum_copies(self, y_sorted, state: ExpertParallelState):
+        """This rank's copies' outputs back in its sorted order -> y [T, h] = sum over each token's
+        copies of weight * output."""
+        # a view of the exchange's buffer, which the next exchange reuses
+        transient = state.plan is not None or state.device_splits is not None
         if state.offsets is not None:
             from dmoe_kernels.permutation.functional import unpermute
 

@@ -214,11 +214,13 @@ def symmetric_unavailable_reason(group, device: torch.device) -> Optional[str]:
 
 class _ToExperts(torch.autograd.Function):
     """Token rows -> the expert ranks (dispatch). Backward: the received rows' gradients come back
-    into this rank's sorted order and are summed over each token's copies."""
+    into this rank's sorted order and are summed over each token's copies. With `returned` the
+    experts' backward has already stored them into to_sources (the gradient passed here is a
+    placeholder): they are read there."""
 
     @staticmethod
-    def forward(ctx, x, experts, positions, exchange, plan):
-        ctx.exchange, ctx.plan = exchange, plan
+    def forward(ctx, x, experts, positions, exchange, plan, returned):
+        ctx.exchange, ctx.plan, ctx.returned = exchange, plan, returned
         ctx.save_for_backward(positions)
         return exchange.dispatch(x, experts, positions, plan)
 
@@ -229,9 +231,12 @@ class _ToExperts(torch.autograd.Function):
 
         (positions,) = ctx.saved_tensors
         bind_device(grad)  # autograd's worker thread
-        grad_sorted = ctx.exchange.to_sources(grad.contiguous(), ctx.plan)
+        if ctx.returned:
+            grad_sorted = ctx.exchange.buffer("to_sources", grad.shape[1], grad.dtype).tensor[: ctx.plan.send_rows]
+        else:
+            grad_sorted = ctx.exchange.to_sources(grad.contiguous(), ctx.plan)
 
-        return reduce(grad_sorted, positions), None, None, None, None
+        return reduce(grad_sorted, positions), None, None, None, None, None
 
 
 class _ToSources(torch.autograd.Function):
@@ -251,10 +256,13 @@ class _ToSources(torch.autograd.Function):
         return ctx.exchange.to_experts(grad.contiguous(), ctx.plan), None, None
 
 
-def send_to_experts(x, experts, positions, exchange: SymmetricExchange, plan: ExchangePlan) -> torch.Tensor:
+def send_to_experts(x, experts, positions, exchange: SymmetricExchange, plan: ExchangePlan,
+                    returned: bool = False) -> torch.Tensor:
     """x [T, H], experts/positions [T, K] (virtual expert, sorted position of each copy) -> the
-    [recv_rows, H] view of the exchange's buffer: consume it (copy) before the next exchange."""
-    return _ToExperts.apply(x, experts, positions, exchange, plan)
+    [recv_rows, H] view of the exchange's buffer: consume it (copy) before the next exchange.
+    returned: the experts' backward stores the received rows' gradients into the senders'
+    to_sources buffers itself (experts/sparse_returning.py)."""
+    return _ToExperts.apply(x, experts, positions, exchange, plan, returned)
 
 
 def send_to_sources(y, exchange: SymmetricExchange, plan: ExchangePlan) -> torch.Tensor:

@@ -41,7 +41,8 @@ is copied to the host: every size comes from host-known bounds, counts stay on t
   SparseBackend.mlp       the registry's interface: rows grouped by expert without padding, or
                           (mlp_in_arrival_order) as the expert-parallel exchange delivers them,
                           padded and un-padded around sparse_expert_mlp by the fused permutation
-                          kernels
+                          kernels, or (mlp_returning) from the symmetric exchange and back into
+                          the senders' buffers by the products themselves (sparse_returning.py)
 """
 from __future__ import annotations
 
@@ -161,16 +162,33 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
     return torch.empty_like(weight)
 
 
-def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, stash):
-    """Gradients through the up-projection(s) h1 = x w1^T (and h2 = x v1^T): dx, dw1, dv1."""
+def _input_grad(d_h1, d_h2, topo, w1, v1, slots=None, dx_targets=None):
+    """dx = d_h1 w1 (+ d_h2 v1), d_h1 and d_h2 read from slot `slots[i].counter` of their windows'
+    stacked data when slots are given. With dx_targets (RowTargets) dx's rows are stored there
+    instead (by the product's epilogue; with v1, after the sum) and None is returned."""
     from dmoe_kernels import ops
 
     E, f, h = w1.shape
+    slot_args = ({}, {}) if slots is None else tuple(
+        {} if s is None else {"slot": s.counter} for s in (slots[0], slots[1]))
+    if v1 is None:
+        return ops.dsd(d_h1, topo, w1.reshape(E * f, h), targets=dx_targets, **slot_args[0])
+    dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h), **slot_args[0])
+    dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h), **slot_args[1])
+    if dx_targets is None:
+        return dx
+    from dmoe_kernels.exchange.ops import push_to_targets
+
+    push_to_targets(dx, dx_targets.targets, dx_targets.dest_ptrs)
+    return None
+
+
+def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, stash, dx_targets=None):
+    """Gradients through the up-projection(s) h1 = x w1^T (and h2 = x v1^T): dx, dw1, dv1; dx's
+    rows to dx_targets instead when given (see _input_grad)."""
     dx = dw1 = dv1 = None
     if need_x:
-        dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h))
-        if v1 is not None:
-            dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h))
+        dx = _input_grad(d_h1, d_h2, topo, w1, v1, dx_targets=dx_targets)
     if need_w1 or owners[0] is not None:
         dw1 = _weight_grad(d_h1, topo, x, w1, owners[0], stash)
     if v1 is not None and (need_v1 or owners[1] is not None):
@@ -211,7 +229,8 @@ def _window_slots(ctx, x, h1, v1):
     return slots
 
 
-def _windowed_backward(ctx, x, w1, v1, w2, slots, output_grad_rows, unweighted_grad_rows, activation_backward):
+def _windowed_backward(ctx, x, w1, v1, w2, slots, output_grad_rows, unweighted_grad_rows, activation_backward,
+                       dx_targets=None):
     """_expert_mlp_backward with every weight gradient going to a window (slots: w1's, v1's, w2's
     WindowSlots): the activation's backward stores a, d_h1 (and d_h2) into the windows' slots and
     nowhere else, dx reads d_h1 (and d_h2) there, and only g_out and x are copied into their slots.
@@ -229,18 +248,18 @@ def _windowed_backward(ctx, x, w1, v1, w2, slots, output_grad_rows, unweighted_g
     del g_out
     dx = None
     if ctx.needs_input_grad[0]:
-        dx = ops.dsd(w1_slots.data, topo, w1.reshape(E * f, h), slot=w1_slots.counter)
-        if v1 is not None:
-            dx += ops.dsd(v1_slots.data, topo, v1.reshape(E * f, h), slot=v1_slots.counter)
+        dx = _input_grad(w1_slots.data, None if v1_slots is None else v1_slots.data, topo, w1, v1,
+                         (w1_slots, v1_slots), dx_targets)
     for owner in owners[:2]:
         if owner is not None:
             stash.windowed(owner, None, topo, x)
     return dx, None, None, None
 
 
-def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, activation_backward):
-    """The backward both autograd functions below share, from the first seven saved tensors (x, w1,
-    v1, w2, h1, h2, a) -> (dx over the padded rows, dw1, dv1, dw2):
+def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, activation_backward, dx_targets=None):
+    """The backward the autograd functions share, from the first seven saved tensors (x, w1, v1,
+    w2, h1, h2, a) -> (dx over the padded rows, dw1, dv1, dw2); dx None when its rows go to
+    dx_targets (RowTargets: another rank's buffers):
 
       dw2 = DSD^T(a, g_out)      a recomputed when not kept; g_out = output_grad_rows(), called
                                  only when dw2 is needed
@@ -256,7 +275,7 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
     slots = _window_slots(ctx, x, h1, v1)
     if slots is not None:
         return _windowed_backward(ctx, x, w1, v1, w2, slots, output_grad_rows, unweighted_grad_rows,
-                                  activation_backward)
+                                  activation_backward, dx_targets)
     topo, owners = ctx.topology, ctx.owners
     need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
     E, f, h = w1.shape
@@ -268,7 +287,8 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
     del a
     da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
     d_h1, d_h2 = activation_backward(da, None)
-    dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, ctx.stash)
+    dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, ctx.stash,
+                                        dx_targets)
     return dx, dw1, dv1, dw2
 
 
@@ -469,3 +489,12 @@ class SparseBackend(ExpertBackend):
         x_pad = permute(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
         y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized, wgrad_stash)
         return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
+
+    def mlp_returning(self, x, exchange, plan, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
+        """Rows a symmetric dispatch delivered (the to_experts view, its plan) -> this rank's
+        to_sources view: the experts' outputs stored into the senders' buffers by the down-
+        projection itself (experts/sparse_returning.py)."""
+        from .sparse_returning import sparse_experts_returning
+
+        return sparse_experts_returning(x, w1, v1, w2, exchange, plan, activation, memory_optimized, wgrad_stash,
+                                        self.block_size)

@@ -45,8 +45,12 @@ class DispatchedPath(MoEPath):
             rows = AuxLossScaler.apply(rows, aux_loss, False)
         # issued while the exchange (if any) is in flight, before anything waits on its result
         shared = layer.shared_experts.start(x) if layer.shared_experts is not None else None
-        y = self.dispatcher.combine(self.run_experts(layer, rows, tokens_per_expert, state), state)
+        y = self.experts_and_combine(layer, rows, tokens_per_expert, state)
         return y if shared is None else y + layer.shared_experts.finish(shared)
+
+    def experts_and_combine(self, layer, rows: torch.Tensor, tokens_per_expert, state) -> torch.Tensor:
+        """y [T, h]: the experts on the dispatched rows, combined per token."""
+        return self.dispatcher.combine(self.run_experts(layer, rows, tokens_per_expert, state), state)
 
 
 class UnavailablePath(MoEPath):

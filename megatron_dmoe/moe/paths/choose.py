@@ -33,7 +33,7 @@ def choose_path(layer) -> MoEPath:
 
         # the sparse experts copy received rows into their padded buffer before anything else runs
         dispatcher = ExpertParallelDispatcher(experts.layout, groups.group, opts.ep_exchange,
-                                              rows_consumed_at_once=sparse)
+                                              rows_consumed_at_once=sparse, experts_return_rows=sparse)
         return ExpertParallelPath(dispatcher, backend)
     if sparse:
         return LocalSparsePath(padded)

@@ -1,7 +1,8 @@
 """Experts spread over the expert-parallel group: rows sorted by destination and exchanged (NCCL
 all-to-all or the symmetric exchange, moe/exchange/dispatcher.py), the local experts on them in arrival
 order, the outputs sent back and summed per token. The shared experts run on a side stream while
-the exchange is in flight."""
+the exchange is in flight. Over the symmetric exchange the sparse experts store their outputs into
+the senders' buffers themselves (experts/sparse_returning.py), so no combine push runs."""
 from __future__ import annotations
 
 from .base import DispatchedPath
@@ -23,3 +24,13 @@ class ExpertParallelPath(DispatchedPath):
             rows, self.dispatcher.counts_by_source(state), experts.w1, experts.v1, experts.w2, opts.activation,
             opts.memory_optimized, experts.wgrad_stash,
         )
+
+    def experts_and_combine(self, layer, rows, tokens_per_expert, state):
+        if not state.returned_by_experts:
+            return super().experts_and_combine(layer, rows, tokens_per_expert, state)
+        experts, opts = layer.experts, layer.experts.options
+        y_sorted = self.backend.mlp_returning(
+            rows, state.exchange, state.plan, experts.w1, experts.v1, experts.w2, opts.activation,
+            opts.memory_optimized, experts.wgrad_stash,
+        )
+        return self.dispatcher.sum_copies(y_sorted, state)
