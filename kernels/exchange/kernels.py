@@ -14,7 +14,7 @@ one process (how the tests check the index arithmetic).
                 each row r of the source to row targets[r] // R of rank targets[r] % R
   return_targets
                 for each row of the experts' padded buffer, where its output returns to: the
-                targets push_to_targets (and the products' scattering epilogue) take
+                targets push_to_targets takes
 Rows at or past `capacity` are not written.
 """
 from __future__ import annotations

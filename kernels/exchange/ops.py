@@ -9,8 +9,7 @@ moe/exchange/symmetric.py owns the buffers, the barriers and the autograd around
   push_copies(x, experts, positions, plan, dest_ptrs, capacity, local_experts)
                                             each routed copy of a token row to its expert's rank
   return_targets(pos, plan, padded_rows)    where each row of the experts' padded buffer returns to
-  push_to_targets(src, targets, dest_ptrs)  rows to those targets (what dsd(..., targets=) does
-                                            from its epilogue)
+  push_to_targets(src, targets, dest_ptrs)  rows to those targets (RowTargets.push)
 """
 from __future__ import annotations
 
@@ -107,9 +106,23 @@ def push_copies(
     )
 
 
+@dataclass
+class RowTargets:
+    """Where rows go in other ranks' buffers: row r to row targets[r] // R of the buffer at address
+    dest_ptrs[targets[r] % R], R = dest_ptrs.numel(); a negative target sends the row nowhere. The
+    buffers are row-major, of the rows' width and dtype (symmetric-memory peers, whose owners see
+    the rows after a barrier)."""
+
+    targets: torch.Tensor  # int64 [rows]
+    dest_ptrs: torch.Tensor  # int64 [R]
+
+    def push(self, src: torch.Tensor) -> None:
+        push_to_targets(src, self.targets, self.dest_ptrs)
+
+
 def return_targets(pos: torch.Tensor, plan: ExchangePlan, padded_rows: int) -> torch.Tensor:
     """int64 [padded_rows]: for each row of the experts' padded buffer, where its output returns
-    (products.ops.RowTargets): row * R + s for row `row` of source s's sorted order (the row that
+    (RowTargets): row * R + s for row `row` of source s's sorted order (the row that
     rank's `to_sources` buffer receives it at), -1 for padding and rows past the real ones. pos
     int32 [recv_rows, 1]: the padded row of each received row (arrival order)."""
     ranks = plan.return_base.numel()

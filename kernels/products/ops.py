@@ -13,7 +13,6 @@ by construction; the dense widths may be anything (the kernels mask the edges).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -40,18 +39,6 @@ from .topology import Topology
 from .tuning import DsdConfig, SddConfig, dsd_config, sdd_config
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclass
-class RowTargets:
-    """Where the rows of a product go instead of a local output (`dsd(..., targets=)`): row r to
-    row targets[r] // R of the buffer at address dest_ptrs[targets[r] % R], R = dest_ptrs.numel();
-    a negative target sends the row nowhere. The buffers are row-major [rows, N] in the product's
-    dtype, possibly other GPUs' memory (symmetric-memory peers, made visible to their owners by a
-    barrier afterwards)."""
-
-    targets: torch.Tensor  # int64 [rows of the product]
-    dest_ptrs: torch.Tensor  # int64 [R]
 
 
 def _check_operands(topology: Topology, op: str, **tensors: torch.Tensor) -> torch.dtype:
@@ -215,13 +202,8 @@ def dsd(
     config: Optional[DsdConfig] = None,
     accumulate: bool = False,
     slot: Optional[torch.Tensor] = None,
-    targets: Optional[RowTargets] = None,
-) -> Optional[torch.Tensor]:
+) -> torch.Tensor:
     """Dense S @ b (S^T @ b when transpose) for the sparse S = (data, topology).
-
-    targets (S @ b only, no out): the product's rows are stored where targets say (RowTargets)
-    and nothing is returned. The persistent kernel stores them from its epilogue; elsewhere the
-    product is made locally and then pushed.
 
     slot (S @ b only): an int32 [1] device tensor; data is then stacked sparse data [W, *the
     topology's data shape] and S is data[slot], the slot read by the kernel (a weight-gradient window's slots, where
@@ -235,12 +217,6 @@ def dsd(
     """
     op = "dsd"
     _check_2d(op, "b", b)
-    if targets is not None:
-        if transpose or out is not None or accumulate:
-            raise ValueError(f"{op}: targets are for S @ b into no out (transpose, out and accumulate unset)")
-        if targets.targets.dtype != torch.int64 or targets.targets.shape != (topology.shape[0],):
-            raise ValueError(f"{op}: targets must be int64 [{topology.shape[0]}] (one per row of S), got "
-                             f"{targets.targets.dtype} {tuple(targets.targets.shape)}")
     stacked = None
     if slot is not None:
         if transpose:
@@ -262,8 +238,7 @@ def dsd(
     if accumulate or wide_out:
         _check_accumulation_target(op, out, (s_rows, N), dtype, b.device)
     elif out is None:
-        if targets is None:
-            out = torch.empty((s_rows, N), dtype=dtype, device=b.device)
+        out = torch.empty((s_rows, N), dtype=dtype, device=b.device)
     elif tuple(out.shape) != (s_rows, N) or out.dtype != dtype:
         raise ValueError(
             f"{op}: out must have shape {(s_rows, N)} and dtype {dtype} (or float32), got {tuple(out.shape)} "
@@ -290,15 +265,7 @@ def dsd(
     regular = topology.blocks_per_row
     # Accumulation (and a wide out) goes through pointers, so out needs no TMA layout then.
     pointers = accumulate or wide_out
-    if targets is not None and not (cfg.persistent and regular and tma_ready(b) and topology.max_blocks > 0):
-        # no kernel stores rows elsewhere here: the product, then one pass pushing its rows
-        from ..exchange.ops import push_to_targets
-
-        local = dsd(stacked if stacked is not None else data, topology, b, config=config, slot=slot)
-        push_to_targets(local, targets.targets, targets.dest_ptrs)
-        return None
-    if cfg.persistent and regular and tma_ready(b) and (pointers or targets is not None or tma_ready(out)) \
-            and topology.max_blocks > 0:
+    if cfg.persistent and regular and tma_ready(b) and (pointers or tma_ready(out)) and topology.max_blocks > 0:
         s_block = [cfg.block_k, bs] if transpose else [bs, cfg.block_k]
         grid = min(persistent_programs(b.device, cfg.programs_per_sm), num_programs)
         # the weight-gradient kernel stores a wide out through TMA, in column strips (adding through TMA
@@ -313,8 +280,6 @@ def dsd(
             c_desc = tma_descriptor(out, [bs, strip])
         elif pointers:
             epilogue = dict(c_ptr=out, stride_cm=out.stride(0), ACCUMULATE=True, OVERWRITE=not accumulate)
-            c_desc = None
-        elif targets is not None:
             c_desc = None
         else:
             c_desc = tma_descriptor(out, [bs, cfg.block_n])
@@ -340,11 +305,8 @@ def dsd(
             DOT_PRECISION=dot_precision(dtype, b.device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             slot_rows=data.shape[0] * bs, **from_slot,
-            dest_ptrs=None if targets is None else targets.dest_ptrs,
-            targets_ptr=None if targets is None else targets.targets,
-            ranks=1 if targets is None else targets.dest_ptrs.numel(), SCATTER=targets is not None,
         )
-        return None if targets is not None else out
+        return out
     direct(kernel)[(num_programs,)](
         s_all, b, out,
         offsets, indices, positions,

@@ -19,13 +19,6 @@ writes C through plain pointers (c_ptr, stride_cm) instead of the TMA store: sta
 the same epilogue stores C = the product without reading C (a main_grad just zeroed): the stores
 need no wait, so the tile's epilogue no longer stalls on C's old values.
 
-SCATTER (S @ B only): instead of C, each output row r goes to row targets[r] // R of the buffer at
-dest_ptrs[targets[r] % R] (R = ranks; rows with a negative target go nowhere), through pointers in
-column strips as the ACCUMULATE epilogue writes. The buffers may be other GPUs' memory (symmetric
-memory peers): the expert-parallel combine stores its rows straight from the product, so their
-NVLink traffic runs under the next tiles' math instead of in a pass of its own. Rows past the used
-ones store nothing. c_desc is unused (None).
-
 FROM_SLOT (S @ B only): S is one slot of stacked data (a weight-gradient window's, products/window.py), the slot
 read from slot_ptr on the device, so that a replayed graph reads whichever slot is current.
 """
@@ -76,42 +69,7 @@ def add_tile_to_output(c_ptr, stride_cm, N, row0, col0, acc, BS: tl.constexpr, B
         _add_part(c_ptr, stride_cm, N, row0, col0, acc, BS, BLOCK_N, ADD)
 
 
-@triton.jit
-def _scatter_part(dest_ptrs, targets_ptr, ranks, N, row0, col0, part, BS: tl.constexpr, WIDTH: tl.constexpr,
-                  OUT: tl.constexpr):
-    targets = tl.load(targets_ptr + row0.to(tl.int64) + tl.arange(0, BS))
-    live = targets >= 0
-    rank = tl.where(live, targets % ranks, 0)
-    base = tl.load(dest_ptrs + rank, mask=live, other=0).to(tl.pointer_type(OUT))
-    cols = col0 + tl.arange(0, WIDTH)
-    ptrs = base[:, None] + (targets // ranks)[:, None] * N + cols[None, :]
-    tl.store(ptrs, part.to(OUT), mask=live[:, None] & (cols[None, :] < N))
-
-
-@triton.jit
-def _scatter_halves(dest_ptrs, targets_ptr, ranks, N, row0, col0, acc, BS: tl.constexpr, WIDTH: tl.constexpr,
-                    OUT: tl.constexpr):
-    left, right = halves(acc, BS, WIDTH)
-    _scatter_part(dest_ptrs, targets_ptr, ranks, N, row0, col0, left, BS, WIDTH // 2, OUT)
-    _scatter_part(dest_ptrs, targets_ptr, ranks, N, row0, col0 + WIDTH // 2, right, BS, WIDTH // 2, OUT)
-
-
-@triton.jit
-def scatter_tile_rows(dest_ptrs, targets_ptr, ranks, N, row0, col0, acc, BS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      OUT: tl.constexpr):
-    """Rows of the tile acc (output rows row0 ..., columns col0 ...) to their targets (SCATTER
-    above), in column strips of at most 64 as add_tile_to_output writes."""
-    if BLOCK_N > 128:
-        left, right = halves(acc, BS, BLOCK_N)
-        _scatter_halves(dest_ptrs, targets_ptr, ranks, N, row0, col0, left, BS, BLOCK_N // 2, OUT)
-        _scatter_halves(dest_ptrs, targets_ptr, ranks, N, row0, col0 + BLOCK_N // 2, right, BS, BLOCK_N // 2, OUT)
-    elif BLOCK_N > 64:
-        _scatter_halves(dest_ptrs, targets_ptr, ranks, N, row0, col0, acc, BS, BLOCK_N, OUT)
-    else:
-        _scatter_part(dest_ptrs, targets_ptr, ranks, N, row0, col0, acc, BS, BLOCK_N, OUT)
-
-
-@triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs", "ranks"])
+@triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs"])
 def dsd_tma_kernel(
     s_desc, b_desc, c_desc,
     offsets_ptr, indices_ptr, positions_ptr, nnz_ptr,
@@ -121,7 +79,6 @@ def dsd_tma_kernel(
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     c_ptr, stride_cm, ACCUMULATE: tl.constexpr, OVERWRITE: tl.constexpr,
     slot_ptr, slot_rows, FROM_SLOT: tl.constexpr,
-    dest_ptrs, targets_ptr, ranks, SCATTER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -159,13 +116,11 @@ def dsd_tma_kernel(
                 s = s_desc.load([s_row0 + blk * BS, kk])
             b = b_desc.load([first * BS + i * BLOCK_K, tn * BLOCK_N])
             acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
-        if SCATTER:
-            scatter_tile_rows(dest_ptrs, targets_ptr, ranks, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, OUT_DTYPE)
-        elif ACCUMULATE:
+        if ACCUMULATE:
             add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, not OVERWRITE)
         else:
             c_desc.store([tm * BS, tn * BLOCK_N], acc.to(OUT_DTYPE))
-    if not TRANS_S and not ACCUMULATE and not SCATTER:
+    if not TRANS_S and not ACCUMULATE:
         zeros = tl.zeros((BS, BLOCK_N), dtype=OUT_DTYPE)
         for t in range(pid, (out_block_rows - busy_rows) * num_n, num_programs):
             c_desc.store([(busy_rows + t // num_n) * BS, (t % num_n) * BLOCK_N], zeros)

@@ -41,8 +41,9 @@ is copied to the host: every size comes from host-known bounds, counts stay on t
   SparseBackend.mlp       the registry's interface: rows grouped by expert without padding, or
                           (mlp_in_arrival_order) as the expert-parallel exchange delivers them,
                           padded and un-padded around sparse_expert_mlp by the fused permutation
-                          kernels, or (mlp_returning) from the symmetric exchange and back into
-                          the senders' buffers by the products themselves (sparse_returning.py)
+                          kernels, or (mlp_returning) from the symmetric exchange, the outputs
+                          pushed from the padded buffer into the senders' buffers
+                          (sparse_returning.py)
 """
 from __future__ import annotations
 
@@ -164,28 +165,25 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
 
 def _input_grad(d_h1, d_h2, topo, w1, v1, slots=None, dx_targets=None):
     """dx = d_h1 w1 (+ d_h2 v1), d_h1 and d_h2 read from slot `slots[i].counter` of their windows'
-    stacked data when slots are given. With dx_targets (RowTargets) dx's rows are stored there
-    instead (by the product's epilogue; with v1, after the sum) and None is returned."""
+    stacked data when slots are given. With dx_targets (RowTargets: other ranks' buffers) dx's
+    rows are pushed there from the padded buffer and None is returned."""
     from dmoe_kernels import ops
 
     E, f, h = w1.shape
     slot_args = ({}, {}) if slots is None else tuple(
         {} if s is None else {"slot": s.counter} for s in (slots[0], slots[1]))
-    if v1 is None:
-        return ops.dsd(d_h1, topo, w1.reshape(E * f, h), targets=dx_targets, **slot_args[0])
     dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h), **slot_args[0])
-    dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h), **slot_args[1])
+    if v1 is not None:
+        dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h), **slot_args[1])
     if dx_targets is None:
         return dx
-    from dmoe_kernels.exchange.ops import push_to_targets
-
-    push_to_targets(dx, dx_targets.targets, dx_targets.dest_ptrs)
+    dx_targets.push(dx)
     return None
 
 
 def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, stash, dx_targets=None):
     """Gradients through the up-projection(s) h1 = x w1^T (and h2 = x v1^T): dx, dw1, dv1; dx's
-    rows to dx_targets instead when given (see _input_grad)."""
+    rows pushed to dx_targets instead when given (see _input_grad)."""
     dx = dw1 = dv1 = None
     if need_x:
         dx = _input_grad(d_h1, d_h2, topo, w1, v1, dx_targets=dx_targets)
@@ -492,8 +490,8 @@ class SparseBackend(ExpertBackend):
 
     def mlp_returning(self, x, exchange, plan, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
         """Rows a symmetric dispatch delivered (the to_experts view, its plan) -> this rank's
-        to_sources view: the experts' outputs stored into the senders' buffers by the down-
-        projection itself (experts/sparse_returning.py)."""
+        to_sources view: the experts' outputs pushed from the padded buffer straight into the
+        senders' buffers (experts/sparse_returning.py)."""
         from .sparse_returning import sparse_experts_returning
 
         return sparse_experts_returning(x, w1, v1, w2, exchange, plan, activation, memory_optimized, wgrad_stash,

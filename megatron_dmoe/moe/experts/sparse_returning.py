@@ -1,21 +1,23 @@
-"""The sparse experts between the symmetric exchange's pushes, their outputs stored straight into
-the senders' buffers (moe/exchange/symmetric.py).
+"""The sparse experts between the symmetric exchange's pushes, their outputs pushed from the
+padded buffer straight into the senders' buffers (moe/exchange/symmetric.py).
 
-Unfused, a layer's rows pass three times after the experts' last product: the product stores the
-padded output, one pass brings it back to arrival order, one push stores it into the senders'
-`to_sources` buffers; the backward does the same with the input gradient. Here the down-
-projection's epilogue stores each output row at its sender's row itself (`dsd(..., targets=)`,
-the targets from `return_targets`), and in backward the input gradient's product does the same,
-so the rows cross NVLink while the product still computes, and neither the un-permutation nor the
-push runs:
+Unfused, the rows pass three times after the experts' last product: the product stores the padded
+output, one pass brings it back to arrival order, one push stores it into the senders' `to_sources`
+buffers; the backward does the same with the input gradient. Here one push reads the padded rows
+and stores each at its sender's row (`RowTargets`, from `return_targets`), so the un-permutation
+pass and its backward's counterpart do not run:
 
-  forward   arrival rows -> padded buffer (expand) -> h1 [, h2] -> a -> DSD(a, w2) into the senders'
-            to_sources -> barrier; returns this rank's to_sources view (its copies' outputs, in
-            its sorted order), which the dispatcher's combine sums per token
+  forward   arrival rows -> padded buffer (expand) -> h1 [, h2] -> a -> DSD(a, w2) -> pushed into
+            the senders' to_sources -> barrier; returns this rank's to_sources view (its copies'
+            outputs, in its sorted order), which the dispatcher sums per token
   backward  the gradient of that view goes out to the expert ranks (to_experts push, barrier) ->
-            padded (expand) -> the experts' backward, dx's product into the senders' to_sources ->
+            padded (expand) -> the experts' backward, dx pushed into the senders' to_sources ->
             barrier. The gradient returned for the received rows is a placeholder: the dispatch's
             backward reads its rows from to_sources (`send_to_experts(..., returned=True)`).
+
+The products could store the rows to the peers themselves (a scattering epilogue): measured, that
+made them slower than the pass it saves (docs/performance.md, "The combine pushed from the padded
+buffer").
 """
 from __future__ import annotations
 
@@ -29,9 +31,8 @@ class _SparseExpertsReturning(torch.autograd.Function):
     def forward(ctx, x, w1, v1, w2, exchange, plan, activation, memory_optimized, owners, stash, block_size):
         import dmoe_kernels as dk
         from dmoe_kernels import ops
-        from dmoe_kernels.exchange.ops import return_targets
+        from dmoe_kernels.exchange.ops import RowTargets, return_targets
         from dmoe_kernels.permutation.ops import expand
-        from dmoe_kernels.products.ops import RowTargets
 
         from .arrival import arrival_positions
 
@@ -45,7 +46,7 @@ class _SparseExpertsReturning(torch.autograd.Function):
         h1, h2, a = _hidden(x_pad, w1, v1, topo, activation)
         returned = exchange.buffer("to_sources", h, x.dtype)  # reserved by the dispatch
         targets = RowTargets(return_targets(pos, plan, topo.shape[0]), returned.ptrs)
-        ops.dsd(a, topo, w2.reshape(E * f, h), targets=targets)
+        targets.push(ops.dsd(a, topo, w2.reshape(E * f, h)))
         exchange.barrier(channel=1)
         keep_a = not (memory_optimized or _windows_wanted(stash, owners))
         ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, a if keep_a else None, pos, real_rows, targets.targets)
@@ -56,9 +57,9 @@ class _SparseExpertsReturning(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         from dmoe_kernels import activation as act
+        from dmoe_kernels.exchange.ops import RowTargets
         from dmoe_kernels.launch import bind_device
         from dmoe_kernels.permutation.ops import expand
-        from dmoe_kernels.products.ops import RowTargets
 
         bind_device(grad)  # autograd's worker thread
         saved = ctx.saved_tensors
