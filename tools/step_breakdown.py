@@ -15,7 +15,7 @@ from typing import Dict, Iterable, List, Tuple
 # (dsdt before dsd, the exchange's pushes before the permutation's row moves).
 PARTS: Tuple[Tuple[str, str], ...] = (
     ("exchange waits", r"barrier_kernel|nccl"),
-    ("exchange rows", r"^(push_rows|push_copies|post_counts|exchange_plan)_kernel$"),
+    ("exchange rows", r"^(push_rows|push_copies|push_to_targets|post_counts|exchange_plan|return_targets)_kernel$"),
     ("weight gradients", r"^dsdt"),
     ("wgrad slot copies", r"^copy_to_slot_kernel$"),  # moe.expert_wgrad_window's narrow operands
     ("expert products", r"^(sdd|dsd)(_tma)?_kernel$|grouped_mm|grouped_gemm"),

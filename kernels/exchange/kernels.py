@@ -132,8 +132,10 @@ def exchange_plan_kernel(inbox_ptr, plan_ptr, counts_by_source_ptr, tokens_per_e
 
 
 @triton.jit
-def push_to_targets_kernel(src_ptr, targets_ptr, dest_ptrs, n_rows, ranks, H, src_stride,
-                           BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+def push_to_targets_kernel(src_ptr, targets_ptr, dest_ptrs, n_rows, used_ptr, ranks, H, src_stride,
+                           HAS_USED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    if HAS_USED:  # rows from *used_ptr on hold nothing to push (a bound-sized buffer's tail)
+        n_rows = tl.minimum(n_rows, tl.load(used_ptr).to(tl.int32))
     for start in range(tl.program_id(0) * BLOCK_R, n_rows, tl.num_programs(0) * BLOCK_R):
         rows = start + tl.arange(0, BLOCK_R)
         targets = tl.load(targets_ptr + rows, mask=rows < n_rows, other=-1)

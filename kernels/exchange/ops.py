@@ -115,9 +115,10 @@ class RowTargets:
 
     targets: torch.Tensor  # int64 [rows]
     dest_ptrs: torch.Tensor  # int64 [R]
+    used_rows: Optional[torch.Tensor] = None  # one integer on the device: rows from it on go nowhere
 
     def push(self, src: torch.Tensor) -> None:
-        push_to_targets(src, self.targets, self.dest_ptrs)
+        push_to_targets(src, self.targets, self.dest_ptrs, used_rows=self.used_rows)
 
 
 def return_targets(pos: torch.Tensor, plan: ExchangePlan, padded_rows: int) -> torch.Tensor:
@@ -137,12 +138,14 @@ def return_targets(pos: torch.Tensor, plan: ExchangePlan, padded_rows: int) -> t
 
 
 def push_to_targets(src: torch.Tensor, targets: torch.Tensor, dest_ptrs: torch.Tensor,
-                    programs: Optional[int] = None) -> None:
+                    programs: Optional[int] = None, used_rows: Optional[torch.Tensor] = None) -> None:
     """Row r of src [rows, H] to row targets[r] // R of the buffer at dest_ptrs[targets[r] % R]
-    (R = dest_ptrs.numel(); rows with a negative target stay)."""
+    (R = dest_ptrs.numel(); rows with a negative target stay). used_rows: a one-element integer
+    tensor on the device; rows from its value on are not even looked at (a bound-sized buffer's
+    unused tail)."""
     src = src if src.stride(1) == 1 else src.contiguous()
     programs, block_h, warps = _launch_shape(src, programs)
     direct(_kernels.push_to_targets_kernel)[(programs,)](
-        src, targets, dest_ptrs, src.shape[0], dest_ptrs.numel(), src.shape[1], src.stride(0),
-        BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
+        src, targets, dest_ptrs, src.shape[0], used_rows, dest_ptrs.numel(), src.shape[1], src.stride(0),
+        HAS_USED=used_rows is not None, BLOCK_R=8, BLOCK_H=block_h, num_warps=warps,
     )

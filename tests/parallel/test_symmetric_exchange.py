@@ -157,9 +157,9 @@ def test_exchange_choice_on_cpu():
 
 @pytest.mark.parametrize("ranks,local_experts,k", [(2, 3, 2), (4, 2, 3)])
 def test_padded_rows_return_to_the_senders_sorted_order(ranks, local_experts, k):
-    """The combine stored from the experts' padded buffer (return_targets, push_to_targets: what the
-    down-projection's epilogue does) lands where push_rows from arrival order does; padding rows and
-    the receive buffer's rows past the real ones go nowhere."""
+    """The combine pushed from the experts' padded buffer (return_targets, push_to_targets) lands
+    where push_rows from arrival order does; padding rows, the receive buffer's rows past the real
+    ones and the padded rows past the last group go nowhere."""
     import dmoe_kernels as dk
     from dmoe_kernels.exchange.ops import push_to_targets, return_targets
     from megatron_dmoe.moe.experts.arrival import arrival_positions
@@ -184,7 +184,11 @@ def test_padded_rows_return_to_the_senders_sorted_order(ranks, local_experts, k)
         padded[pos[: plan.recv_rows, 0].long()] = to_experts[me][: plan.recv_rows] * (me + 2)
         targets = return_targets(pos, plan, topo.shape[0])
         assert int((targets >= 0).sum()) == plan.recv_rows
-        push_to_targets(padded, targets, _addresses(by_targets), programs=3)
+        used = topo.expert_offsets[-1:]  # the padded rows end with the last group
+        assert int((targets[int(used):] >= 0).sum()) == 0
+        junk = targets.clone()
+        junk[int(used):] = 0  # a row past the used ones would land on row 0 of rank 0: it must not be looked at
+        push_to_targets(padded, junk, _addresses(by_targets), programs=3, used_rows=used)
         push_rows(to_experts[me][: plan.recv_rows] * (me + 2), plan.recv_starts, plan.return_base,
                   _addresses(by_rows), send_rows, me, programs_per_destination=2)
     for a, b in zip(by_targets, by_rows):

@@ -45,7 +45,8 @@ class _SparseExpertsReturning(torch.autograd.Function):
         x_pad = expand(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
         h1, h2, a = _hidden(x_pad, w1, v1, topo, activation)
         returned = exchange.buffer("to_sources", h, x.dtype)  # reserved by the dispatch
-        targets = RowTargets(return_targets(pos, plan, topo.shape[0]), returned.ptrs)
+        # the padded rows end with the last expert's group: the push stops there
+        targets = RowTargets(return_targets(pos, plan, topo.shape[0]), returned.ptrs, topo.expert_offsets[-1:])
         targets.push(ops.dsd(a, topo, w2.reshape(E * f, h)))
         exchange.barrier(channel=1)
         keep_a = not (memory_optimized or _windows_wanted(stash, owners))
@@ -66,13 +67,14 @@ class _SparseExpertsReturning(torch.autograd.Function):
         h1, h2 = saved[4:6]
         pos, real_rows, targets = saved[7:]
         topo, exchange, plan = ctx.topology, ctx.exchange, ctx.plan
+        dx_targets = RowTargets(targets, exchange.buffer("to_sources", grad.shape[1], grad.dtype).ptrs,
+                                topo.expert_offsets[-1:])
         arrived = exchange.to_experts(grad.contiguous(), plan)
         dy = expand(arrived, pos, topo.shape[0], topo.expert_offsets, plan.tokens_per_expert, valid_rows=real_rows)
-        returned = exchange.buffer("to_sources", grad.shape[1], grad.dtype)
         _, dw1, dv1, dw2 = _expert_mlp_backward(
             ctx, saved[:7], lambda: dy, lambda: dy,
             lambda da, slots: act.activation_backward(ctx.activation, da, h1, h2, topo.nnz, slots, keep=slots is None),
-            dx_targets=RowTargets(targets, returned.ptrs),
+            dx_targets=dx_targets,
         )
         exchange.barrier(channel=1)
         # the received rows' gradient is in the senders' to_sources now: a placeholder of its shape
