@@ -2,17 +2,20 @@
 into the senders' buffers (experts/sparse_returning.py), against a float64 per-token MoE.
 
 The symmetric exchange needs CUDA peers; here it runs over one "rank" whose buffers are plain
-tensors (the push kernels and the products' scattering epilogue write through the same address
-tables under Triton's interpreter). The dispatch, the experts and the per-token sum are the layer's
-own (ExpertParallelDispatcher with experts_return_rows); the many-rank index arithmetic is
+tensors (the push kernels write through the same address tables under Triton's interpreter). The
+dispatch, the experts and the per-token sum are the layer's own (ExpertParallelDispatcher with
+experts_return_rows, ExpertParallelPath); the many-rank index arithmetic is
 checked in tests/parallel/test_symmetric_exchange.py, the real exchange on GPUs by the
 expert-parallel training tests."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from megatron_dmoe.moe.exchange.dispatcher import ExpertParallelDispatcher
 from megatron_dmoe.moe.exchange.symmetric import SymmetricExchange, _RowsBuffer
 from megatron_dmoe.moe.experts.sparse import SparseBackend
+from megatron_dmoe.moe.paths.expert_parallel import ExpertParallelPath
 from megatron_dmoe.parallel.expert_layout import ExpertLayout
 from moe_reference import gelu, rel_err, silu
 
@@ -55,8 +58,7 @@ def _reference(x, indices, weights, w1, v1, w2, activation):
     return y
 
 
-@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-@pytest.mark.slow
+@pytest.mark.parametrize("activation", ["gelu", pytest.param("swiglu", marks=pytest.mark.slow)])
 def test_outputs_and_gradients_match_a_float64_moe(activation):
     g = torch.Generator().manual_seed(11 if activation == "gelu" else 12)
     E, f, h, T, k = 3, 32, 24, 21, 2
@@ -74,12 +76,15 @@ def test_outputs_and_gradients_match_a_float64_moe(activation):
     v1 = (torch.randn(E, f, h, generator=g) * h ** -0.5).requires_grad_(True) if activation == "swiglu" else None
     w2 = (torch.randn(E, f, h, generator=g) * f ** -0.5).requires_grad_(True)
 
-    rows, _, state = dispatcher.dispatch(x, indices, weights)
+    rows, tokens_per_expert, state = dispatcher.dispatch(x, indices, weights)
     assert state.returned_by_experts
-    y_sorted = SparseBackend(block_size=16).mlp_returning(rows, exchange, state.plan, w1, v1, w2, activation, False)
-    y = dispatcher.sum_copies(y_sorted, state)
     with pytest.raises(RuntimeError, match="sum them with sum_copies"):
-        dispatcher.combine(y_sorted, state)
+        dispatcher.combine(rows, state)
+    # as the layer's path runs them
+    experts = SimpleNamespace(w1=w1, v1=v1, w2=w2, wgrad_stash=None,
+                              options=SimpleNamespace(activation=activation, memory_optimized=False))
+    path = ExpertParallelPath(dispatcher, SparseBackend(block_size=16))
+    y = path.experts_and_combine(SimpleNamespace(experts=experts), rows, tokens_per_expert, state)
     dy = torch.randn(T, h, generator=g)
     params = [x, weights, w1, w2] + ([v1] if v1 is not None else [])
     grads = torch.autograd.grad(y, params, dy)

@@ -33,7 +33,10 @@ too.
 What stays elsewhere, and why: the dispatchers that run on one rank (dropless, padded, capacity)
 and their base class TokenDispatcher stay in moe/dispatch/, since they exchange nothing; the
 layer's execution path around this dispatcher (experts in arrival order, shared experts
-overlapping the exchange) is moe/paths/expert_parallel.py, beside the other paths; the process
+overlapping the exchange) is moe/paths/expert_parallel.py, beside the other paths; the sparse
+experts that push their outputs from their padded buffer straight back into the senders'
+`to_sources` buffers (the combine's push without a pass back to arrival order) are
+moe/experts/sparse_returning.py, which the path runs over the symmetric exchange; the process
 groups and the expert layout are megatron_dmoe/parallel/, which imports nothing from moe/.
 
 Nothing is imported here: `from megatron_dmoe.moe.exchange.dispatcher import ...` and the like.

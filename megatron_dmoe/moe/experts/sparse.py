@@ -41,9 +41,9 @@ is copied to the host: every size comes from host-known bounds, counts stay on t
   SparseBackend.mlp       the registry's interface: rows grouped by expert without padding, or
                           (mlp_in_arrival_order) as the expert-parallel exchange delivers them,
                           padded and un-padded around sparse_expert_mlp by the fused permutation
-                          kernels, or (mlp_returning) from the symmetric exchange, the outputs
-                          pushed from the padded buffer into the senders' buffers
-                          (sparse_returning.py)
+                          kernels; over the symmetric exchange the path runs them as
+                          sparse_returning.py does instead (outputs pushed from the padded
+                          buffer into the senders' buffers)
 """
 from __future__ import annotations
 
@@ -488,11 +488,3 @@ class SparseBackend(ExpertBackend):
         y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized, wgrad_stash)
         return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
 
-    def mlp_returning(self, x, exchange, plan, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
-        """Rows a symmetric dispatch delivered (the to_experts view, its plan) -> this rank's
-        to_sources view: the experts' outputs pushed from the padded buffer straight into the
-        senders' buffers (experts/sparse_returning.py)."""
-        from .sparse_returning import sparse_experts_returning
-
-        return sparse_experts_returning(x, w1, v1, w2, exchange, plan, activation, memory_optimized, wgrad_stash,
-                                        self.block_size)

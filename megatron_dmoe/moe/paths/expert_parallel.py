@@ -28,9 +28,12 @@ class ExpertParallelPath(DispatchedPath):
     def experts_and_combine(self, layer, rows, tokens_per_expert, state):
         if not state.returned_by_experts:
             return super().experts_and_combine(layer, rows, tokens_per_expert, state)
+        # only the sparse backend's dispatcher says so (moe/paths/choose.py)
+        from ..experts.sparse_returning import sparse_experts_returning
+
         experts, opts = layer.experts, layer.experts.options
-        y_sorted = self.backend.mlp_returning(
-            rows, state.exchange, state.plan, experts.w1, experts.v1, experts.w2, opts.activation,
-            opts.memory_optimized, experts.wgrad_stash,
+        y_sorted = sparse_experts_returning(
+            rows, experts.w1, experts.v1, experts.w2, state.exchange, state.plan, opts.activation,
+            opts.memory_optimized, experts.wgrad_stash, self.backend.block_size,
         )
         return self.dispatcher.sum_copies(y_sorted, state)
