@@ -7,6 +7,7 @@ code, can use it without importing the products.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -39,11 +40,30 @@ def multiprocessors(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# multiprocessors the persistent kernels leave free (leave_multiprocessors_free)
+_left_free = [0]
+
+
+@contextlib.contextmanager
+def leave_multiprocessors_free(count: int):
+    """Persistent kernels launched (or captured) inside size their grids for all but `count`
+    multiprocessors, so that kernels on other streams (an exchange's pushes) find room beside
+    them instead of waiting for the whole product to end. At least one is always used."""
+    if count < 0:
+        raise ValueError(f"leave_multiprocessors_free: count must be >= 0, got {count}")
+    previous, _left_free[0] = _left_free[0], count
+    try:
+        yield
+    finally:
+        _left_free[0] = previous
+
+
 def persistent_programs(device: torch.device, per_sm: int) -> int:
-    """Grid size of a persistent kernel: per_sm programs per multiprocessor of the device."""
+    """Grid size of a persistent kernel: per_sm programs per multiprocessor of the device, less the
+    multiprocessors left free (leave_multiprocessors_free)."""
     if device.type != "cuda":
         return 3  # the interpreter: a few programs still exercise the persistent loop
-    return multiprocessors(device) * per_sm
+    return max(1, multiprocessors(device) - _left_free[0]) * per_sm
 
 
 def dot_precision(dtype: torch.dtype, device: torch.device) -> str:

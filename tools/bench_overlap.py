@@ -11,15 +11,17 @@ on every rank, the slowest rank's time kept:
              routed top --top-k over --experts uniformly at random (balanced on average)
   exchange   dispatch + combine of another chunk of the same size (identity experts between)
   both       the two at once, the exchange on a second stream
-  hidden     (experts + exchange - both) / exchange: the share of the exchange's time that running
-             it beside the products saves
+  hidden     (experts on every multiprocessor + exchange - both) / exchange: the share of the
+             exchange's time that running it beside the products saves, net of what leaving
+             multiprocessors free costs the products
 
 The experts' products are persistent kernels sized to fill every multiprocessor; the exchange's
-push kernels then wait for multiprocessors unless --push-programs leaves them fewer, or the
-products fewer (not settable here). Rank 0 prints a table and writes JSON (--out).
+push kernels then wait for multiprocessors unless --push-programs gives them fewer programs or
+--free-sms has the products leave some multiprocessors free (`leave_multiprocessors_free`): each
+row is one (push programs, free multiprocessors) pair. Rank 0 prints a table and writes JSON (--out).
 
   torchrun --standalone --nproc_per_node 2 tools/bench_overlap.py --out overlap.json
-  torchrun --standalone --nproc_per_node 4 tools/bench_overlap.py --ep 2,4 --push-programs auto,16,32
+  torchrun --standalone --nproc_per_node 4 tools/bench_overlap.py --ep 2,4 --push-programs auto,16,32 --free-sms 0,8,16
 
 Defaults: the Small model at expert parallelism 2, a chunk of half a micro-batch of 16 x 1024 tokens.
 """
@@ -37,6 +39,7 @@ from bench_ep import NCCL_ENV, _graph_timed, _random_routing, format_table, writ
 COLUMNS = [
     ("ep", "EP", "{:d}"),
     ("push_programs", "push programs", "{}"),
+    ("free_sms", "free SMs", "{:d}"),
     ("local_experts", "local experts", "{:d}"),
     ("experts_ms", "experts ms", "{:.3f}"),
     ("exchange_ms", "exchange ms", "{:.3f}"),
@@ -57,6 +60,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--push-programs", default="auto,16,32", metavar="N[,N...]",
                         help="programs of the exchange's push kernels, comma-separated: auto (two per "
                              "multiprocessor) and/or numbers (default auto,16,32)")
+    parser.add_argument("--free-sms", default="0,16", metavar="N[,N...]",
+                        help="multiprocessors the experts' persistent products leave free for the exchange, "
+                             "comma-separated (default 0,16)")
     parser.add_argument("--iters", type=int, default=20, help="timed graph replays (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed replays first (default 5)")
     parser.add_argument("--out", type=Path, help="JSON file for the results (written by rank 0)")
@@ -65,13 +71,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.ep = sorted({int(x) for x in args.ep.split(",") if x.strip()})
         args.push_programs = [None if x.strip() == "auto" else int(x) for x in args.push_programs.split(",")
                               if x.strip()]
+        args.free_sms = sorted({int(x) for x in args.free_sms.split(",") if x.strip()})
     except ValueError:
-        parser.error(f"--ep {args.ep!r} / --push-programs {args.push_programs!r}: give comma-separated integers "
-                     "(and auto for --push-programs), e.g. --ep 2,4 --push-programs auto,16")
+        parser.error(f"--ep {args.ep!r} / --push-programs {args.push_programs!r} / --free-sms {args.free_sms!r}: "
+                     "give comma-separated integers (and auto for --push-programs), e.g. --ep 2,4 "
+                     "--push-programs auto,16 --free-sms 0,16")
     if not args.ep or min(args.ep) < 2:
         parser.error("--ep needs sizes >= 2: at EP 1 nothing is exchanged")
     if not args.push_programs or any(n is not None and n < 1 for n in args.push_programs):
         parser.error("--push-programs needs auto or numbers >= 1")
+    if not args.free_sms or min(args.free_sms) < 0:
+        parser.error("--free-sms needs numbers >= 0")
     for name in ("tokens", "hidden", "ffn", "experts", "top_k", "iters"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -80,12 +90,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def bench_overlap(args, ep: int, device, programs: Optional[int]) -> dict:
-    """One row of the table: the three parts as graphs at this EP size and push-program count."""
+def bench_overlap(args, ep: int, device, programs: Optional[int]) -> list:
+    """The rows of one EP size and push-program count: the three parts as graphs, for each count
+    of multiprocessors the products leave free."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
+    from dmoe_kernels.launch import leave_multiprocessors_free
     from megatron_dmoe.moe.exchange.dispatcher import ExpertParallelDispatcher
     from megatron_dmoe.moe.exchange.symmetric import SymmetricExchanges
     from megatron_dmoe.moe.experts.sparse import SparseBackend
@@ -128,16 +140,26 @@ def bench_overlap(args, ep: int, device, programs: Optional[int]) -> dict:
         run_experts()
         torch.cuda.current_stream(device).wait_stream(side)
 
+    def timed(fn, free):
+        with leave_multiprocessors_free(free):  # the grids are fixed when the graph is captured
+            return _graph_timed(fn, args, device)
+
     with torch.no_grad():
         for fn in (run_experts, run_exchange, run_both):  # compiled, buffers made, before any capture
             fn()
         torch.cuda.synchronize(device)
-        experts_s, exchange_s, both_s = (_graph_timed(fn, args, device) for fn in (run_experts, run_exchange, run_both))
-    return {
-        "ep": ep, "push_programs": "auto" if programs is None else str(programs), "local_experts": experts,
-        "tokens_per_rank": args.tokens, "experts_ms": 1e3 * experts_s, "exchange_ms": 1e3 * exchange_s,
-        "both_ms": 1e3 * both_s, "hidden": (experts_s + exchange_s - both_s) / exchange_s,
-    }
+        exchange_s, full_s = timed(run_exchange, 0), timed(run_experts, 0)
+        rows = []
+        for free in args.free_sms:
+            experts_s = full_s if free == 0 else timed(run_experts, free)
+            both_s = timed(run_both, free)
+            rows.append({
+                "ep": ep, "push_programs": "auto" if programs is None else str(programs), "free_sms": free,
+                "local_experts": experts, "tokens_per_rank": args.tokens, "experts_ms": 1e3 * experts_s,
+                "exchange_ms": 1e3 * exchange_s, "both_ms": 1e3 * both_s,
+                "hidden": (full_s + exchange_s - both_s) / exchange_s,
+            })
+    return rows
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -162,7 +184,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 continue
             init_distributed("cuda", expert_model_parallel_size=ep)
             seed_everything(1234, env)
-            results["rows"] += [bench_overlap(args, ep, env.device, programs) for programs in args.push_programs]
+            for programs in args.push_programs:
+                results["rows"] += bench_overlap(args, ep, env.device, programs)
         if env.is_main:
             print(f"{env.world_size} processes, one {results['gpu']} each; bf16, {args.experts} experts top-"
                   f"{args.top_k}, hidden {args.hidden}, ffn {args.ffn}, {args.tokens} tokens per rank and chunk; "

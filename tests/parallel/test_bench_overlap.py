@@ -12,9 +12,10 @@ spec.loader.exec_module(bench_overlap)
 
 
 def test_arguments_are_parsed_and_checked(capsys):
-    args = bench_overlap.parse_args(["--ep", "4,2", "--push-programs", "auto,16"])
-    assert args.ep == [2, 4] and args.push_programs == [None, 16]
+    args = bench_overlap.parse_args(["--ep", "4,2", "--push-programs", "auto,16", "--free-sms", "16,0"])
+    assert args.ep == [2, 4] and args.push_programs == [None, 16] and args.free_sms == [0, 16]
     for bad, message in ((["--ep", "1"], "sizes >= 2"), (["--push-programs", "0"], "auto or numbers >= 1"),
+                         (["--free-sms", "-4"], "numbers >= 0"), (["--free-sms", "x"], "comma-separated integers"),
                          (["--ep", "two"], "comma-separated integers"), (["--top-k", "65"], "exceeds --experts")):
         with pytest.raises(SystemExit):
             bench_overlap.parse_args(bad)
