@@ -151,7 +151,12 @@ class SymmetricExchange:
         buf = self.buffer("to_sources", src.shape[1], src.dtype)
         push_rows(src, plan.recv_starts, plan.return_base, buf.ptrs, buf.capacity, self.me, self._per_destination())
         self.barrier(channel=1)
-        return buf.tensor[: plan.send_rows]
+        return self.returned_rows(src.shape[1], src.dtype, plan)
+
+    def returned_rows(self, hidden: int, dtype: torch.dtype, plan: ExchangePlan) -> torch.Tensor:
+        """The view [plan.send_rows, hidden] of this rank's to_sources buffer: its copies' rows as
+        they came back, in its sorted order (valid after the barrier that ends their pushes)."""
+        return self.buffer("to_sources", hidden, dtype).tensor[: plan.send_rows]
 
 
 class SymmetricExchanges:
@@ -232,7 +237,7 @@ class _ToExperts(torch.autograd.Function):
         (positions,) = ctx.saved_tensors
         bind_device(grad)  # autograd's worker thread
         if ctx.returned:
-            grad_sorted = ctx.exchange.buffer("to_sources", grad.shape[1], grad.dtype).tensor[: ctx.plan.send_rows]
+            grad_sorted = ctx.exchange.returned_rows(grad.shape[1], grad.dtype, ctx.plan)
         else:
             grad_sorted = ctx.exchange.to_sources(grad.contiguous(), ctx.plan)
 

@@ -170,11 +170,10 @@ def _input_grad(d_h1, d_h2, topo, w1, v1, slots=None, dx_targets=None):
     from dmoe_kernels import ops
 
     E, f, h = w1.shape
-    slot_args = ({}, {}) if slots is None else tuple(
-        {} if s is None else {"slot": s.counter} for s in (slots[0], slots[1]))
-    dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h), **slot_args[0])
+    counter = (lambda i: None) if slots is None else (lambda i: slots[i].counter)
+    dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h), slot=counter(0))
     if v1 is not None:
-        dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h), **slot_args[1])
+        dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h), slot=counter(1))
     if dx_targets is None:
         return dx
     dx_targets.push(dx)
@@ -487,4 +486,3 @@ class SparseBackend(ExpertBackend):
         x_pad = permute(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
         y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized, wgrad_stash)
         return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
-

@@ -44,16 +44,16 @@ class _SparseExpertsReturning(torch.autograd.Function):
         real_rows = tokens_per_expert.sum().reshape(1)
         x_pad = expand(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
         h1, h2, a = _hidden(x_pad, w1, v1, topo, activation)
-        returned = exchange.buffer("to_sources", h, x.dtype)  # reserved by the dispatch
+        to_sources = exchange.buffer("to_sources", h, x.dtype)  # reserved by the dispatch
         # the padded rows end with the last expert's group: the push stops there
-        targets = RowTargets(return_targets(pos, plan, topo.shape[0]), returned.ptrs, topo.expert_offsets[-1:])
+        targets = RowTargets(return_targets(pos, plan, topo.shape[0]), to_sources.ptrs, topo.expert_offsets[-1:])
         targets.push(ops.dsd(a, topo, w2.reshape(E * f, h)))
         exchange.barrier(channel=1)
         keep_a = not (memory_optimized or _windows_wanted(stash, owners))
         ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, a if keep_a else None, pos, real_rows, targets.targets)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topo, activation, owners, stash
         ctx.exchange, ctx.plan, ctx.received_shape = exchange, plan, x.shape
-        return returned.tensor[: plan.send_rows]
+        return exchange.returned_rows(h, x.dtype, plan)
 
     @staticmethod
     def backward(ctx, grad):
@@ -77,8 +77,9 @@ class _SparseExpertsReturning(torch.autograd.Function):
             dx_targets=dx_targets,
         )
         exchange.barrier(channel=1)
-        # the received rows' gradient is in the senders' to_sources now: a placeholder of its shape
-        placeholder = grad.new_zeros(()).expand(ctx.received_shape)
+        # the received rows' gradient is in the senders' to_sources now: a placeholder of its shape,
+        # never read (no kernel fills it)
+        placeholder = grad.new_empty(()).expand(ctx.received_shape)
         return placeholder, dw1, dv1, dw2, None, None, None, None, None, None, None
 
 
