@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import os
 import random
-import socket
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,12 +41,6 @@ def resolve_device(preference: str) -> str:
     return preference
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed(
     device: str = "auto",
     tensor_model_parallel_size: int = 1,
@@ -74,12 +67,13 @@ def init_distributed(
         torch_device = torch.device("cpu")
 
     if not dist.is_initialized():
-        # A plain single process gets a private rendezvous; torchrun's environment is left as is
-        # and never written to (child processes would inherit a stale port).
-        init_method = None if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{_free_port()}"
+        # A plain single process gets an in-process store: no port to pick, so nothing another
+        # process could take first. torchrun's environment is left as is and never written to
+        # (child processes would inherit it).
+        private = "MASTER_ADDR" not in os.environ and world_size == 1
         dist.init_process_group(
             backend="nccl" if device == "cuda" else "gloo",
-            init_method=init_method,
+            store=dist.HashStore() if private else None,
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(minutes=timeout_minutes),

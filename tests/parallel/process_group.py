@@ -3,16 +3,18 @@ NCCL with one GPU per process.
 
 Processes are spawned (not forked), so none inherits the test process's torch.distributed state.
 Each gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK = RANK, MASTER_ADDR/PORT), joins the
-default group with `init_distributed(device)` and runs `fn(*args)`; `fn` re-initialises megatron's
-groups with its own sizes through `init_distributed(device, ...)`. An exception in any process
-fails the caller with that process's traceback.
+default group through a store this process hosts (as torchrun's agent does) with
+`init_distributed(device)` and runs `fn(*args)`; `fn` re-initialises megatron's groups with its own
+sizes through `init_distributed(device, ...)`. An exception in any process fails the caller with
+that process's traceback.
 """
+import datetime
 import os
-import socket
 import sys
 import time
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 # NVLink multicast stays off: a program that uses it can take a shared host's GPUs out of service.
@@ -27,16 +29,16 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 INIT_BARRIER_ENV = {"TORCH_DIST_INIT_BARRIER": "1"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The ranks join the store the parent hosts (torchrun's agent store) instead of rank 0 opening one
+# on a port picked beforehand: another process (a concurrent test run's gloo pairs) could take a
+# picked port before rank 0 listens on it (EADDRINUSE). The parent binds port 0 and keeps it.
+AGENT_STORE_ENV = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
 def _entry(rank, world_size, port, device, fn, args):
     torch.set_num_threads(1)  # several processes share two cores
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), **NCCL_ENV, **INIT_BARRIER_ENV)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), **NCCL_ENV, **INIT_BARRIER_ENV, **AGENT_STORE_ENV)
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
 
     init_distributed(device)  # on CUDA: GPU LOCAL_RANK, NCCL
@@ -55,7 +57,9 @@ def run_in_processes(world_size: int, fn, *args, timeout: float = 300.0, device:
     device: 'cpu' (gloo) or 'cuda' (NCCL; needs `world_size` GPUs). A deadlock (a collective some
     rank never joins) fails after `timeout` seconds instead of hanging.
     """
-    context = mp.start_processes(_entry, args=(world_size, _free_port(), device, fn, args), nprocs=world_size,
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    context = mp.start_processes(_entry, args=(world_size, store.port, device, fn, args), nprocs=world_size,
                                  start_method="spawn", join=False)
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1.0):

@@ -11,8 +11,8 @@ def test_two_process_data_parallel_matches_one_process(cli_run, tmp_path, corpus
                     "checkpoint.save_interval=0", f"data.cache_dir={corpus_cache}"]
     single = cli_run(tmp_path / "single", *args)  # one process: this one
     assert single.returncode == 0, single.stderr[-3000:]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "megatron_dmoe",
-           *args, "--run-dir", str(tmp_path / "dp2")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "megatron_dmoe", *args, "--run-dir", str(tmp_path / "dp2")]
     dp = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert dp.returncode == 0, dp.stderr[-3000:]
     one, two = losses(tmp_path / "single"), losses(tmp_path / "dp2")
