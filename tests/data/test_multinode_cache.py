@@ -4,7 +4,6 @@ builds them on rank 0 only; the second node's rank stopped with FileNotFoundErro
 `...document_index.npy`). CPU, gloo."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +12,10 @@ import pytest
 
 from megatron_dmoe.config import load_config
 from megatron_dmoe.data.builtin import prepare_builtin_corpus
+from ports import unclaimed_port
 from train_helpers import SMALL
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _node_cache(corpus_cache, home: Path) -> Path:
@@ -33,30 +27,20 @@ def _node_cache(corpus_cache, home: Path) -> Path:
     return cache
 
 
-def _launch_two_nodes(homes, args, run_dir):
-    """(agents, outputs) of two one-process torchrun nodes, node i with its cache under homes[i]."""
-    port, agents = _free_port(), []
-    for node, home in enumerate(homes):
+def test_nodes_with_their_own_caches_each_build_their_index_files(tmp_path, corpus_cache):
+    port, run_dir = unclaimed_port(), tmp_path / "run"
+    args = SMALL + ["training.train_iters=2", "training.lr_warmup_iters=0", "training.eval_interval=0",
+                    "checkpoint.save_interval=0"]
+    caches, agents = [], []
+    for node in (0, 1):
+        home = tmp_path / f"node{node}-cache"
+        caches.append(_node_cache(corpus_cache, home))
         env = dict(os.environ, XDG_CACHE_HOME=str(home), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
                "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
                "-m", "megatron_dmoe", *args, "--run-dir", str(run_dir)]
         agents.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
-    return agents, [agent.communicate(timeout=600)[0] for agent in agents]
-
-
-def test_nodes_with_their_own_caches_each_build_their_index_files(tmp_path, corpus_cache):
-    args = SMALL + ["training.train_iters=2", "training.lr_warmup_iters=0", "training.eval_interval=0",
-                    "checkpoint.save_interval=0"]
-    homes = [tmp_path / f"node{node}-cache" for node in (0, 1)]
-    caches = [_node_cache(corpus_cache, home) for home in homes]
-    for attempt in range(3):
-        # the port is picked before node 0's agent listens on it; another process on this machine
-        # can take it in between, and only then is the launch tried again on a fresh port
-        run_dir = tmp_path / f"run{attempt}"
-        agents, outputs = _launch_two_nodes(homes, args, run_dir)
-        if not any("EADDRINUSE" in out for out in outputs):
-            break
+    outputs = [agent.communicate(timeout=600)[0] for agent in agents]
     for agent, out in zip(agents, outputs):
         assert agent.returncode == 0, out[-4000:]
     assert "do not see rank 0's data cache" in outputs[0], outputs[0][-3000:]

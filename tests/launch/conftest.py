@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ports import unclaimed_port
 from train_helpers import SMALL
 
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -43,12 +44,6 @@ def _install_slurm():
         assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     still = [p for p in SLURM_PROGRAMS if _which(p) is None]
     assert not still, f"after installing {SLURM_PACKAGES}, still missing: {still}"
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -91,8 +86,8 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={r / 'munge.sock'},cred_expire=10
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={unclaimed_port()}
+SlurmdPort={unclaimed_port()}
 StateSaveLocation={r / 'state'}
 SlurmdSpoolDir={r / 'spool'}
 SlurmctldPidFile={r / 'slurmctld.pid'}

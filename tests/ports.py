@@ -1,0 +1,30 @@
+"""A port for a server that a test starts later (a torchrun agent, SLURM's daemons).
+
+Binding port 0 and closing it again hands out a port from the kernel's ephemeral range, where any
+outgoing connection on the machine (another test run's gloo pairs) may take it before the server
+listens (EADDRINUSE). Ports below that range are only ever taken by an explicit bind."""
+import random
+import socket
+from pathlib import Path
+
+LOWEST = 20000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def unclaimed_port() -> int:
+    """A free port below the ephemeral range (the range's default start if that is lower than 20000)."""
+    high = max(_ephemeral_start(), LOWEST + 1000)
+    for port in random.sample(range(LOWEST, high), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port among 200 tried in [{LOWEST}, {high})")
