@@ -17,14 +17,18 @@ def _ephemeral_start() -> int:
         return 32768  # Linux's default
 
 
-def unclaimed_port() -> int:
-    """A free port below the ephemeral range (the range's default start if that is lower than 20000)."""
+def unclaimed_ports(count: int) -> list:
+    """`count` different free ports below the ephemeral range (below 21000 at least, where the
+    range starts that low)."""
     high = max(_ephemeral_start(), LOWEST + 1000)
+    ports = []
     for port in random.sample(range(LOWEST, high), 200):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
-    raise RuntimeError(f"no free port among 200 tried in [{LOWEST}, {high})")
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"fewer than {count} free ports among 200 tried in [{LOWEST}, {high})")

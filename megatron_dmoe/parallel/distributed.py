@@ -67,9 +67,8 @@ def init_distributed(
         torch_device = torch.device("cpu")
 
     if not dist.is_initialized():
-        # A plain single process gets an in-process store: no port to pick, so nothing another
-        # process could take first. torchrun's environment is left as is and never written to
-        # (child processes would inherit it).
+        # A plain single process gets an in-process store: no port to pick, so none another
+        # process could take first, and no launch variables written for child processes to inherit.
         private = "MASTER_ADDR" not in os.environ and world_size == 1
         dist.init_process_group(
             backend="nccl" if device == "cuda" else "gloo",

@@ -12,7 +12,7 @@ import pytest
 
 from megatron_dmoe.config import load_config
 from megatron_dmoe.data.builtin import prepare_builtin_corpus
-from ports import unclaimed_port
+from ports import unclaimed_ports
 from train_helpers import SMALL
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def _node_cache(corpus_cache, home: Path) -> Path:
 
 
 def test_nodes_with_their_own_caches_each_build_their_index_files(tmp_path, corpus_cache):
-    port, run_dir = unclaimed_port(), tmp_path / "run"
+    [port], run_dir = unclaimed_ports(1), tmp_path / "run"
     args = SMALL + ["training.train_iters=2", "training.lr_warmup_iters=0", "training.eval_interval=0",
                     "checkpoint.save_interval=0"]
     caches, agents = [], []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ports import unclaimed_port
+from ports import unclaimed_ports
 from train_helpers import SMALL
 
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
@@ -77,6 +77,7 @@ class SlurmCluster:
 
     def _slurm_conf(self):
         r = self.root
+        controller_port, node_port = unclaimed_ports(2)
         # cred_expire sets how long a requeued job waits before it may start again (+1 s).
         return f"""\
 ClusterName=dmoetest
@@ -86,8 +87,8 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={r / 'munge.sock'},cred_expire=10
-SlurmctldPort={unclaimed_port()}
-SlurmdPort={unclaimed_port()}
+SlurmctldPort={controller_port}
+SlurmdPort={node_port}
 StateSaveLocation={r / 'state'}
 SlurmdSpoolDir={r / 'spool'}
 SlurmctldPidFile={r / 'slurmctld.pid'}

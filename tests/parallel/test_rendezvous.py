@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import torch.distributed as dist
+
 from process_group import run_in_processes
 
 _SINGLE = """
@@ -31,8 +33,6 @@ def test_a_plain_single_process_rendezvous_in_process():
 
 
 def _joined_the_parents_store() -> None:
-    import torch.distributed as dist
-
     assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
     dist.barrier()
 
