@@ -354,7 +354,7 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     from megatron_dmoe.training.cuda_graphs import release_layer_graphs, uses_captured_layers
     from megatron_dmoe.training.flops import model_flops_per_token
     from megatron_dmoe.training.optim import build_optimizer
-    from megatron_dmoe.training.setup import wrap_for_training
+    from megatron_dmoe.training.setup import resolve_window, wrap_for_training
     from megatron_dmoe.training.step import mean_over_data_parallel, train_step
 
     par = cfg.parallel
@@ -362,10 +362,12 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     env = init_distributed(cfg.training.device, par.tensor_model_parallel_size,
                            par.pipeline_model_parallel_size, par.expert_model_parallel_size)
     seed_everything(cfg.training.seed, env, cuda_graphs=cfg.training.cuda_graphs)
+    vocab = vocab_size(args, cfg)
+    # moe.expert_wgrad_window: auto decided as dmoe-train decides it, for this GPU's memory
+    cfg = resolve_window(cfg, env, vocab, lambda note: env.is_main and print(f"bench_train: {name}: {note}"))
     run_state = MoERunState()
     run_state.wgrad.use_window(cfg.moe.expert_wgrad_window)
     run_state.metrics.megatron_tracker = False  # as dmoe-train: its loop logs MoE metrics itself
-    vocab = vocab_size(args, cfg)
     model = wrap_for_training(build_gpt_model(cfg, vocab_size=vocab, on_cuda=env.on_cuda,
                                               run_state=run_state))
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
@@ -381,12 +383,13 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     for _ in range(args.warmup):
         train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step, must_fit)
     sync()
-    start = time.perf_counter()
+    step_seconds = []  # each timed step on its own, for the spread; the slowest rank sets each
     for _ in range(args.steps):
+        start = time.perf_counter()
         loss, _, _ = train_step(model, optimizer, data, micro_batches, env.device, run_state, per_step, must_fit)
-    sync()
-    # the slowest rank sets the step time
-    seconds = _max_over_ranks((time.perf_counter() - start) / args.steps, env.device)
+        sync()
+        step_seconds.append(_max_over_ranks(time.perf_counter() - start, env.device))
+    seconds = sum(step_seconds) / len(step_seconds)
     result = run_row(name, cuda_graphs, cfg, env.world_size)
     if cuda_graphs and not uses_captured_layers([model]):  # auto found no room for them: ran eagerly
         result.update(model=result["model"] + " (auto: eager)", graphs_dropped=True)
@@ -404,6 +407,8 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     flops = model_flops_per_token(cfg, vocab_size=padded_vocab_size(vocab, cfg))
     result.update({
         "ms_per_step": seconds * 1e3,
+        "step_ms": [t * 1e3 for t in step_seconds],
+        "wgrad_window": cfg.moe.expert_wgrad_window,
         "tokens_per_s": tokens_per_s / env.world_size,
         "tflops_per_gpu": flops * tokens_per_s / env.world_size / 1e12,
         "final_loss": mean_over_data_parallel(loss),
@@ -550,8 +555,8 @@ def print_table(results: list, peak: float | None) -> None:
         dense = [d for d in measured if d["model"].split("+")[0] in DENSE_MODELS]
         return ([d for d in dense if d["cuda_graphs"] == r["cuda_graphs"]] or dense or [None])[0]
 
-    header = (f"{'model':23s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'tokens/s/GPU':>13s} {'TFLOP/s':>8s} "
-              f"{'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}")
+    header = (f"{'model':23s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'spread':>7s} {'W':>2s} "
+              f"{'tokens/s/GPU':>13s} {'TFLOP/s':>8s} {'MFU':>6s} {'vs dense':>9s} {'peak GiB':>9s}")
     print(header)
     print("-" * len(header))
     for r in results:
@@ -565,8 +570,17 @@ def print_table(results: list, peak: float | None) -> None:
         dense = dense_for(r)
         rel = f"{r['tokens_per_s'] / dense['tokens_per_s']:8.2f}x" if dense else "      n/a"
         mem = f"{r['peak_memory_gib']:9.1f}" if r["peak_memory_gib"] is not None else "      n/a"
-        print(f"{head} {r['params'] / 1e6:7.0f}M {r['ms_per_step']:9.1f} {r['tokens_per_s']:13,.0f} "
-              f"{r['tflops_per_gpu']:8.1f} {mfu} {rel} {mem}")
+        print(f"{head} {r['params'] / 1e6:7.0f}M {r['ms_per_step']:9.1f} {spread_text(r):>7s} "
+              f"{r.get('wgrad_window', 1):2d} {r['tokens_per_s']:13,.0f} {r['tflops_per_gpu']:8.1f} {mfu} {rel} {mem}")
+    print("spread: (slowest - fastest timed step) / mean step; W: moe.expert_wgrad_window as resolved")
+
+
+def spread_text(row: dict) -> str:
+    """The timed steps' range over their mean, as a percentage."""
+    steps = row.get("step_ms") or []
+    if len(steps) < 2:
+        return "n/a"
+    return f"{100 * (max(steps) - min(steps)) / row['ms_per_step']:.1f}%"
 
 
 def write_results(args, peak, world_size: int, results: list, complete: bool, gpu: str | None = None) -> None:

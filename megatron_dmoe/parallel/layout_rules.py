@@ -127,7 +127,8 @@ def world_size_problems(values: dict, world_size) -> list:
                              f"(/ ({micro_key} {micro} x data-parallel size {data_parallel})), which "
                              f"the interleaved schedule ({VPP_KEY} {values[VPP_KEY]}) needs to be a "
                              f"multiple of {PP_KEY} ({pp}); use a multiple of {step * pp}"))
-        elif (have(WINDOW_KEY) and values[WINDOW_KEY] > 1 and values.get("moe.num_experts", 0) > 0
+        elif (have(WINDOW_KEY) and values[WINDOW_KEY] != "auto" and values[WINDOW_KEY] > 1
+              and values.get("moe.num_experts", 0) > 0
               and (total // step) % values[WINDOW_KEY]):
             # a window's gradients reach main_grad when it is full: a step must end with a full one
             window = values[WINDOW_KEY]

@@ -244,7 +244,7 @@ def moe_mlp_activations(cfg: RunConfig, on_cuda: bool) -> Tuple[int, int]:
         extra += (1 + _receive_bound_ranks(cfg, on_cuda)) * tokens * moe.top_k * h
     # the experts' input rows, pre-activation(s) and activation (recomputed when memory-optimised,
     # and into its slot when the sparse experts' weight gradients go through windows)
-    recomputed = moe.memory_optimized or (backend == "sparse" and moe.expert_wgrad_window > 1)
+    recomputed = moe.memory_optimized or (backend == "sparse" and wgrad_window(cfg) > 1)
     hidden = glu + (0 if recomputed else 1)
     kept = (rows * h + rows * width * hidden + extra) * e + router
     kept += tokens * moe.shared_expert_ffn_hidden_size * (glu + 1) * e
@@ -252,7 +252,7 @@ def moe_mlp_activations(cfg: RunConfig, on_cuda: bool) -> Tuple[int, int]:
     transient = (2 * rows * h + 2 * rows * width) * e
     if moe.expert_wgrad_per_step:
         # every micro-batch's weight-gradient operands until the step's end
-        kept += (2 * rows * h + 2 * rows * width) * e * _micro_batches(cfg)
+        kept += (2 * rows * h + 2 * rows * width) * e * micro_batches_per_step(cfg)
     return kept, transient
 
 
@@ -266,10 +266,18 @@ def _receive_bound_ranks(cfg: RunConfig, on_cuda: bool) -> int:
     return ranks
 
 
-def _micro_batches(cfg: RunConfig, world_size: int = 1) -> int:
+def micro_batches_per_step(cfg: RunConfig, world_size: int = 1) -> int:
+    """Micro-batches each data-parallel rank runs per optimizer step."""
     par = cfg.parallel
     dp = max(1, world_size // (par.tensor_model_parallel_size * par.pipeline_model_parallel_size))
     return max(1, cfg.training.global_batch_size // (cfg.training.micro_batch_size * dp))
+
+
+def wgrad_window(cfg: RunConfig) -> int:
+    """moe.expert_wgrad_window as a number. `auto` is decided at start-up from this estimate
+    (training/wgrad_window_auto.py); until then it counts as 1, a window's least memory."""
+    window = cfg.moe.expert_wgrad_window
+    return window if isinstance(window, int) else 1
 
 
 def wgrad_window_bytes(cfg: RunConfig, pp_rank: int, on_cuda: bool) -> int:
@@ -278,7 +286,7 @@ def wgrad_window_bytes(cfg: RunConfig, pp_rank: int, on_cuda: bool) -> int:
     activation or its gradient, and the expert input rows or output gradient); the receive bound of
     expert parallelism's exchange is ranks x T x k rows."""
     moe = cfg.moe
-    window = moe.expert_wgrad_window
+    window = wgrad_window(cfg)
     if window <= 1 or moe.num_experts == 0 or expert_backend(cfg, on_cuda) != "sparse":
         return 0
     _, tokens = _tokens(cfg)
@@ -312,7 +320,7 @@ def _in_flight(cfg: RunConfig, pp_rank: int, world_size: int) -> int:
     pipeline rank `pp_rank` holds at once under megatron's 1F1B schedules."""
     par = cfg.parallel
     pp, vp = par.pipeline_model_parallel_size, par.virtual_pipeline_model_parallel_size
-    micro = _micro_batches(cfg, world_size)
+    micro = micro_batches_per_step(cfg, world_size)
     if pp == 1:
         return 1
     if vp is None:

@@ -40,6 +40,7 @@ from megatron_dmoe.training.run_dir import (
     software_versions,
     write_run_config,
 )
+from megatron_dmoe.training.wgrad_window_auto import resolve_wgrad_window
 
 
 @dataclass
@@ -89,11 +90,17 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     say(f"device: {describe_device(cfg, env)}")
     # GPU runs: the estimated peak memory, refused when it cannot fit (MemoryCheckError); before the
     # data where the config tells the vocabulary, else once the tokenizer is read
+    # moe.expert_wgrad_window: auto becomes a number with the same estimate (config.yaml records it)
     vocab = known_vocab_size(cfg)
-    memory = memory_line(cfg, env, vocab) if vocab is not None else None
+    memory = None
+    if vocab is not None:
+        cfg = resolve_window(cfg, env, vocab, say)
+        memory = memory_line(cfg, env, vocab)
     data = prepare_run_data(cfg, env)  # raises DataError before anything is built
     say(f"data: {describe_data(cfg, data)}")
-    memory = memory or memory_line(cfg, env, data.vocab_size)
+    if vocab is None:
+        cfg = resolve_window(cfg, env, data.vocab_size, say)
+        memory = memory_line(cfg, env, data.vocab_size)
     if memory:
         say(memory)
 
@@ -130,6 +137,15 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     return Run(cfg=cfg, env=env, run_dir=run_dir, ckpt_root=ckpt_root, data=data, run_state=run_state,
                model=model, optimizer=optimizer, scheduler=scheduler, progress=progress,
                graphs_must_fit=graphs_auto and cfg.training.cuda_graphs is True)
+
+
+def resolve_window(cfg: RunConfig, env: DistEnv, vocab_size: int, say) -> RunConfig:
+    """cfg with moe.expert_wgrad_window: auto decided for this GPU's memory (its note said)."""
+    device_bytes = torch.cuda.get_device_properties(env.device).total_memory if env.on_cuda else 0
+    cfg, notes = resolve_wgrad_window(cfg, env.on_cuda, env.world_size, vocab_size, device_bytes)
+    for note in notes:
+        say(note)
+    return cfg
 
 
 def memory_line(cfg: RunConfig, env: DistEnv, vocab_size: int) -> Optional[str]:

@@ -95,7 +95,8 @@ def _check_expert_wgrad_per_step(state: CheckState) -> None:
 def _check_expert_wgrad_window(state: CheckState) -> None:
     """Windows are the sparse backend's, and exclude the per-step deferral (which covers the step)."""
     v, ok, key = state.v, state.ok, "moe.expert_wgrad_window"
-    if not ok(key, "moe.num_experts", "moe.backend") or v(key) == 1 or v("moe.num_experts") == 0:
+    # auto takes a window only where one applies (training/wgrad_window_auto.py)
+    if not ok(key, "moe.num_experts", "moe.backend") or v(key) in (1, "auto") or v("moe.num_experts") == 0:
         return
     backend = _expert_backend_here(state)
     if backend in ("grouped", "reference"):

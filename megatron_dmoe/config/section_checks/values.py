@@ -125,10 +125,18 @@ def check_choices(state: CheckState) -> None:
         state.problem(key, message, bad=True)
 
 
+# Keys that take `auto` (decided at start-up) or a number in their RANGES.
+AUTO_OR_NUMBER = ("moe.expert_wgrad_window",)
+
+
 def check_ranges(state: CheckState) -> None:
+    for key in AUTO_OR_NUMBER:
+        value = state.raw(key)
+        if state.ok(key) and isinstance(value, str) and value != "auto":
+            state.problem(key, f"{fmt(value)} is not allowed; use auto or a whole number >= 1", bad=True)
     for key, (low, high, low_in, high_in) in RANGES.items():
         value = state.raw(key)
-        if value is None or isinstance(value, bool) or not state.ok(key):  # true/false: no range
+        if value is None or isinstance(value, (bool, str)) or not state.ok(key):  # true/false, auto: no range
             continue
         too_low = low is not None and (value < low if low_in else value <= low)
         too_high = high is not None and (value > high if high_in else value >= high)
