@@ -50,7 +50,7 @@ def capture_layer_graphs(chunks: Sequence[torch.nn.Module], moe_metrics=None,
     run eagerly from now on, with one note. The pool is private, so the shared one cannot reuse its
     free blocks: a model whose eager steps nearly filled the card captured a pool of about one
     micro-batch's activations and ran out of memory on the next step, and still did with its graphs
-    dropped after capture (docs/performance.md, "Capture after the optimizer update, and `auto`'s
+    dropped after capture (docs/archive/moe_notes.md, "Capture after the optimizer update, and `auto`'s
     memory check")."""
     if not any(_uses_layer_graphs(chunk) for chunk in chunks):
         return

@@ -16,7 +16,7 @@ pass and its backward's counterpart do not run:
             backward reads its rows from to_sources (`send_to_experts(..., returned=True)`).
 
 The products could store the rows to the peers themselves (a scattering epilogue): measured, that
-made them slower than the pass it saves (docs/performance.md, "The combine pushed from the padded
+made them slower than the pass it saves (docs/archive/moe_notes.md, "The combine pushed from the padded
 buffer").
 """
 from __future__ import annotations
