@@ -11,18 +11,33 @@ micro-batch (the product kernel returns at once until the window is full).
                          out when it is full, move the counter on; data=None when the kernel
                          that made it stored it into `data_slot` already (the activation's
                          backward does: activations/ops.py)
+
+The product adds its tiles into out through pointers (`epilogue="pointers"`, the default) or by the
+tensor-memory accelerator's reduce (`"tma_reduce"`, Hopper's bulk reduce-add: the program does not
+wait for out's old values). The second is built and compiled for sm_90, not yet timed against the
+first (`tools/bench_wgrad_window.py` does); the interpreter cannot run it.
 """
 from __future__ import annotations
 
 import torch
 
-from ..launch import check_launchable, direct, dot_precision, persistent_programs, tma_descriptor
+from ..launch import (
+    check_launchable,
+    direct,
+    dot_precision,
+    interpreted,
+    persistent_programs,
+    tma_descriptor,
+    tma_ready,
+)
 from .kernels import dsdt_window as _window_module
 from .topology import Topology
 from .tuning import dsd_config
 
 _COPY_BLOCK = 4096
 _COPY_PROGRAMS_PER_SM = 4
+EPILOGUES = ("pointers", "tma_reduce")
+_REDUCE_STRIP = 64  # columns of out per TMA reduce: an fp32 [128, 64] staging block, 32 KB
 
 
 class WindowSlots:
@@ -32,9 +47,16 @@ class WindowSlots:
     micro-batch fills. Sized once, by the first micro-batch: every later one must have the same
     bounds (a training run's micro-batches all do)."""
 
-    def __init__(self, window: int, data: torch.Tensor, topology: Topology, b: torch.Tensor):
+    def __init__(self, window: int, data: torch.Tensor, topology: Topology, b: torch.Tensor,
+                 epilogue: str = "pointers"):
         if window < 1:
             raise ValueError(f"window={window} must be at least 1")
+        if epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue={epilogue!r}: use one of {', '.join(EPILOGUES)}")
+        if epilogue == "tma_reduce" and interpreted(_window_module.dsdt_window_kernel):
+            raise ValueError("epilogue='tma_reduce' needs a GPU with TMA (Hopper or newer): Triton's interpreter "
+                             "has no TMA reduce; use epilogue='pointers'")
+        self.epilogue = epilogue
         if not topology.blocks_per_row or topology.expert_offsets is None:
             raise ValueError("WindowSlots takes dMoE topologies (Topology.for_experts)")
         self.window = window
@@ -94,6 +116,8 @@ class WindowSlots:
         b_rows = self.b.shape[1]
         tiles = num_experts * self.blocks_per_row * -(-n // cfg.block_n)
         grid = max(1, min(persistent_programs(out.device, cfg.programs_per_sm), tiles))
+        strip = min(_REDUCE_STRIP, cfg.block_n)
+        reduce = self.epilogue == "tma_reduce" and tma_ready(out)
         direct(kernel)[(grid,)](
             tma_descriptor(self.data.view(-1, bs), [cfg.block_k, bs]),
             tma_descriptor(self.b.view(-1, n), [cfg.block_k, cfg.block_n]),
@@ -101,6 +125,7 @@ class WindowSlots:
             n, num_experts, grid, s_rows, b_rows, W * s_rows, W * b_rows,
             F=self.blocks_per_row, W=W, BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             DOT_PRECISION=dot_precision(self.b.dtype, out.device), COUNT_CHUNK=64,
+            c_desc=tma_descriptor(out, [bs, strip]) if reduce else None, TMA_REDUCE=reduce, STRIP=strip,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 

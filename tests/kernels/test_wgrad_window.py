@@ -72,3 +72,40 @@ def test_micro_batches_of_other_bounds_are_refused(device):
                   torch.zeros(E * F_WIDTH, N, device=device))
     with pytest.raises(ValueError, match="out must be a row-major float32"):
         slots.add(data, topo, b, torch.zeros(E * F_WIDTH, N, device=device, dtype=torch.float64))
+
+
+def test_the_epilogue_is_checked_before_any_work(device):
+    data, topo, b = _micro_batch([5, 0, 40, 17], 70, torch.float32, device)
+    with pytest.raises(ValueError, match="use one of pointers, tma_reduce"):
+        WindowSlots(2, data, topo, b, epilogue="atomic")
+    if device.type == "cpu":  # the interpreter has no TMA reduce
+        with pytest.raises(ValueError, match="Triton's interpreter has no TMA reduce; use epilogue='pointers'"):
+            WindowSlots(2, data, topo, b, epilogue="tma_reduce")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_tma_reduce_epilogue_adds_what_the_pointer_epilogue_adds(dtype, seeded_by_name):
+    """At the zoo's tile shapes (block 128, n 768: 128 x 256 tiles in four 64-column strips), skewed
+    loads over two windows: the TMA reduce adds each tile once, so out matches the pointer epilogue's
+    bit for bit, and both match a float64 reference."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a Hopper GPU (TMA reduce)")
+    experts, width, n, bs, rows_bound = 8, 512, 768, 128, 4096
+    loads = [[900, 0, 2000, 17, 300, 300, 279, 300], [512] * 8, [4096, 0, 0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7, 8]]
+    outs = {e: torch.randn(experts * width, n, device="cuda") for e in ("pointers", "tma_reduce")}
+    outs["tma_reduce"].copy_(outs["pointers"])
+    expected = outs["pointers"].double().clone()
+    slots = {}
+    for counts in loads * 2:
+        topo = dk.Topology.for_experts(torch.tensor(counts, device="cuda"), rows_bound, width, bs)
+        data = torch.randn(topo.data_shape(), device="cuda").to(dtype)
+        b = torch.randn(topo.shape[0], n, device="cuda").to(dtype)
+        expected += ref.dsd(data.double(), topo, b.double(), transpose=True)
+        for epilogue, out in outs.items():
+            if epilogue not in slots:
+                slots[epilogue] = WindowSlots(4, data, topo, b, epilogue=epilogue)
+            slots[epilogue].add(data, topo, b, out)
+    assert torch.equal(outs["tma_reduce"], outs["pointers"])
+    err = float((outs["tma_reduce"].double() - expected).norm() / expected.norm())
+    assert err < (1e-5 if dtype == torch.bfloat16 else 3e-3), err  # fp32 operands go through tf32

@@ -16,12 +16,38 @@ traffic is paid once per window instead of once per micro-batch.
 counter_ptr gates the launch: the product runs only when the window is full (counter == W - 1);
 otherwise every program does no step and returns. A captured backward can then launch it at every
 micro-batch.
+
+TMA_REDUCE: a finished tile is added to C by the tensor-memory accelerator's reduce (c_desc, fp32
+blocks [BS, STRIP]: C += tile in L2, issued without waiting) instead of loading C's tile through
+pointers, adding and storing it, which stalls the program until C's old values arrive. Each tile
+of C is added once per window by one program, so the sums are the same either way. The Triton
+interpreter has no TMA reduce: on CPU only the pointer epilogue runs.
 """
 import triton
 import triton.language as tl
 
-from .dsd_tma import add_tile_to_output
+from .dsd_tma import add_tile_to_output, halves
 from .tile_mapping import grouped_tile
+
+
+@triton.jit
+def _reduce_tile(c_desc, row0, col0, acc, BS: tl.constexpr, BLOCK_N: tl.constexpr, STRIP: tl.constexpr):
+    """C[row0 :, col0 :] += acc ([BS, BLOCK_N] fp32) in strips of STRIP columns by TMA reduce;
+    columns past C's edge are dropped by the descriptor."""
+    if BLOCK_N == STRIP:
+        c_desc.atomic_add([row0, col0], acc)
+    elif BLOCK_N == 2 * STRIP:
+        left, right = halves(acc, BS, BLOCK_N)
+        c_desc.atomic_add([row0, col0], left)
+        c_desc.atomic_add([row0, col0 + STRIP], right)
+    else:  # 4 strips
+        left, right = halves(acc, BS, BLOCK_N)
+        l0, l1 = halves(left, BS, BLOCK_N // 2)
+        r0, r1 = halves(right, BS, BLOCK_N // 2)
+        c_desc.atomic_add([row0, col0], l0)
+        c_desc.atomic_add([row0, col0 + STRIP], l1)
+        c_desc.atomic_add([row0, col0 + 2 * STRIP], r0)
+        c_desc.atomic_add([row0, col0 + 3 * STRIP], r1)
 
 
 @triton.jit(do_not_specialize=["N", "num_experts", "num_programs", "slot_s_rows", "slot_b_rows",
@@ -31,6 +57,7 @@ def dsdt_window_kernel(
     N, num_experts, num_programs, slot_s_rows, slot_b_rows, s_rows, b_rows,
     F: tl.constexpr, W: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_CHUNK: tl.constexpr,
+    c_desc=None, TMA_REDUCE: tl.constexpr = False, STRIP: tl.constexpr = 64,
 ):
     pid = tl.program_id(0)
     KSTEPS: tl.constexpr = BS // BLOCK_K
@@ -85,7 +112,10 @@ def dsdt_window_kernel(
         b = b_desc.load([b_row, tn * BLOCK_N])
         acc = tl.dot(s, b, acc, input_precision=DOT_PRECISION)
         if (ki == steps - 1) & (w == W - 1):
-            add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, True)
+            if TMA_REDUCE:
+                _reduce_tile(c_desc, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, STRIP)
+            else:
+                add_tile_to_output(c_ptr, stride_cm, N, tm * BS, tn * BLOCK_N, acc, BS, BLOCK_N, True)
             acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)
 
 
