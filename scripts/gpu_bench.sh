@@ -45,6 +45,9 @@ if [ "$gpus" -ge 2 ]; then
 else
     step bench_launch python3 tools/bench_launch.py --out "$out/bench_launch.json"
     step bench_epilogues python3 tools/bench_epilogues.py --out "$out/bench_epilogues.json"
+    # the weight-gradient window's product at the zoo's one-GPU shapes, both epilogues
+    step bench_wgrad_window python3 tools/bench_wgrad_window.py --out "$out/bench_wgrad_window.json"
+    step bench_wgrad_window_skew python3 tools/bench_wgrad_window.py --skew --out "$out/bench_wgrad_window_skew.json"
     for router in torch fused; do
         step "bench_moe_$router" python3 tools/bench_moe.py --graph --skew 2 --router "$router" \
             --out "$out/bench_moe_$router.json"
