@@ -12,13 +12,15 @@ from __future__ import annotations
 from typing import List
 
 from megatron_dmoe.config import RunConfig
-from megatron_dmoe.export import moe_families as families
+from megatron_dmoe.export import deepseek, moe_families as families
 from megatron_dmoe.inference.errors import UsageError
 
 GPT2 = "gpt2"
 MIXTRAL = families.MIXTRAL.key
 QWEN3_MOE = families.QWEN3_MOE.key
 OLMOE = families.OLMOE.key
+DEEPSEEK_V2 = deepseek.DEEPSEEK_V2.key
+DEEPSEEK_V3 = deepseek.DEEPSEEK_V3.key
 
 
 def _gpt2_mismatches(cfg: RunConfig) -> List[str]:
@@ -85,8 +87,16 @@ def _moe_mismatches(cfg: RunConfig, family: families.Family) -> List[str]:
 
 
 def hf_architecture(cfg: RunConfig) -> str:
-    """GPT2, MIXTRAL, QWEN3_MOE or OLMOE for a run config (resolved); UsageError naming what has
-    no equivalent. An MoE model's family is the one of its query/key norm (moe_families.py)."""
+    """GPT2, MIXTRAL, QWEN3_MOE, OLMOE, DEEPSEEK_V2 or DEEPSEEK_V3 for a run config (resolved);
+    UsageError naming what has no equivalent. An MoE model's family is the one of its query/key norm
+    (moe_families.py); with multi-latent attention, DeepSeek's of its routing scores (deepseek.py)."""
+    if cfg.model.multi_latent_attention:
+        family = deepseek.deepseek_family(cfg)
+        reasons = deepseek.mismatches(cfg, family)
+        if not reasons:
+            return family.key
+        raise UsageError(f"this model has no transformers equivalent; as {family.title} these settings differ: "
+                         + "; ".join(reasons))
     gpt2 = _gpt2_mismatches(cfg)
     if not gpt2:
         return GPT2
