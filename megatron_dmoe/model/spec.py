@@ -34,6 +34,7 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 
 from megatron_dmoe.compat import mcore as mcore_compat
 from megatron_dmoe.compat.block_final_norm import use_for_block_final_norm
+from megatron_dmoe.compat.mla_without_te import allow_mla_without_te
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.model.attention import ProjectionQKNorm, SDPAttention
 from megatron_dmoe.model.layer_seed import seeded_layer_class
@@ -153,6 +154,7 @@ def layer_spec(
         spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization, qk_layernorm=qk,
                                         multi_latent_attention=multi_latent_attention)
         if multi_latent_attention:
+            allow_mla_without_te()
             spec = _with_submodule(spec, self_attention=dataclasses.replace(
                 spec.submodules.self_attention, module=mcore_compat.local_mla_self_attention()))
         spec = _with_fused_bias_linears(_with_fused_norms(spec))
