@@ -18,18 +18,21 @@ from megatron_dmoe.parallel.distributed import destroy_distributed
 COMMON = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
               first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
               qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12, n_routed_experts=8, n_shared_experts=2,
-              n_group=4, topk_group=2, max_position_embeddings=128, initializer_range=0.1)
+              max_position_embeddings=128, initializer_range=0.1)
 FAMILIES = {
-    # DeepSeek-V2-Lite's shape: no query latent; softmax, best-expert group scores, YaRN with both mscales
+    # DeepSeek-V2-Lite's shape: no query latent; softmax, a group scored by its best expert (the sum of
+    # its best two would choose other groups), YaRN with both mscales
     "deepseek_v2": (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM,
-                    dict(q_lora_rank=None, num_experts_per_tok=2, topk_method="group_limited_greedy",
+                    dict(q_lora_rank=None, num_experts_per_tok=2, topk_method="group_limited_greedy", n_group=2,
+                         topk_group=1,
                          routed_scaling_factor=1.5,
                          rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                           "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
                                           "mscale": 0.707, "mscale_all_dim": 0.707})),
     # DeepSeek-V3's: a query latent, sigmoid scores with a selection bias, renormalised, default RoPE
     "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM,
-                    dict(q_lora_rank=24, num_experts_per_tok=4, norm_topk_prob=True, routed_scaling_factor=2.5)),
+                    dict(q_lora_rank=24, num_experts_per_tok=4, n_group=4, topk_group=2, norm_topk_prob=True,
+                         routed_scaling_factor=2.5)),
 }
 TRAIN = ["model.seq_length=32", "training.train_iters=5", "training.micro_batch_size=4",
          "training.global_batch_size=4", "training.lr=3e-3", "training.lr_warmup_iters=0",
