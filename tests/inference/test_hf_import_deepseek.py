@@ -158,3 +158,59 @@ def test_resumed_run_trains_and_exports(imported, tokens, cli_run, tmp_path):
         after = safetensors.torch.load_file(tmp_path / "out" / "model.safetensors")
         bias = "model.layers.1.mlp.gate.e_score_correction_bias"
         assert not torch.equal(after[bias], before[bias])
+
+
+@pytest.fixture
+def config_dirs(tmp_path):
+    """{family: a model directory with config.json and a stand-in tokenizer, no weights}: every
+    refusal below comes before weights or tokenizer are read (no corpus: the fast lane runs them)."""
+    for family, (config_class, model_class, extra) in FAMILIES.items():
+        config_class(vocab_size=256, architectures=[model_class.__name__], **COMMON, **extra).save_pretrained(
+            tmp_path / family)
+        (tmp_path / family / "tokenizer.json").write_text("{}")
+    return {family: tmp_path / family for family in FAMILIES}
+
+
+@pytest.mark.parametrize("family, changes, named", [
+    ("deepseek_v3", dict(rope_interleave=False), "rope_interleave=false is not supported"),
+    ("deepseek_v3", dict(rms_norm_eps=1e-5), "rms_norm_eps=1e-05 is not supported"),
+    ("deepseek_v3", dict(topk_group=1), "topk_group=1 is not supported"),
+    ("deepseek_v3", dict(num_key_value_heads=2), "num_key_value_heads=2 is not supported"),
+    ("deepseek_v3", dict(moe_layer_freq=2), "moe_layer_freq=2 is not supported"),
+    ("deepseek_v2", dict(norm_topk_prob=True), "norm_topk_prob=true is not supported"),
+    ("deepseek_v2", dict(topk_method="noaux_tc"), 'topk_method="noaux_tc" is not supported'),
+    ("deepseek_v2", dict(n_shared_experts=0), "n_shared_experts=0 is not supported"),
+    ("deepseek_v2", dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                          "original_max_position_embeddings": 32, "mscale_all_dim": 1.0}),
+     "rope_parameters.mscale=null is not supported"),
+    ("deepseek_v2", dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}),
+     'rope_parameters.rope_type="linear" is not supported'),
+])
+def test_an_unsupported_deepseek_config_is_refused_in_one_line(family, changes, named, config_dirs, tmp_path,
+                                                               capsys):
+    path = config_dirs[family] / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    assert import_main([str(config_dirs[family]), "--run-dir", str(tmp_path / "run"), "data.data_path=x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_refuses_a_latent_attention_model_without_a_deepseek_equivalent():
+    from megatron_dmoe.config import load_config, resolve
+    from megatron_dmoe.export.hf_architecture import hf_architecture
+    from megatron_dmoe.inference.errors import UsageError
+
+    mla = ["model.multi_latent_attention=true", "model.position_embedding_type=rope", "model.normalization=RMSNorm",
+           "model.activation=swiglu", "model.add_bias_linear=false", "model.qk_layernorm=true",
+           "model.norm_epsilon=1e-6", "moe.num_experts=8", "moe.top_k=2", "moe.ffn_hidden_size=16",
+           "moe.shared_expert_ffn_hidden_size=32"]
+    assert hf_architecture(resolve(load_config(None, mla))) == "deepseek_v2"
+    sigmoid = ["moe.router_score_function=sigmoid", "moe.router_enable_expert_bias=true"]
+    assert hf_architecture(resolve(load_config(None, mla + sigmoid))) == "deepseek_v3"
+    with pytest.raises(UsageError, match="as DeepSeek-V3 these settings differ: moe.router_group_score=max"):
+        hf_architecture(resolve(load_config(None, mla + sigmoid + [
+            "moe.router_num_groups=4", "moe.router_group_topk=1", "moe.router_group_score=max"])))
+    with pytest.raises(UsageError, match=r"moe.shared_expert_ffn_hidden_size=0 .*model.norm_epsilon=1e-05"):
+        hf_architecture(resolve(load_config(None, mla + ["moe.shared_expert_ffn_hidden_size=0",
+                                                         "model.norm_epsilon=1e-5"])))
