@@ -47,7 +47,7 @@ def _logits(model, tokens):
 
 def _our_logits(run, tokens):
     with torch.no_grad():
-        return run.model(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None).float()
+        return run.model(tokens, torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens), None).float()
 
 
 def tiny_deepseek(family, vocab_size, eod):
@@ -214,3 +214,50 @@ def test_export_refuses_a_latent_attention_model_without_a_deepseek_equivalent()
     with pytest.raises(UsageError, match=r"moe.shared_expert_ffn_hidden_size=0 .*model.norm_epsilon=1e-05"):
         hf_architecture(resolve(load_config(None, mla + ["moe.shared_expert_ffn_hidden_size=0",
                                                          "model.norm_epsilon=1e-5"])))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_on_a_gpu_the_import_computes_the_models_logits_generates_trains_and_exports(family, corpus, cli_run,
+                                                                                   tmp_path):
+    """The same on one GPU (fp32: the sparse experts' Triton products in IEEE fp32, SDPA's kernels):
+    logits within float rounding of transformers' on the GPU, the same greedy tokens, five steps of
+    training on the GPU that lower the loss, and an export that transformers computes as we do."""
+    from megatron_dmoe.export.cli import export_main
+    from megatron_dmoe.export.tokenizer_files import write_tokenizer_files
+
+    prefix, tokenizer = corpus
+    hf = tiny_deepseek(family, tokenizer.vocab_size, tokenizer.eod)
+    hf.save_pretrained(tmp_path / "hf")
+    write_tokenizer_files(tokenizer, tmp_path / "hf", 128)
+    train = [arg.replace("training.device=cpu", "training.device=cuda") for arg in TRAIN]
+    assert import_main([str(tmp_path / "hf"), "--run-dir", str(tmp_path / "run"), f"data.data_path={prefix}",
+                        *train]) == 0
+    tokens = torch.randint(0, tokenizer.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0)).cuda()
+    hf = hf.cuda()
+    prompt = tokens[0, :12].tolist()
+    run = load_run(tmp_path / "run", device="cuda")
+    try:
+        ours = _our_logits(run, tokens)
+        generated = generate(run.model, prompt, max_new_tokens=16, context_length=128, eod=tokenizer.eod,
+                             vocab_size=tokenizer.vocab_size).tokens
+    finally:
+        destroy_distributed()
+    torch.testing.assert_close(ours, _logits(hf, tokens), rtol=0, atol=1e-4)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]).cuda(), max_new_tokens=16, do_sample=False)[0, len(prompt):]
+    out = out.tolist()
+    assert generated == (out[:out.index(tokenizer.eod)] if tokenizer.eod in out else out)
+
+    result = cli_run(tmp_path / "run", "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 5 and losses[-1] < losses[0], losses
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    run = load_run(tmp_path / "run", device="cuda")
+    try:
+        ours = _our_logits(run, tokens)
+    finally:
+        destroy_distributed()
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval().cuda()
+    torch.testing.assert_close(_logits(back, tokens), ours, rtol=0, atol=1e-4)
