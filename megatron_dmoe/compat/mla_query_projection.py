@@ -2,10 +2,12 @@
 (qk_layernorm), from megatron-core's local modules, as 0.16 builds it: the query projection reads
 the layer's normed input as it is.
 
-Needed from megatron-core 0.19, whose MLASelfAttention resolves its norms (QKNormConfigResolver)
-and, for this case, asks for a fused norm+linear query projection (a second norm of the input,
-Transformer Engine's module; the local backend has none and the build fails). DeepSeek-V2-Lite's
-attention is this case. Could go once upstream builds the plain projection with local modules.
+Needed from megatron-core 0.19 (checked: 0.19.1), whose MLASelfAttention resolves its norms
+(QKNormConfigResolver) and, for this case, refuses the local spec's query norm slot ("non-trivial,
+but q_lora_rank is None") and, with that slot empty, asks for a fused norm+linear query projection
+(a second norm of the input, Transformer Engine's module; the local backend has none). Either way
+the build fails. DeepSeek-V2-Lite's attention is this case. Could go once upstream builds the plain
+projection with local modules.
 """
 from __future__ import annotations
 
