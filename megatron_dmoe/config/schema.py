@@ -58,7 +58,7 @@ class ModelConfig:
     # RoPE of multi-latent attention: rope, or yarn (YaRN scaling of the frequencies by
     # rotary_scaling_factor, its attention factor from mscale / mscale_all_dim, as DeepSeek
     # uses it); None = yarn with multi-latent attention (Megatron-LM's default), else rope
-    rope_type: Optional[str] = None
+    rope_type: Optional[str] = None  # None | rope | yarn
     rotary_scaling_factor: float = 1.0
     original_max_position_embeddings: int = 4096  # YaRN: the context length trained before scaling
     beta_fast: float = 32.0  # YaRN's frequency ramp bounds (rotations)
