@@ -4,8 +4,9 @@ Our dense GPT (LayerNorm, learned positions, GELU, multi-head attention) is GPT-
 every layer is an MoE of SwiGLU experts with RMSNorm, RoPE, no linear biases and softmax top-k
 routing is one of the MoE families of moe_families.py: Mixtral without a query/key norm (its
 routing weights renormalised over the chosen experts), Qwen3-MoE with a per-head one, OLMoE with one
-over the whole projection. Everything else is refused with the settings that have no equivalent,
-so an export never silently changes what the model computes.
+over the whole projection. A model with multi-latent attention is DeepSeek-V2 (softmax routing) or
+DeepSeek-V3 (sigmoid routing with an expert bias), deepseek.py. Everything else is refused with the
+settings that have no equivalent, so an export never silently changes what the model computes.
 """
 from __future__ import annotations
 
