@@ -91,6 +91,9 @@ def _routing_keys(config: Dict[str, Any], family: Family, path: Path) -> Dict[st
 
 
 def _refuse_unsupported(config: Dict[str, Any], path: Path) -> None:
+    if config.get("quantization_config"):  # DeepSeek-V3's own release: fp8 weights with block scales
+        _refuse(path, "quantization_config", config["quantization_config"].get("quant_method", True),
+                "quantized weights; dequantize them (bf16) first")
     if config.get("hidden_act", "silu") != "silu":
         _refuse(path, "hidden_act", config.get("hidden_act"), "the MLPs are SwiGLU: silu only")
     for field in ("attention_bias", "mlp_bias"):

@@ -177,6 +177,8 @@ def config_dirs(tmp_path):
     ("deepseek_v3", dict(topk_group=1), "topk_group=1 is not supported"),
     ("deepseek_v3", dict(num_key_value_heads=2), "num_key_value_heads=2 is not supported"),
     ("deepseek_v3", dict(moe_layer_freq=2), "moe_layer_freq=2 is not supported"),
+    ("deepseek_v3", dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}),
+     'quantization_config="fp8" is not supported'),
     ("deepseek_v2", dict(norm_topk_prob=True), "norm_topk_prob=true is not supported"),
     ("deepseek_v2", dict(topk_method="noaux_tc"), 'topk_method="noaux_tc" is not supported'),
     ("deepseek_v2", dict(n_shared_experts=0), "n_shared_experts=0 is not supported"),
