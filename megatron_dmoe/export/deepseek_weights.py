@@ -10,6 +10,7 @@ no permutation is needed either. The other changes of shape:
 - the routed experts are stacked as for the other families (moe_weights.py);
 - the shared experts are one SwiGLU MLP (w1, v1, w2 [ffn, hidden]), its down projection transposed;
 - DeepSeek-V3's selection bias (e_score_correction_bias) is the router's expert_bias.
+Neither has DeepSeek-V3's multi-token-prediction layers: an import leaves them out, an export has none.
 """
 from __future__ import annotations
 
@@ -119,3 +120,10 @@ def from_hf(read: Callable[[str], torch.Tensor], m, moe) -> Dict[str, torch.Tens
         out[src + SHARED[1]] = read(shared.format("up_proj"))
         out[src + SHARED[2]] = read(shared.format("down_proj")).t()
     return out
+
+
+def prediction_layer_names(names, num_layers: int, count: int) -> List[str]:
+    """The tensors among `names` of DeepSeek-V3's `count` multi-token-prediction layers (numbered
+    after the model's layers), which transformers leaves out of its model too."""
+    prefixes = tuple(f"model.layers.{num_layers + i}." for i in range(count))
+    return [n for n in names if n.startswith(prefixes)]

@@ -91,10 +91,13 @@ def plan_import(hf_dir: Path, run_dir: Path, overrides: List[str]) -> ImportPlan
     files = SafetensorsFiles(hf_dir)
     m = cfg.model
     untied = m.untie_embeddings_and_output_weights
+    ignored = [] if untied else [OUTPUT[1]]
     if family in DEEPSEEK_FAMILIES:
         names = deepseek_weights.hf_names(m, cfg.moe, untied)
+        ignored += deepseek_weights.prediction_layer_names(files.where, m.num_layers,
+                                                           config.get("num_nextn_predict_layers") or 0)
     else:
         names = hf_names(family, m.num_layers, cfg.moe.num_experts, untied)
-    files.check_names(names, family.architecture, ignored=() if untied else (OUTPUT[1],))
+    files.check_names(names, family.architecture, ignored=ignored)
     return ImportPlan(hf_dir=hf_dir, run_dir=run_dir, family=family, cfg=cfg, files=files,
                       tokenizer_files=tokenizer_files)

@@ -86,6 +86,10 @@ def imported(request, corpus, tmp_path_factory):
     hf = tiny_deepseek(request.param, tokenizer.vocab_size, tokenizer.eod)
     root = tmp_path_factory.mktemp(request.param)
     hf.save_pretrained(root / "hf")
+    if request.param == "deepseek_v3":  # a multi-token-prediction layer's tensor, as DeepSeek's own files have
+        assert hf.config.num_nextn_predict_layers == 1
+        safetensors.torch.save_file({"model.layers.3.eh_proj.weight": torch.randn(64, 128)},
+                                    root / "hf" / "mtp.safetensors")
     write_tokenizer_files(tokenizer, root / "hf", 128)
     status = import_main([str(root / "hf"), "--run-dir", str(root / "run"), f"data.data_path={prefix}", *TRAIN])
     assert status == 0
