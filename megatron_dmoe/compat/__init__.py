@@ -19,4 +19,6 @@ schedule_capture.py the forward-backward schedules kept from capturing CUDA grap
 block_final_norm.py a layer spec's block (Megatron-LM's --spec) gets our norm, not torch's, last
 blended_dataset_rank.py 0.16's BlendedDataset in a process without torch.distributed
 optimizer_zero_step.py an optimizer checkpoint of step 0 that loads again
+mla_without_te.py   0.16's multi-latent attention built without Transformer Engine installed
+mla_query_projection.py 0.19's multi-latent attention without a query latent, from local modules
 """

@@ -130,6 +130,18 @@ def with_mlp_spec_submodules(mlp_spec, submodules):
     return dataclasses.replace(mlp_spec, submodules=submodules)
 
 
+def local_mla_self_attention():
+    """megatron-core's MLASelfAttention as the local layer spec builds it, without Transformer Engine:
+    0.16's class; from 0.19 compat/mla_query_projection.py's (see there why)."""
+    if version() < (0, 19):
+        from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+        return MLASelfAttention
+    from megatron_dmoe.compat.mla_query_projection import PlainQueryProjectionMLA
+
+    return PlainQueryProjectionMLA
+
+
 # --- tokenizers ----------------------------------------------------------------------------------
 
 def build_megatron_tokenizer(args):

@@ -19,7 +19,10 @@ _SAME_NAME = {
               "rotary_base", "normalization", "kv_channels", "norm_epsilon", "qk_layernorm", "hidden_dropout",
               "attention_dropout",
               "untie_embeddings_and_output_weights", "transformer_impl", "cross_entropy_loss_fusion",
-              "cross_entropy_fusion_impl", "use_cpu_initialization"],
+              "cross_entropy_fusion_impl", "use_cpu_initialization",
+              # multi-latent attention (Megatron-LM's mla group and --rope-type)
+              "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+              "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim"],
     "parallel": ["tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                  "expert_tensor_parallel_size", "sequence_parallel", "context_parallel_size",
                  "virtual_pipeline_model_parallel_size"],
@@ -48,7 +51,7 @@ MEGATRON_KEYS: Dict[str, str] = {
 }
 # flags that take no value (store_true in Megatron-LM): `--bf16` is training.bf16=true
 SWITCHES = {"untie_embeddings_and_output_weights", "use_cpu_initialization", "cross_entropy_loss_fusion",
-            "qk_layernorm",
+            "qk_layernorm", "multi_latent_attention",
             "sequence_parallel", "bf16", "fp16", "use_distributed_optimizer",
             *(flag_name(s.flag) for s in _MOE_FLAGS if s.switch)}
 # switches that set a key to a value: `--swiglu` is model.activation=swiglu

@@ -11,6 +11,7 @@ DERIVED_FROM = {
     "model.ffn_hidden_size": ("model.hidden_size",),
     "model.max_position_embeddings": ("model.seq_length",),
     "model.num_query_groups": ("model.num_attention_heads",),
+    "model.rope_type": ("model.multi_latent_attention",),
     "moe.ffn_hidden_size": ("model.ffn_hidden_size", "model.hidden_size"),
     "moe.router_renormalize": ("moe.router_score_function", "moe.top_k", "moe.router_pre_softmax"),
     "training.lr_decay_iters": ("training.train_iters",),
@@ -57,6 +58,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
         model.max_position_embeddings = model.seq_length
     if model.num_query_groups is None:
         model.num_query_groups = model.num_attention_heads
+    if model.rope_type is None:
+        model.rope_type = "yarn" if model.multi_latent_attention else "rope"  # Megatron-LM's defaults
     if moe.ffn_hidden_size is None:
         moe.ffn_hidden_size = model.ffn_hidden_size
     if moe.router_renormalize is None:

@@ -44,6 +44,27 @@ class ModelConfig:
     # initialise every weight whole on the CPU, then split it: the same initial model at any tensor-
     # or pipeline-parallel layout (CPU runs always do); on GPUs each rank otherwise draws its own shard
     use_cpu_initialization: bool = False
+    # Multi-latent attention (DeepSeek-V2/V3; megatron-core's MLA, built from local modules): queries
+    # and keys/values through low-rank latents, each head's query/key a part without positions
+    # (qk_head_dim) and a rotated part (qk_pos_emb_head_dim, its key shared by all heads);
+    # model.kv_channels and num_query_groups do not apply. model.qk_layernorm adds RMSNorms of the
+    # latents (DeepSeek's q_a_layernorm / kv_a_layernorm).
+    multi_latent_attention: bool = False
+    q_lora_rank: Optional[int] = None  # the queries' latent width; None = one projection, no latent
+    kv_lora_rank: int = 32  # the keys' and values' latent width
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    # RoPE of multi-latent attention: rope, or yarn (YaRN scaling of the frequencies by
+    # rotary_scaling_factor, its attention factor from mscale / mscale_all_dim, as DeepSeek
+    # uses it); None = yarn with multi-latent attention (Megatron-LM's default), else rope
+    rope_type: Optional[str] = None  # None | rope | yarn
+    rotary_scaling_factor: float = 1.0
+    original_max_position_embeddings: int = 4096  # YaRN: the context length trained before scaling
+    beta_fast: float = 32.0  # YaRN's frequency ramp bounds (rotations)
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
 
 
 @dataclass

@@ -26,6 +26,9 @@ AutoModelForCausalLM.from_pretrained(OUT) and AutoTokenizer.from_pretrained(OUT)
   dense GPT (LayerNorm, learned positions, GELU)            -> GPT2LMHeadModel
   MoE in every layer, SwiGLU experts, RMSNorm, RoPE, no linear biases, softmax top-k routing
   renormalised over the chosen experts                      -> MixtralForCausalLM
+  (with a per-head / whole-projection query/key norm: Qwen3MoeForCausalLM / OlmoeForCausalLM)
+  multi-latent attention, dense first layers, shared experts, softmax (or sigmoid with expert
+  bias) routing, group-limited or not          -> DeepseekV2ForCausalLM (DeepseekV3ForCausalLM)
 
 Other models are refused with the settings that have no equivalent. A checkpoint saved at any
 expert-parallel size exports the same. Runs in one process on the CPU.

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from megatron_dmoe.export import deepseek, deepseek_weights
 from megatron_dmoe.export.gpt2 import gpt2_config, gpt2_weights
 from megatron_dmoe.export.hf_architecture import GPT2, hf_architecture
 from megatron_dmoe.export.moe_families import BY_KEY, hf_config
@@ -21,6 +22,7 @@ from megatron_dmoe.export.weights import model_state
 from megatron_dmoe.inference.errors import UsageError
 from megatron_dmoe.inference.run_model import LoadedRun, unwrapped
 
+DEEPSEEK_KEYS = {f.key: f for f in deepseek.DEEPSEEK_FAMILIES}
 _DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
 
@@ -58,6 +60,9 @@ def export_hf(run: LoadedRun, out: Path) -> Path:
     if arch == GPT2:
         config = gpt2_config(run.cfg, tc, vocab, tok.eod)
         tensors = gpt2_weights(state, run.cfg)
+    elif arch in DEEPSEEK_KEYS:
+        config = deepseek.hf_config(DEEPSEEK_KEYS[arch], run.cfg, vocab, tok.eod, _bos(tok))
+        tensors = deepseek_weights.to_hf(state, run.cfg.model, run.cfg.moe)
     else:
         family = BY_KEY[arch]
         config = hf_config(family, run.cfg, tc, vocab, tok.eod, _bos(tok))

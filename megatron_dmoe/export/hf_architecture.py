@@ -4,21 +4,24 @@ Our dense GPT (LayerNorm, learned positions, GELU, multi-head attention) is GPT-
 every layer is an MoE of SwiGLU experts with RMSNorm, RoPE, no linear biases and softmax top-k
 routing is one of the MoE families of moe_families.py: Mixtral without a query/key norm (its
 routing weights renormalised over the chosen experts), Qwen3-MoE with a per-head one, OLMoE with one
-over the whole projection. Everything else is refused with the settings that have no equivalent,
-so an export never silently changes what the model computes.
+over the whole projection. A model with multi-latent attention is DeepSeek-V2 (softmax routing) or
+DeepSeek-V3 (sigmoid routing with an expert bias), deepseek.py. Everything else is refused with the
+settings that have no equivalent, so an export never silently changes what the model computes.
 """
 from __future__ import annotations
 
 from typing import List
 
 from megatron_dmoe.config import RunConfig
-from megatron_dmoe.export import moe_families as families
+from megatron_dmoe.export import deepseek, moe_families as families
 from megatron_dmoe.inference.errors import UsageError
 
 GPT2 = "gpt2"
 MIXTRAL = families.MIXTRAL.key
 QWEN3_MOE = families.QWEN3_MOE.key
 OLMOE = families.OLMOE.key
+DEEPSEEK_V2 = deepseek.DEEPSEEK_V2.key
+DEEPSEEK_V3 = deepseek.DEEPSEEK_V3.key
 
 
 def _gpt2_mismatches(cfg: RunConfig) -> List[str]:
@@ -85,8 +88,16 @@ def _moe_mismatches(cfg: RunConfig, family: families.Family) -> List[str]:
 
 
 def hf_architecture(cfg: RunConfig) -> str:
-    """GPT2, MIXTRAL, QWEN3_MOE or OLMOE for a run config (resolved); UsageError naming what has
-    no equivalent. An MoE model's family is the one of its query/key norm (moe_families.py)."""
+    """GPT2, MIXTRAL, QWEN3_MOE, OLMOE, DEEPSEEK_V2 or DEEPSEEK_V3 for a run config (resolved);
+    UsageError naming what has no equivalent. An MoE model's family is the one of its query/key norm
+    (moe_families.py); with multi-latent attention, DeepSeek's of its routing scores (deepseek.py)."""
+    if cfg.model.multi_latent_attention:
+        family = deepseek.deepseek_family(cfg)
+        reasons = deepseek.mismatches(cfg, family)
+        if not reasons:
+            return family.key
+        raise UsageError(f"this model has no transformers equivalent; as {family.title} these settings differ: "
+                         + "; ".join(reasons))
     gpt2 = _gpt2_mismatches(cfg)
     if not gpt2:
         return GPT2

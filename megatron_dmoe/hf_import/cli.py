@@ -12,7 +12,8 @@ from megatron_dmoe.inference.cli_common import fail
 PROG = "dmoe-import"
 DESCRIPTION = """\
 Turn a transformers model directory (config.json, *.safetensors, tokenizer files) of
-MixtralForCausalLM, Qwen3MoeForCausalLM or OlmoeForCausalLM into a run directory: the resolved
+MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM or
+DeepseekV3ForCausalLM into a run directory: the resolved
 config.yaml, the checkpoint of step 0 (the model's weights, a fresh optimizer and learning-rate
 schedule) and the tokenizer (RUN_DIR/tokenizer). Then:
 
@@ -21,9 +22,10 @@ schedule) and the tokenizer (RUN_DIR/tokenizer). Then:
   dmoe-export RUN_DIR OUT                      back to the same transformers architecture
 
 The model's settings come from config.json (shapes, norms and their epsilon, query/key norm, RoPE
-theta, grouped-query attention, routing with or without renormalisation); a field with no
-equivalent here (sliding windows, biases, clipped queries and keys, RoPE scaling, dense layers
-between the MoE layers) is refused before anything is written. Everything else is chosen with
+theta, grouped-query attention, routing with or without renormalisation; DeepSeek's multi-latent
+attention, YaRN, dense first layers, shared experts, group-limited routing and selection bias); a
+field with no equivalent here (sliding windows, biases, clipped queries and keys, other RoPE
+scaling, dense layers between the MoE layers) is refused before anything is written. Everything else is chosen with
 key=value overrides as for dmoe-train, here, because a resumed run keeps them: the data
 (data.data_path, required: tokenized with this model's tokenizer), the schedule (training.lr,
 training.train_iters, ...), the precision (training.bf16) and the MoE backend. Runs in one process.

@@ -1,5 +1,5 @@
-"""A transformers config.json of Mixtral, Qwen3-MoE or OLMoE as our config keys, or one line saying
-which field has no equivalent here.
+"""A transformers config.json of Mixtral, Qwen3-MoE, OLMoE, DeepSeek-V2 or DeepSeek-V3 as our config
+keys, or one line saying which field has no equivalent here (DeepSeek's fields: deepseek_config.py).
 
 `model_keys` gives two lists of `key=value` overrides: the ones that fix what the model computes
 (its shapes, norms, routing: a user may not set them), and defaults a user may change (training
@@ -11,8 +11,12 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from megatron_dmoe.export.deepseek import DEEPSEEK_FAMILIES
 from megatron_dmoe.export.moe_families import BY_ARCHITECTURE, MIXTRAL, QWEN3_MOE, Family
+from megatron_dmoe.hf_import import deepseek_config
 from megatron_dmoe.inference.errors import UsageError
+
+ARCHITECTURES = {**BY_ARCHITECTURE, **{f.architecture: f for f in DEEPSEEK_FAMILIES}}
 
 
 def read_hf_config(hf_dir: Path) -> Dict[str, Any]:
@@ -33,10 +37,10 @@ def read_hf_config(hf_dir: Path) -> Dict[str, Any]:
 
 def family_of(config: Dict[str, Any], path: Path) -> Family:
     architectures = config.get("architectures") or []
-    known = ", ".join(BY_ARCHITECTURE)
-    if len(architectures) != 1 or architectures[0] not in BY_ARCHITECTURE:
+    known = ", ".join(ARCHITECTURES)
+    if len(architectures) != 1 or architectures[0] not in ARCHITECTURES:
         raise UsageError(f"{path}: architectures={architectures} is not supported; dmoe-import reads {known}")
-    return BY_ARCHITECTURE[architectures[0]]
+    return ARCHITECTURES[architectures[0]]
 
 
 def _rope(config: Dict[str, Any], path: Path) -> float:
@@ -97,6 +101,9 @@ def _refuse_unsupported(config: Dict[str, Any], family: Family, path: Path) -> N
 
 def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[List[str], List[str]]:
     """(fixed, defaults): `key=value` overrides for our config; UsageError for what has no equivalent."""
+    if family in DEEPSEEK_FAMILIES:
+        fixed, defaults = deepseek_config.model_keys(config, family, path)
+        return _texts(fixed), _texts(defaults)
     _refuse_unsupported(config, family, path)
     theta = _rope(config, path)
     hidden, heads = config["hidden_size"], config["num_attention_heads"]

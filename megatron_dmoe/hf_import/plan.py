@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import List
 
 from megatron_dmoe.config import ConfigError, RunConfig, load_config, resolve, validate
+from megatron_dmoe.export import deepseek_weights
+from megatron_dmoe.export.deepseek import DEEPSEEK_FAMILIES
 from megatron_dmoe.export.moe_families import Family
 from megatron_dmoe.export.moe_weights import OUTPUT, hf_names
 from megatron_dmoe.export.tokenizer_files import HF_TOKENIZER_FILES
@@ -89,7 +91,13 @@ def plan_import(hf_dir: Path, run_dir: Path, overrides: List[str]) -> ImportPlan
     files = SafetensorsFiles(hf_dir)
     m = cfg.model
     untied = m.untie_embeddings_and_output_weights
-    files.check_names(hf_names(family, m.num_layers, cfg.moe.num_experts, untied), family.architecture,
-                      ignored=() if untied else (OUTPUT[1],))
+    ignored = [] if untied else [OUTPUT[1]]
+    if family in DEEPSEEK_FAMILIES:
+        names = deepseek_weights.hf_names(m, cfg.moe, untied)
+        ignored += deepseek_weights.prediction_layer_names(files.where, m.num_layers,
+                                                           config.get("num_nextn_predict_layers") or 0)
+    else:
+        names = hf_names(family, m.num_layers, cfg.moe.num_experts, untied)
+    files.check_names(names, family.architecture, ignored=ignored)
     return ImportPlan(hf_dir=hf_dir, run_dir=run_dir, family=family, cfg=cfg, files=files,
                       tokenizer_files=tokenizer_files)

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from megatron_dmoe.compat.optimizer_zero_step import save_zero_step_count
+from megatron_dmoe.export import deepseek_weights
+from megatron_dmoe.export.deepseek import DEEPSEEK_FAMILIES
 from megatron_dmoe.export.moe_weights import from_hf
 from megatron_dmoe.export.tokenizer_files import copy_tokenizer_folder
 from megatron_dmoe.hf_import.plan import TOKENIZER_DIR, ImportPlan
@@ -27,7 +29,10 @@ def load_hf_weights(model, plan: ImportPlan) -> None:
 
     model = unwrap_model(model)
     m = plan.cfg.model
-    ours = from_hf(plan.files.read, plan.family, m, model.config.kv_channels, plan.cfg.moe.num_experts)
+    if plan.family in DEEPSEEK_FAMILIES:
+        ours = deepseek_weights.from_hf(plan.files.read, m, plan.cfg.moe)
+    else:
+        ours = from_hf(plan.files.read, plan.family, m, model.config.kv_channels, plan.cfg.moe.num_experts)
     targets = {k: v for k, v in model.state_dict(keep_vars=True).items() if "_extra_state" not in k}
     if set(targets) != set(ours):
         raise RuntimeError(f"dmoe-import: names differ: model only {sorted(set(targets) - set(ours))[:3]}, "

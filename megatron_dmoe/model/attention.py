@@ -43,6 +43,8 @@ class SDPAttention(MegatronModule):
         cp_comm_type: Optional[str] = None,
         pg_collection=None,
         recompute: bool = False,
+        k_channels: Optional[int] = None,
+        v_channels: Optional[int] = None,
     ):
         super().__init__(config=config)
         if config.context_parallel_size != 1:
@@ -52,8 +54,10 @@ class SDPAttention(MegatronModule):
         self.attn_mask_type = attn_mask_type
         self.heads_per_partition = config.num_attention_heads // tp
         self.groups_per_partition = config.num_query_groups // tp
-        self.head_dim = config.kv_channels
-        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        # multi-latent attention's queries and keys are wider than its values (k_channels, v_channels)
+        k_channels = k_channels or config.kv_channels
+        self.head_dim = v_channels or config.kv_channels  # the values' width: the output's per head
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(k_channels)
         # apply_query_key_layer_scaling changes nothing here: megatron divides the scale by the
         # layer number and multiplies the scores back by it before its fp32 softmax.
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout

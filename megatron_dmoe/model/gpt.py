@@ -56,8 +56,8 @@ class GPTModelWithFusedLoss(GPTModel):
 
 def use_transformer_engine(cfg: RunConfig, on_cuda: bool) -> bool:
     impl = cfg.model.transformer_impl
-    if impl == "auto":
-        return on_cuda and transformer_engine_available()
+    if impl == "auto":  # multi-latent attention: megatron-core's local modules (validation refuses TE)
+        return on_cuda and transformer_engine_available() and not cfg.model.multi_latent_attention
     return impl == "transformer_engine"
 
 
@@ -100,6 +100,7 @@ def build_gpt_model(
         vp_stage=vp_stage,
         attention_recompute=attention_recompute,
         qk_layernorm=cfg.model.qk_layernorm_scope if cfg.model.qk_layernorm else None,
+        multi_latent_attention=cfg.model.multi_latent_attention,
     )
     model = GPTModelWithFusedLoss(
         config=config,

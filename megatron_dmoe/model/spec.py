@@ -34,6 +34,7 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 
 from megatron_dmoe.compat import mcore as mcore_compat
 from megatron_dmoe.compat.block_final_norm import use_for_block_final_norm
+from megatron_dmoe.compat.mla_without_te import allow_mla_without_te
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.model.attention import ProjectionQKNorm, SDPAttention
 from megatron_dmoe.model.layer_seed import seeded_layer_class
@@ -80,7 +81,9 @@ def _swap_linears(spec: ModuleSpec, names) -> ModuleSpec:
 
 
 def _with_fused_bias_linears(spec: ModuleSpec) -> ModuleSpec:
-    """megatron's local linear layers in attention and the dense MLP -> model/linear.py's."""
+    """megatron's local linear layers in attention and the dense MLP -> model/linear.py's (multi-latent
+    attention's projections have no biases but its output's, and it accepts only megatron's classes
+    for its down projections)."""
     sub = spec.submodules
     changes = {"self_attention": _swap_linears(sub.self_attention, ("linear_qkv", "linear_proj"))}
     mlp = mcore_compat.mlp_spec_submodules(sub.mlp)  # the dense MLP's (an MoE layer has none)
@@ -97,7 +100,8 @@ def _with_fused_norms(spec: ModuleSpec) -> ModuleSpec:
     weight so that megatron-core sums its gradient over the tensor-parallel ranks, whose heads differ)."""
     names = [n for n in ("input_layernorm", "pre_mlp_layernorm") if getattr(spec.submodules, n) is WrappedTorchNorm]
     attention = spec.submodules.self_attention
-    qk = [n for n in ("q_layernorm", "k_layernorm") if getattr(attention.submodules, n, None) is WrappedTorchNorm]
+    qk = [n for n in ("q_layernorm", "k_layernorm", "kv_layernorm")
+          if getattr(attention.submodules, n, None) is WrappedTorchNorm]
     if qk:
         spec = _with_submodule(spec, self_attention=_with_submodule(attention, **{n: FusedNorm for n in qk}))
     return _with_submodule(spec, **{n: FusedNorm for n in names}) if names else spec
@@ -128,10 +132,12 @@ def layer_spec(
     moe_params: Optional[dict] = None,
     attention_recompute: bool = False,
     qk_layernorm: Optional[str] = None,
+    multi_latent_attention: bool = False,
 ) -> ModuleSpec:
     """One TransformerLayer spec: dense (megatron's MLP) or MoE (ours). attention_recompute: SDPA's
     own selective recompute (model/attention.py), where megatron's is switched off. qk_layernorm:
-    None, or a norm of the queries and keys per "head" (megatron's) or over the "projection"."""
+    None, or a norm of the queries and keys per "head" (megatron's) or over the "projection"; with
+    multi_latent_attention (megatron-core's MLA, local modules only) "head" norms its latents."""
     if core_attention not in CORE_ATTENTIONS:
         raise ValueError(f"core_attention must be one of {CORE_ATTENTIONS}, got {core_attention!r}")
     if qk_layernorm not in (None, *QK_NORM_SCOPES):
@@ -140,10 +146,17 @@ def layer_spec(
     # 2 is a placeholder: we replace the MLP it would build.
     num_experts = 2 if moe else None
     qk = qk_layernorm is not None
+    if use_transformer_engine and multi_latent_attention:
+        raise ValueError("multi-latent attention is built from megatron-core's local modules only")
     if use_transformer_engine:
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, qk_layernorm=qk)
     else:
-        spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization, qk_layernorm=qk)
+        spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization=normalization, qk_layernorm=qk,
+                                        multi_latent_attention=multi_latent_attention)
+        if multi_latent_attention:
+            allow_mla_without_te()
+            spec = _with_submodule(spec, self_attention=dataclasses.replace(
+                spec.submodules.self_attention, module=mcore_compat.local_mla_self_attention()))
         spec = _with_fused_bias_linears(_with_fused_norms(spec))
         if core_attention == "sdpa":
             attention = spec.submodules.self_attention
@@ -178,6 +191,7 @@ def block_spec(
     vp_stage: Optional[int] = None,
     attention_recompute: bool = False,
     qk_layernorm: Optional[str] = None,
+    multi_latent_attention: bool = False,
 ) -> TransformerBlockSubmodules:
     """Layer-by-layer specs for this pipeline stage, MoE where `config_moe_layers` says."""
     kinds = {
@@ -189,6 +203,7 @@ def block_spec(
             moe_params=moe_params,
             attention_recompute=attention_recompute,
             qk_layernorm=qk_layernorm,
+            multi_latent_attention=multi_latent_attention,
         )
         for moe in (False, True)
     }

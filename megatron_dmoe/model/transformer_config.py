@@ -11,7 +11,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.config.moe_layers import megatron_moe_layer_freq
@@ -104,9 +104,39 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         **recompute,
         **moe_kwargs,
     )
+    config_class = TransformerConfig
+    if m.multi_latent_attention:
+        config_class = MLATransformerConfig
+        kwargs.update(latent_attention_kwargs(cfg))
     with warnings.catch_warnings():
         # megatron-core's own default cuda_graph_scope trips its own deprecation notice
         warnings.filterwarnings("ignore", message="full scope is deprecated")
-        config = TransformerConfig(**kwargs)
+        config = config_class(**kwargs)
     config.expert_tensor_parallel_size = par.expert_tensor_parallel_size
     return config
+
+
+def latent_attention_kwargs(cfg: RunConfig) -> dict:
+    """MLATransformerConfig's fields of multi-latent attention, from the model.* keys of the same names."""
+    m = cfg.model
+    return dict(
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+        rope_type=m.rope_type,
+        rotary_base=m.rotary_base,
+        rotary_scaling_factor=m.rotary_scaling_factor,
+        original_max_position_embeddings=m.original_max_position_embeddings,
+        beta_fast=m.beta_fast,
+        beta_slow=m.beta_slow,
+        mscale=m.mscale,
+        mscale_all_dim=m.mscale_all_dim,
+        # every head has its own key and value; megatron-core sizes the key-value cache by groups
+        num_query_groups=m.num_attention_heads,
+        kv_channels=None,
+        qk_layernorm=m.qk_layernorm,
+        # the local modules (0.19 resolves the latents' norms with this backend's)
+        transformer_impl="local",
+    )

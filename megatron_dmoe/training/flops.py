@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from megatron_dmoe.config import latent_attention
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.config.resolve import resolve
 from megatron_dmoe.config.schema import RunConfig
@@ -26,6 +27,8 @@ def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> f
         attention projections   2 * (h*h  [q]  +  2*h*g*d  [k, v]  +  h*h  [output])
         scores and values       2 * 2 * s * h   (Q.K^T and P.V; causal masking NOT halved,
                                                  as Megatron-LM counts)
+        (multi-latent attention: 2 * in * out of each projection, config/latent_attention.py,
+        and 2 * s * (q_k + v), q_k and v its heads' query/key and value widths together)
         dense MLP               2 * m * h * f,  f = model.ffn_hidden_size (None = 4*h)
         MoE MLP                 2 * top_k * m * h * f_e  +  2 * h * E  [router]
                                 f_e = moe.ffn_hidden_size (None = f), E = moe.num_experts
@@ -53,6 +56,9 @@ def model_flops_per_token(cfg: RunConfig, vocab_size: Optional[int] = None) -> f
     matrices = _mlp_matrices(model.activation)
 
     attention = 2 * (2 * h * h + 2 * h * groups * head_dim) + 2 * 2 * s * h
+    if model.multi_latent_attention:  # its projections, and scores and values at its heads' widths
+        qk, v = latent_attention.core_widths(model)
+        attention = 2 * sum(i * o for i, o in latent_attention.projection_shapes(model)) + 2 * s * (qk + v)
     dense_mlp = 2 * matrices * h * model.ffn_hidden_size
     num_moe = _num_moe_layers(cfg)
     moe_mlp = 2 * moe.top_k * matrices * h * moe.ffn_hidden_size + 2 * h * moe.num_experts

@@ -27,7 +27,7 @@ import copy
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from megatron_dmoe.config import RunConfig
+from megatron_dmoe.config import RunConfig, latent_attention
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.config.moe_settings import BLOCK_SIZES
 from megatron_dmoe.parallel.layout_rules import ffn_shards_per_expert
@@ -100,6 +100,10 @@ def _norm_params(cfg: RunConfig) -> int:
 def attention_params(cfg: RunConfig) -> int:
     """One layer's attention and its two norms on one tensor-parallel rank."""
     m, tp = cfg.model, cfg.parallel.tensor_model_parallel_size
+    if m.multi_latent_attention:  # its projections (split over the tensor-parallel ranks, roughly)
+        weights = sum(i * o for i, o in latent_attention.projection_shapes(m)) // tp
+        return weights + (m.hidden_size if m.add_bias_linear else 0) + 2 * _norm_params(cfg) \
+            + latent_attention.latent_norm_widths(m)
     h, d = m.hidden_size, _head_dim(cfg)
     qkv_out = (m.num_attention_heads + 2 * _query_groups(cfg)) * d // tp
     proj_in = m.num_attention_heads * d // tp
@@ -304,6 +308,9 @@ def layer_activations(cfg: RunConfig, moe: bool, on_cuda: bool) -> Tuple[int, in
     tokens, _ = _tokens(cfg)
     full = cfg.training.micro_batch_size * m.seq_length  # tokens the tensor-parallel parts see
     qkv = (m.num_attention_heads + 2 * _query_groups(cfg)) * _head_dim(cfg) // tp
+    if m.multi_latent_attention:  # queries, keys and values at their heads' widths, and the latents
+        qk, v = latent_attention.core_widths(m)
+        qkv = (2 * qk + v) // tp + m.kv_lora_rank + (m.q_lora_rank or 0)
     norms = 2 * 2 * tokens * 4  # each norm's fp32 mean and inverse deviation
     attention = (ATTENTION_HIDDEN_COPIES * tokens * h + full * qkv) * e + norms
     if moe:

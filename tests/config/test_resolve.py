@@ -36,6 +36,7 @@ def test_explicit_values_are_kept_and_input_is_not_changed():
     cfg.model.ffn_hidden_size, cfg.model.max_position_embeddings = 100, 512
     cfg.model.num_query_groups, cfg.moe.ffn_hidden_size = 2, 64
     cfg.moe.router_renormalize, cfg.training.lr_decay_iters = True, 5
+    cfg.model.rope_type = "rope"
     before = copy.deepcopy(cfg)
     out = resolve(cfg)
     assert out == before and out is not cfg

@@ -46,6 +46,20 @@ def test_shared_expert_and_its_gate_are_counted():
     assert model_flops_per_token(shared, vocab_size=10) == plain + 3 * 2 * 2 * (3 * 8 * 12 + 8)
 
 
+def test_hand_count_multi_latent_attention():
+    cfg = make_cfg(model=dict(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, ffn_hidden_size=32,
+                              activation="gelu", multi_latent_attention=True, position_embedding_type="rope",
+                              q_lora_rank=6, kv_lora_rank=4, qk_head_dim=3, qk_pos_emb_head_dim=2, v_head_dim=5))
+    # multiply-accumulates per token: q down 16 x 6, q up 6 x 2 * (3 + 2), kv down 16 x (4 + 2),
+    # kv up 4 x 2 * (3 + 5), output 2 * 5 x 16 = 96 + 60 + 96 + 64 + 160
+    projections = 476
+    scores = 2 * 8 * (2 * (3 + 2) + 2 * 5)  # Q.K^T at the query/key width, P.V at the value width
+    forward = 2 * projections + scores + 2 * 2 * 16 * 32 + 2 * 16 * 10
+    assert model_flops_per_token(cfg, vocab_size=10) == 3 * forward
+    without_latent = make_cfg(model={**vars(cfg.model), "q_lora_rank": None})
+    assert model_flops_per_token(without_latent, vocab_size=10) == 3 * (forward + 2 * (16 * 10 - 96 - 60))
+
+
 def test_hand_count_dense_gelu_defaults():
     # ffn_hidden_size None = 4 * hidden = 64; num_query_groups None = multi-head.
     cfg = make_cfg(model=dict(num_layers=2, hidden_size=16, num_attention_heads=4, seq_length=8,

@@ -94,6 +94,12 @@ def test_activations_by_hand():
     ["model.qk_layernorm=true", "model.kv_channels=32"],  # a norm per head of queries and keys, wider heads
     ["model.qk_layernorm=true", "model.qk_layernorm_scope=projection", "model.normalization=RMSNorm",
      "model.num_query_groups=2"],
+    # multi-latent attention, with a query latent and latent norms, and without either
+    ["model.multi_latent_attention=true", "model.position_embedding_type=rope", "model.normalization=RMSNorm",
+     "model.qk_layernorm=true", "model.q_lora_rank=24", "model.kv_lora_rank=16", "model.qk_head_dim=8",
+     "model.qk_pos_emb_head_dim=4", "model.v_head_dim=12"],
+    ["model.multi_latent_attention=true", "model.position_embedding_type=rope", "model.kv_lora_rank=16",
+     "model.qk_head_dim=8", "model.qk_pos_emb_head_dim=4", "model.v_head_dim=12"],
 ])
 @pytest.mark.slow
 def test_parameter_term_equals_a_built_model(cpu_dist, overrides):

@@ -4,6 +4,7 @@ state.py      CheckState: the config, its sanitized and resolved copies, the pro
               found so far, and which keys are invalid (checks that read them are skipped)
 values.py     each key on its own: its type, its allowed values (CHOICES), its range (RANGES)
 model.py      model.*: heads, query groups, positions, the machine's attention and loss kernels
+latent_attention.py model.multi_latent_attention with the keys it reads and those it replaces
 moe.py        moe.*: the MoE layer's rules (config/moe_rules.py) on the values the layer will get
 upcycle.py    checkpoint.upcycle_from with moe.upcycle_granularity
 parallel.py   parallel.*: the legal layouts (parallel/layout_rules.py) and the world size
