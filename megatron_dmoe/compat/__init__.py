@@ -19,4 +19,5 @@ schedule_capture.py the forward-backward schedules kept from capturing CUDA grap
 block_final_norm.py a layer spec's block (Megatron-LM's --spec) gets our norm, not torch's, last
 blended_dataset_rank.py 0.16's BlendedDataset in a process without torch.distributed
 optimizer_zero_step.py an optimizer checkpoint of step 0 that loads again
+aux_loss_scale.py   the aux-loss scale kept on the losses' device and written in place
 """
