@@ -68,6 +68,24 @@ def previous_run_files(run_dir: Optional[Path]) -> List[str]:
     return [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
 
 
+def unstarted_run_note(run_dir: Optional[Path]) -> Optional[str]:
+    """For a run directory whose previous run stopped before its first step (its config.yaml
+    written, no checkpoint, no step in metrics.jsonl: refused memory, a failed first step): the
+    line saying a new run takes its place; None for any other directory. Such a run left nothing to
+    continue, so it needs neither --resume nor --overwrite."""
+    files = previous_run_files(run_dir)
+    checkpoints = checkpoint_root(run_dir) if files else None
+    if not files or (checkpoints.is_dir() and any(checkpoints.iterdir())) or checkpoints.is_file():
+        return None
+    metrics = Path(run_dir) / METRICS_FILE
+    try:
+        if metrics.is_file() and metrics.read_text(encoding="utf-8").strip():
+            return None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return f"{run_dir} holds a run that stopped before its first step ({', '.join(files)}): this run replaces it"
+
+
 def remove_run_files(run_dir: Path) -> None:
     """Delete a previous run's files (for --overwrite); other files in the directory stay."""
     for name in previous_run_files(run_dir):

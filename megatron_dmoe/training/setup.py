@@ -10,6 +10,7 @@ on rank 0 and writes the resolved config into the run directory.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -31,7 +32,13 @@ from megatron_dmoe.moe import MoERunState
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
-from megatron_dmoe.training.memory_estimate import MemoryCheckError, check_memory, known_vocab_size
+from megatron_dmoe.training.host_memory import available_host_bytes
+from megatron_dmoe.training.memory_estimate import (
+    MemoryCheckError,
+    check_host_memory,
+    check_memory,
+    known_vocab_size,
+)
 from megatron_dmoe.training.metrics_log import METRICS_FILE
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.run_dir import (
@@ -87,8 +94,8 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
         afresh = f" ({METRICS_FILE} starts afresh)" if METRICS_FILE in previous_run_files(run_dir) else ""
         say(f"no checkpoint in {ckpt_root}: starting a new run at step 0{afresh}")
     say(f"device: {describe_device(cfg, env)}")
-    # GPU runs: the estimated peak memory, refused when it cannot fit (MemoryCheckError); before the
-    # data where the config tells the vocabulary, else once the tokenizer is read
+    # the estimated peak memory (printed on GPUs), refused when it cannot fit (MemoryCheckError);
+    # before the data where the config tells the vocabulary, else once the tokenizer is read
     vocab = known_vocab_size(cfg)
     memory = memory_line(cfg, env, vocab) if vocab is not None else None
     data = prepare_run_data(cfg, env)  # raises DataError before anything is built
@@ -133,11 +140,14 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
 
 
 def memory_line(cfg: RunConfig, env: DistEnv, vocab_size: int) -> Optional[str]:
-    """The start-up summary's memory line on GPUs (None on CPU, where nothing is refused)."""
-    if not env.on_cuda:
-        return None
-    total = torch.cuda.get_device_properties(env.device).total_memory
+    """The start-up summary's memory line on GPUs; on a CPU no line, but a run whose processes on
+    this machine would need more than its available memory is refused too (MemoryCheckError)."""
     try:
+        if not env.on_cuda:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+            check_host_memory(cfg, vocab_size, env.world_size, local, available_host_bytes())
+            return None
+        total = torch.cuda.get_device_properties(env.device).total_memory
         return check_memory(cfg, vocab_size, env.world_size, total)
     except MemoryCheckError:
         if env.is_main:

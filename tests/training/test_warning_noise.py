@@ -41,11 +41,11 @@ def test_cuda_advice_is_dropped_only_without_cuda():
 
 
 def test_only_rank_0_shows_warnings(monkeypatch, capsys):
-    from megatron_dmoe import cli
+    from megatron_dmoe.console import show_warnings_plainly
 
     passed_on = []
     monkeypatch.setattr(warnings, "showwarning", lambda message, *args, **kwargs: passed_on.append(str(message)))
-    cli._show_user_warnings_plainly()
+    show_warnings_plainly("dmoe-train")
     for rank in ("1", "0"):
         monkeypatch.setenv("RANK", rank)
         warnings.showwarning(UserWarning(f"from rank {rank}"), UserWarning, "x.py", 1)
