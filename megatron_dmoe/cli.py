@@ -355,6 +355,9 @@ A sweep file names a base config and the values to vary:
   zip: {training.lr: [1.0e-3, 2.0e-3], training.min_lr: [1.0e-4, 2.0e-4]}  # walked together
   slurm: {partition: gpu, time: "04:00:00"}       # sbatch options for --slurm
 
+`key=value` items after SWEEP.yaml are set in every run, over the file's own overrides
+(`dmoe-sweep sweep.yaml training.train_iters=50`).
+
 Each run gets a directory under --runs-dir named after its values (e.g. top_k=2,lr=0.002,...)
 with its resolved config.yaml, written before anything runs. Every run's config is validated
 first; a mistake stops the sweep before anything is written or submitted. Runs train with
@@ -371,6 +374,9 @@ def _sweep_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("sweep", nargs="?", type=Path, metavar="SWEEP.yaml",
                         help="the sweep file (see above)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="set in every run, over the sweep file's overrides (a key the sweep "
+                        "varies is refused), e.g. training.train_iters=50")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the sweep and list its runs (name, run directory, overrides) "
                         "without writing or running anything")
@@ -413,10 +419,10 @@ def sweep_main(argv: Optional[List[str]] = None) -> int:
 
     show_warnings_plainly("dmoe-sweep")
     parser = _sweep_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_intermixed_args(argv)
     if (ns.sweep is None) == (ns.summary is None):
         parser.error("give a SWEEP.yaml to run, or --summary DIR to summarise runs (not both)")
-    if ns.summary is not None and (ns.dry_run or ns.slurm or ns.runs_dir
+    if ns.summary is not None and (ns.dry_run or ns.slurm or ns.runs_dir or ns.overrides
                                    or ns.concurrent is not None):
         parser.error("--summary takes only --plot")
     if ns.plot is not None and (ns.dry_run or ns.slurm):
@@ -433,7 +439,7 @@ def sweep_main(argv: Optional[List[str]] = None) -> int:
             return summarize(ns.summary, ns.plot)
         return run_sweep(ns.sweep, ns.runs_dir, dry_run=ns.dry_run, slurm=ns.slurm, plot=ns.plot,
                          nproc_per_node=ns.nproc_per_node, sbatch_script=ns.sbatch_script,
-                         concurrent=ns.concurrent or 1)
+                         concurrent=ns.concurrent or 1, overrides=ns.overrides)
     except (SweepError, SubmitError, FileNotFoundError, ValueError) as err:
         print(f"dmoe-sweep: error: {err}", file=sys.stderr)
         return 2
