@@ -13,7 +13,7 @@ from typing import Iterator
 
 
 def show_warnings_plainly(prog: str) -> None:
-    """Install the plain form for this process (once; a later call keeps the first command's name).
+    """Install the plain form for this process, naming `prog` (a later call names its own command).
     Under torchrun only rank 0 shows warnings: the ranks run the same code and would repeat each one."""
     from megatron_dmoe.compat.quiet_warnings import quiet_unactionable_warnings
     from megatron_dmoe.config import ConfigWarning
@@ -21,19 +21,21 @@ def show_warnings_plainly(prog: str) -> None:
     from megatron_dmoe.data.errors import DataWarning
 
     quiet_unactionable_warnings(cuda_available())
-    shown = warnings.showwarning
-    if getattr(shown, "plain_user_warnings", False):
-        return  # installed already (a command called again in this process)
+    installed = warnings.showwarning
+    if getattr(installed, "plain_user_warnings", False):
+        installed.prog = prog  # installed already (another command in this process)
+        return
 
     def show(message, category, filename, lineno, file=None, line=None):
         if os.environ.get("RANK", "0") != "0":
             return  # every rank finds the same: rank 0 tells it
         if issubclass(category, (ConfigWarning, DataWarning)):
-            print(f"{prog}: warning: {message}", file=file or sys.stderr)
+            print(f"{show.prog}: warning: {message}", file=file or sys.stderr)
         else:
-            shown(message, category, filename, lineno, file, line)
+            installed(message, category, filename, lineno, file, line)
 
     show.plain_user_warnings = True
+    show.prog = prog
     warnings.showwarning = show
 
 

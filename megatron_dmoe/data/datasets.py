@@ -187,11 +187,11 @@ def build_datasets(
     return train, valid, test
 
 
-def distinct_sequences(dataset) -> Optional[int]:
-    """How many different sequences `dataset` holds: megatron-core's GPTDataset repeats its split
-    in whole passes until it has the samples asked for, and len() counts the repeats. A
-    BlendedDataset holds the sum of its parts' (each at most what the blend takes from it); None for
-    anything else."""
+def sequences_per_pass(dataset) -> Optional[int]:
+    """How many sequences one pass over `dataset`'s split makes: megatron-core's GPTDataset repeats
+    the split (documents shuffled anew each pass) until it has the samples asked for, and len()
+    counts every pass. A BlendedDataset: the sum of its parts' (each at most what the blend takes
+    from it); None for anything else."""
     if isinstance(dataset, GPTDataset):
         config = dataset.config
         one_pass = (dataset._get_num_tokens_per_epoch() - config.add_extra_token_to_sequence) // config.sequence_length
@@ -199,5 +199,5 @@ def distinct_sequences(dataset) -> Optional[int]:
     parts = getattr(dataset, "datasets", None)
     if parts is None:
         return None
-    counts = [distinct_sequences(part) for part in parts]
+    counts = [sequences_per_pass(part) for part in parts]
     return None if None in counts else min(sum(counts), len(dataset))

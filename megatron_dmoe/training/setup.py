@@ -25,7 +25,7 @@ from megatron.core.utils import get_model_config
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
 from megatron_dmoe.data.cache_sharing import index_cache_writer
-from megatron_dmoe.data.datasets import distinct_sequences
+from megatron_dmoe.data.datasets import sequences_per_pass
 from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 from megatron_dmoe.model.gpt import build_model_chunks
 from megatron_dmoe.model.layer_seed import set_layer_init_seed
@@ -274,10 +274,10 @@ def describe_data(cfg: RunConfig, data) -> str:
         source = (f"built-in corpus (Python standard library; tokenizer vocabulary "
                   f"{cfg.data.builtin_vocab_size})")
     valid = f", {len(data.valid)} validation" if data.valid is not None else ""
-    seen, distinct = len(data.train), distinct_sequences(data.train)
+    seen, per_pass = len(data.train), sequences_per_pass(data.train)
     # the training steps read more sequences than the split holds: megatron-core repeats it
-    repeats = (f" ({distinct} distinct, read about {seen / distinct:.1f} times)"
-               if distinct and seen > distinct else "")
+    repeats = (f" ({per_pass} per pass over the split: its tokens are read about {seen / per_pass:.1f} times)"
+               if per_pass and seen > per_pass else "")
     return f"{source}: {seen} training{repeats}{valid} sequences of {cfg.model.seq_length} tokens"
 
 
