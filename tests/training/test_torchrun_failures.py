@@ -1,8 +1,8 @@
 """Under torchrun (2 CPU processes, expert parallelism 2): a bad data path is told once, by rank 0,
 with no other rank's connection traceback; a Ctrl-C (SIGINT to the whole process group, as a
-terminal sends it) is acknowledged once at once, saves, and prints the torchrun command that resumes
-this layout (through dmoe-train's launcher). torchrun's agent gets the Ctrl-C too and prints its own SignalException traceback
-(torchrun's code, not this package's): that is the only traceback allowed."""
+terminal sends it) is acknowledged once at once, saves, and prints the command that resumes this
+layout (dmoe-train --nproc-per-node). Plain torchrun's agent gets the Ctrl-C too and prints its own
+SignalException traceback (torchrun's code, not this package's): that is the only traceback allowed."""
 import os
 import re
 import signal
