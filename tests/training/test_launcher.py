@@ -1,10 +1,13 @@
 """`dmoe-train --nproc-per-node 2` on a CPU (gloo), as a user runs it: a misspelled key, a bad value
 and a missing tokenizer are each one line and exit 2, told before any worker starts; a refusal a
 worker makes (a model too large for this machine's memory) is its rank 0's one line, exit 2; no
-traceback and no torchrun summary from anyone; and the launched run trains."""
+traceback and no torchrun summary from anyone; the launched run trains, and a Ctrl-C stops it with
+a checkpoint and exit 130, without the agent's traceback."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -54,9 +57,23 @@ def test_a_workers_refusal_is_its_rank_0s_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_launched_run_trains(tmp_path, corpus_cache):
-    proc = _launch(tmp_path, *small_args(corpus_cache, 2))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "device: cpu, 2 processes (gloo), fp32" in proc.stdout
-    assert f"run directory: {tmp_path / 'run'} (step 2" in proc.stdout
-    assert not any(word in proc.stdout + proc.stderr for word in NOISE), proc.stdout + proc.stderr
+def test_the_launched_run_trains_and_stops_on_ctrl_c_without_a_traceback(tmp_path, corpus_cache):
+    """A Ctrl-C reaches the launcher and its workers (one process group, as a terminal sends it): the
+    workers save and say how to continue; the launcher exits 130 with nothing of its own."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "megatron_dmoe", "--nproc-per-node", "2",
+                             *small_args(corpus_cache, 500), "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    metrics = run / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]  # a hang is pytest-timeout's to stop
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-3000:]
+    assert "device: cpu, 2 processes (gloo), fp32" in out
+    stopped = int((run / "checkpoints" / "latest").read_text())
+    assert f"stopping at step {stopped} on SIGINT; continue with: dmoe-train --nproc-per-node 2 --run-dir {run} " \
+           "--resume" in out
+    assert not any(word in out for word in NOISE), out
