@@ -46,13 +46,23 @@ def out_of_memory_message(err: BaseException, cfg: RunConfig) -> str:
 _HOST_ALLOCATION = re.compile(r"can't allocate memory: you tried to allocate (\d+) bytes")
 
 
+def _host_allocation_failure(err: BaseException) -> Optional[BaseException]:
+    """The allocation failure in `err` or what it was raised from (a wrapping error's chain)."""
+    from megatron_dmoe.training.write_errors import causes
+
+    for cause in causes(err):
+        if isinstance(cause, MemoryError) or "DefaultCPUAllocator: can't allocate memory" in str(cause):
+            return cause
+    return None
+
+
 def host_out_of_memory_message(err: BaseException, cfg: RunConfig, processes: int) -> Optional[str]:
-    """The line for the host's memory running out (torch's CPU allocator, or Python's MemoryError);
-    None for any other error."""
-    text = str(err)
-    if not isinstance(err, MemoryError) and "DefaultCPUAllocator: can't allocate memory" not in text:
+    """The line for the host's memory running out (torch's CPU allocator, or Python's MemoryError),
+    also where another error was raised from it; None for any other error."""
+    failure = _host_allocation_failure(err)
+    if failure is None:
         return None
-    found = _HOST_ALLOCATION.search(text)
+    found = _HOST_ALLOCATION.search(str(failure))
     asked = f"tried to allocate {int(found.group(1)) / 2**30:.2f} GiB" if found else "no size reported"
     t = cfg.training
     fixes = []

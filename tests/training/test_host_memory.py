@@ -77,6 +77,13 @@ def test_an_allocation_failure_of_the_host_is_one_line():
     assert "training.micro_batch_size (now 4" in line and "fewer processes (now 2)" in line
     assert host_out_of_memory_message(MemoryError(), cfg, 1).startswith("the machine ran out of memory")
     assert host_out_of_memory_message(RuntimeError("something else"), cfg, 1) is None
+    try:  # raised from the allocation failure: the chain is read
+        try:
+            raise err
+        except RuntimeError as inner:
+            raise ValueError("a step failed") from inner
+    except ValueError as outer:
+        assert "tried to allocate 20.00 GiB" in host_out_of_memory_message(outer, cfg, 1)
 
 
 def _stopped_before_its_first_step(run):
