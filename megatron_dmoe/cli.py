@@ -16,8 +16,9 @@ it the built-in default run (configs/tiny.yaml) trains on a corpus made from the
 library, prepared and cached on first use. Any number of `section.key=value` overrides follow,
 e.g. `moe.top_k=2 training.train_iters=50`. The config is validated before anything is built;
 every problem is reported with its key. On GPUs the estimated peak memory per GPU is printed at
-start, and a run estimated not to fit is refused before its model is built
-(`training.memory_check=false` runs it anyway).
+start, and a run estimated not to fit is refused before its model is built; on a CPU, a run whose
+processes would need more than the machine's available memory (`training.memory_check=false` runs
+either anyway).
 
 With --nproc-per-node N it starts N training processes through torchrun's launcher
 (`dmoe-train --nproc-per-node 2 CONFIG ...`), after checking the configuration once; a process that
