@@ -43,9 +43,9 @@ def _positive(text: str) -> int:
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "several processes (torchrun's options, through torch.distributed.run)",
-        "With --nproc-per-node, dmoe-train checks the configuration once, then starts the processes "
-        "through torchrun's launcher; without it, dmoe-train is one process (or one of torchrun's "
-        "workers when started by torchrun).")
+        "With --nproc-per-node, dmoe-train checks the configuration once, then starts the\n"
+        "processes through torchrun's launcher; without it, dmoe-train is one process (or one\n"
+        "of torchrun's workers when started by torchrun).")
     helps = {
         "--nproc-per-node": ("N", _positive, "start N training processes on this node (one per GPU on GPU "
                              "machines)"),
