@@ -16,11 +16,14 @@ it the built-in default run (configs/tiny.yaml) trains on a corpus made from the
 library, prepared and cached on first use. Any number of `section.key=value` overrides follow,
 e.g. `moe.top_k=2 training.train_iters=50`. The config is validated before anything is built;
 every problem is reported with its key. On GPUs the estimated peak memory per GPU is printed at
-start, and a run estimated not to fit is refused before its model is built
-(`training.memory_check=false` runs it anyway).
+start, and a run estimated not to fit is refused before its model is built; on a CPU, a run whose
+processes would need more than the machine's available memory (`training.memory_check=false` runs
+either anyway).
 
-Also runs as `python -m megatron_dmoe` and under torchrun
-(`torchrun --nproc_per_node 2 -m megatron_dmoe CONFIG ...`).
+With --nproc-per-node N it starts N training processes through torchrun's launcher
+(`dmoe-train --nproc-per-node 2 CONFIG ...`), after checking the configuration once; a process that
+fails is one line with its exit code. Also runs as `python -m megatron_dmoe`, and as each worker of
+a plain torchrun (`torchrun --nproc_per_node 2 -m megatron_dmoe CONFIG ...`).
 """
 
 
@@ -58,6 +61,9 @@ def _train_parser() -> argparse.ArgumentParser:
         "metrics.jsonl, checkpoints/, ...): they are deleted once the new run is built. Without "
         "--overwrite or --resume such a directory is refused",
     )
+    from megatron_dmoe.launcher import add_launch_arguments
+
+    add_launch_arguments(parser)
     return parser
 
 
@@ -85,8 +91,11 @@ def _megatron_flags(parser: argparse.ArgumentParser, argv: List[str]):
 
     own = [flag for action in parser._actions for flag in action.option_strings]
     rest, overrides, problems = flags_to_overrides(argv, own)
-    if problems:
-        parser.error("; ".join(problems))
+    if problems:  # one line each, after the usage, as argparse tells one
+        parser.print_usage(sys.stderr)
+        for problem in problems:
+            print(f"{parser.prog}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
     for override in overrides:
         print(f"{parser.prog}: note: Megatron-LM flag read as {override}", file=sys.stderr)
     return rest, overrides
@@ -109,31 +118,6 @@ def _fail_once(message: str) -> int:
 
 
 _QUIET_RANK_EXIT_DELAY_S = 5.0  # rank 0 exits sooner, and torchrun then stops the waiting ranks at once
-
-
-def _show_user_warnings_plainly(prog: str = "dmoe-train") -> None:
-    """Config and data warnings (settings that run, but likely not as meant) as one plain line
-    each, like the errors, instead of Python's warning format with a source line. Under torchrun
-    only rank 0 shows warnings: the ranks run the same code and would repeat each one."""
-    import warnings
-
-    from megatron_dmoe.config import ConfigWarning
-    from megatron_dmoe.data.errors import DataWarning
-
-    shown = warnings.showwarning
-    if getattr(shown, "plain_user_warnings", False):
-        return  # installed already (train_main called again in this process)
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if os.environ.get("RANK", "0") != "0":
-            return  # every rank finds the same: rank 0 tells it
-        if issubclass(category, (ConfigWarning, DataWarning)):
-            print(f"{prog}: warning: {message}", file=file or sys.stderr)
-        else:
-            shown(message, category, filename, lineno, file, line)
-
-    show.plain_user_warnings = True
-    warnings.showwarning = show
 
 
 def _check_run_dir(ns, cfg) -> Optional[str]:
@@ -174,7 +158,7 @@ def _check_run_dir(ns, cfg) -> Optional[str]:
     return mismatch_message(run_dir, mismatches) if mismatches else None
 
 
-def _load_and_validate(config_name: Optional[str], overrides: List[str]):
+def _load_and_validate(config_name: Optional[str], overrides: List[str], world_size: int):
     """The resolved config; one ConfigError with every problem: the keys and overrides that
     could not be read together with what validation finds in the rest."""
     from megatron_dmoe.config import ConfigError, find_problems, resolve
@@ -187,13 +171,13 @@ def _load_and_validate(config_name: Optional[str], overrides: List[str]):
     if problems:
         reported = {key for key, _ in problems}
         checked, _ = cpu_precision_fallback(cfg, cuda_available())
-        problems += [p for p in find_problems(checked, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        problems += [p for p in find_problems(checked, world_size=world_size)
                      if p[0] not in reported]
         raise ConfigError(problems)
     return cfg
 
 
-def _saved_layout_hint(ns, config_name, overrides, cfg, err) -> Optional[str]:
+def _saved_layout_hint(ns, config_name, overrides, cfg, err, world_size: int) -> Optional[str]:
     """A resume refused only because the run's saved parallel layout needs other processes: the
     line naming its config.yaml, the keys and the commands that work (None otherwise)."""
     from megatron_dmoe.training.layout_hint import saved_layout_message
@@ -202,7 +186,7 @@ def _saved_layout_hint(ns, config_name, overrides, cfg, err) -> Optional[str]:
     if not ns.resume or cfg is None or config_name != str(ns.run_dir / CONFIG_FILE):
         return None
     return saved_layout_message(ns.run_dir, ns.run_dir / CONFIG_FILE, cfg, [key for key, _ in err.problems],
-                                overrides, int(os.environ.get("WORLD_SIZE", 1)))
+                                overrides, world_size)
 
 
 def parse_train_args(argv: Optional[List[str]]):
@@ -219,34 +203,36 @@ def parse_train_args(argv: Optional[List[str]]):
         parser.error("--overwrite needs --run-dir, the directory whose previous run it replaces")
     if ns.resume and ns.overwrite:
         parser.error("--resume continues the run in --run-dir and --overwrite replaces it: pass one")
+    from megatron_dmoe.launcher import launch_problem
+
+    problem = launch_problem(ns)
+    if problem:
+        parser.error(problem)
     return ns, config_name, overrides
 
 
-def train_main(argv: Optional[List[str]] = None) -> int:
-    _show_user_warnings_plainly()
-    from megatron_dmoe.compat.quiet_warnings import quiet_unactionable_warnings
-    from megatron_dmoe.config.environment import cuda_available
-
-    quiet_unactionable_warnings(cuda_available())
+def _checked_run(ns, config_name: Optional[str], overrides: List[str], world_size: int, launching: bool):
+    """(cfg, notices) of a run that may start, or the exit code after its one line: the config, the
+    run directory, the data (with several processes) and where the run directory is made. Reads only:
+    a refused run leaves the run directory as it was."""
     from megatron_dmoe.config import ConfigError, validate
     from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
     from megatron_dmoe.config.environment import cuda_available
-    from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
-    from megatron_dmoe.training.memory_estimate import MemoryCheckError
-    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, resume_notes, unwritable_run_dir
+    from megatron_dmoe.training.run_dir import resume_notes, unstarted_run_note, unwritable_run_dir
 
-    ns, config_name, overrides = parse_train_args(argv)
-    if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
-        config_name = str(ns.run_dir / CONFIG_FILE)
-    # Everything below up to train() only reads: a refused run leaves the run directory as it was.
     cfg = None
     try:
-        cfg = _load_and_validate(config_name, overrides)
+        cfg = _load_and_validate(config_name, overrides, world_size)
         cfg, notices = cpu_precision_fallback(cfg, cuda_available())
-        validate(cfg, world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        validate(cfg, world_size=world_size)
     except ConfigError as err:
-        return _fail_once(_saved_layout_hint(ns, config_name, overrides, cfg, err) or str(err))
+        return _fail_once(_saved_layout_hint(ns, config_name, overrides, cfg, err, world_size) or str(err))
+    if not ns.resume and not ns.overwrite:
+        note = unstarted_run_note(ns.run_dir)
+        if note:  # a run that stopped before its first step: this one takes its place
+            ns.overwrite = True
+            notices = [*notices, note]
     try:
         problem = _check_run_dir(ns, cfg)
     except ConfigError as err:
@@ -257,7 +243,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         return _fail_once(problem)
     if ns.resume:
         notices = [*notices, *resume_notes(ns.run_dir, cfg)]
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # one process: training reports it the same, in order
+    if world_size > 1 or launching:  # one process: training reports it the same, in order
         from megatron_dmoe.training.data_precheck import data_problem
 
         problem = data_problem(cfg)
@@ -267,12 +253,48 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     problem = unwritable_run_dir(ns.run_dir or Path("runs") / "new")
     if problem:
         return _fail_once(problem)
+    return cfg, notices
+
+
+def _worker_args(ns, config_name: Optional[str], overrides: List[str]) -> List[str]:
+    """dmoe-train's arguments for the processes the launcher starts (the launch flags left out)."""
+    args = [*([config_name] if config_name else []), *overrides]
+    if ns.run_dir is not None:
+        args += ["--run-dir", str(ns.run_dir)]
+    return args + ["--resume"] * ns.resume + ["--overwrite"] * ns.overwrite
+
+
+def train_main(argv: Optional[List[str]] = None) -> int:
+    from megatron_dmoe.console import held_warnings, show_warnings_plainly
+
+    show_warnings_plainly("dmoe-train")
+    from megatron_dmoe.data import DataError
+    from megatron_dmoe.launcher import launch, world_size
+    from megatron_dmoe.training.checkpoint import CheckpointError
+    from megatron_dmoe.training.memory_estimate import MemoryCheckError
+    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError
+
+    ns, config_name, overrides = parse_train_args(argv)
+    launching = ns.nproc_per_node is not None
+    worker_args = _worker_args(ns, config_name, overrides)
+    if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
+        config_name = str(ns.run_dir / CONFIG_FILE)
+    processes = world_size(ns) if launching else int(os.environ.get("WORLD_SIZE", 1))
+    # the config's warnings once it is known the run starts; under the launcher, its workers tell them
+    with held_warnings() as held:
+        checked = _checked_run(ns, config_name, overrides, processes, launching)
+        held.show = not isinstance(checked, int) and not launching
+    if isinstance(checked, int):
+        return checked
+    if launching:
+        return launch(ns, worker_args)
+    cfg, notices = checked
 
     import torch
 
     from megatron_dmoe.parallel.distributed import destroy_distributed, init_distributed
     from megatron_dmoe.training.loop import train
-    from megatron_dmoe.training.out_of_memory import out_of_memory_message
+    from megatron_dmoe.training.out_of_memory import host_out_of_memory_message, out_of_memory_message
     from megatron_dmoe.training.run_dir import default_run_dir
 
     par = cfg.parallel
@@ -293,6 +315,11 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         return _fail(str(err)) if str(err) else 2  # no text: another rank tells why
     except torch.OutOfMemoryError as err:
         return _fail(out_of_memory_message(err, cfg))
+    except (RuntimeError, MemoryError) as err:
+        message = host_out_of_memory_message(err, cfg, env.world_size)
+        if message is None:
+            raise
+        return _fail(message)
     except KeyboardInterrupt:
         # The second Ctrl-C: stop at once; an unfinished save never becomes `latest`.
         from megatron_dmoe.training.stops import resume_command
@@ -329,6 +356,9 @@ A sweep file names a base config and the values to vary:
   zip: {training.lr: [1.0e-3, 2.0e-3], training.min_lr: [1.0e-4, 2.0e-4]}  # walked together
   slurm: {partition: gpu, time: "04:00:00"}       # sbatch options for --slurm
 
+`key=value` items after SWEEP.yaml are set in every run, over the file's own overrides
+(`dmoe-sweep sweep.yaml training.train_iters=50`).
+
 Each run gets a directory under --runs-dir named after its values (e.g. top_k=2,lr=0.002,...)
 with its resolved config.yaml, written before anything runs. Every run's config is validated
 first; a mistake stops the sweep before anything is written or submitted. Runs train with
@@ -345,6 +375,9 @@ def _sweep_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("sweep", nargs="?", type=Path, metavar="SWEEP.yaml",
                         help="the sweep file (see above)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="set in every run, over the sweep file's overrides (a key the sweep "
+                        "varies is refused), e.g. training.train_iters=50")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the sweep and list its runs (name, run directory, overrides) "
                         "without writing or running anything")
@@ -380,16 +413,17 @@ def _sweep_parser() -> argparse.ArgumentParser:
 
 
 def sweep_main(argv: Optional[List[str]] = None) -> int:
+    from megatron_dmoe.console import show_warnings_plainly
     from megatron_dmoe.sweep import SweepError
     from megatron_dmoe.sweep.commands import run_sweep, summarize
     from megatron_dmoe.sweep.slurm import SubmitError
 
-    _show_user_warnings_plainly("dmoe-sweep")
+    show_warnings_plainly("dmoe-sweep")
     parser = _sweep_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_intermixed_args(argv)
     if (ns.sweep is None) == (ns.summary is None):
         parser.error("give a SWEEP.yaml to run, or --summary DIR to summarise runs (not both)")
-    if ns.summary is not None and (ns.dry_run or ns.slurm or ns.runs_dir
+    if ns.summary is not None and (ns.dry_run or ns.slurm or ns.runs_dir or ns.overrides
                                    or ns.concurrent is not None):
         parser.error("--summary takes only --plot")
     if ns.plot is not None and (ns.dry_run or ns.slurm):
@@ -406,7 +440,7 @@ def sweep_main(argv: Optional[List[str]] = None) -> int:
             return summarize(ns.summary, ns.plot)
         return run_sweep(ns.sweep, ns.runs_dir, dry_run=ns.dry_run, slurm=ns.slurm, plot=ns.plot,
                          nproc_per_node=ns.nproc_per_node, sbatch_script=ns.sbatch_script,
-                         concurrent=ns.concurrent or 1)
+                         concurrent=ns.concurrent or 1, overrides=ns.overrides)
     except (SweepError, SubmitError, FileNotFoundError, ValueError) as err:
         print(f"dmoe-sweep: error: {err}", file=sys.stderr)
         return 2

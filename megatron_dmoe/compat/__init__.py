@@ -21,4 +21,5 @@ blended_dataset_rank.py 0.16's BlendedDataset in a process without torch.distrib
 optimizer_zero_step.py an optimizer checkpoint of step 0 that loads again
 mla_without_te.py   0.16's multi-latent attention built without Transformer Engine installed
 mla_query_projection.py 0.19's multi-latent attention without a query latent, from local modules
+aux_loss_scale.py   the aux-loss scale kept on the losses' device and written in place
 """

@@ -179,7 +179,8 @@ class TrainingConfig:
     cuda_graphs: Union[bool, str] = "auto"  # auto | true | false
     # A GPU run whose estimated peak memory (training/memory_estimate.py, printed at start-up) exceeds
     # this share of its GPU's memory is refused before the model is built: true = 0.9, a number in
-    # (0, 1] = that share, false = never refused.
+    # (0, 1] = that share, false = never refused. A CPU run: its processes on the machine together,
+    # against this share of the memory the machine has available.
     memory_check: Union[bool, float] = True
     device: str = "auto"  # auto | cpu | cuda
 

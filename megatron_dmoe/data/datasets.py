@@ -185,3 +185,19 @@ def build_datasets(
     with rank_zero_without_distributed(), as_index_cache_writer(writer), index_cache_lock(cache, writer):
         train, valid, test = builder.build()
     return train, valid, test
+
+
+def sequences_per_pass(dataset) -> Optional[int]:
+    """How many sequences one pass over `dataset`'s split makes: megatron-core's GPTDataset repeats
+    the split (documents shuffled anew each pass) until it has the samples asked for, and len()
+    counts every pass. A BlendedDataset: the sum of its parts' (each at most what the blend takes
+    from it); None for anything else."""
+    if isinstance(dataset, GPTDataset):
+        config = dataset.config
+        one_pass = (dataset._get_num_tokens_per_epoch() - config.add_extra_token_to_sequence) // config.sequence_length
+        return min(one_pass, len(dataset))
+    parts = getattr(dataset, "datasets", None)
+    if parts is None:
+        return None
+    counts = [sequences_per_pass(part) for part in parts]
+    return None if None in counts else min(sum(counts), len(dataset))

@@ -47,6 +47,7 @@ def import_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_intermixed_args(argv)
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         return fail(PROG, "run dmoe-import as one process (not under torchrun); train the run at any layout after")
+    from megatron_dmoe.console import held_warnings, show_warnings_plainly
     from megatron_dmoe.data import DataError
     from megatron_dmoe.hf_import.plan import plan_import
     from megatron_dmoe.hf_import.write_run import write_run
@@ -54,8 +55,10 @@ def import_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.training.checkpoint import CheckpointError
     from megatron_dmoe.training.run_dir import RunDirError
 
+    show_warnings_plainly(PROG)
     try:
-        plan = plan_import(ns.hf_dir, ns.run_dir, ns.overrides)  # every check; nothing written
+        with held_warnings():  # the config's warnings once every check has passed
+            plan = plan_import(ns.hf_dir, ns.run_dir, ns.overrides)  # every check; nothing written
         path = write_run(plan)
     except (UsageError, DataError, CheckpointError, RunDirError) as err:
         return fail(PROG, str(err))

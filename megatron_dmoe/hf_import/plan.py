@@ -86,7 +86,7 @@ def plan_import(hf_dir: Path, run_dir: Path, overrides: List[str]) -> ImportPlan
         cfg = resolve(load_config(None, defaults + list(overrides) + fixed + tokenizer))
         validate(cfg, world_size=1)
     except ConfigError as err:
-        raise UsageError(str(err).replace("\n", "; ")) from None
+        raise UsageError(str(err)) from None
 
     files = SafetensorsFiles(hf_dir)
     m = cfg.model

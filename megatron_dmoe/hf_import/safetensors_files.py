@@ -3,12 +3,33 @@
 one at a time."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Dict, Iterable
 
 import torch
 
 from megatron_dmoe.inference.errors import UsageError
+
+INDEX = "model.safetensors.index.json"
+
+
+def _check_index(hf_dir: Path, files) -> None:
+    """A model saved in several files lists them in model.safetensors.index.json: one of them
+    missing is named (instead of the tensors it held)."""
+    try:
+        weight_map = json.loads((hf_dir / INDEX).read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # one file, or an index that is not ours to judge: the tensors' names answer
+    present = {path.name for path in files}
+    listed: Dict[str, int] = {}
+    for file in weight_map.values():
+        listed[file] = listed.get(file, 0) + 1
+    missing = sorted(file for file in listed if file not in present)
+    if missing:
+        raise UsageError(f"{hf_dir / missing[0]} is missing: {INDEX} names it for {listed[missing[0]]} tensors"
+                         + (f" ({len(missing)} files missing)" if len(missing) > 1 else "")
+                         + "; copy the model directory whole")
 
 
 class SafetensorsFiles:
@@ -24,6 +45,7 @@ class SafetensorsFiles:
             found = sorted(p.name for p in Path(hf_dir).glob("*.bin"))
             extra = f" (it has {', '.join(found[:2])}: save with safe_serialization)" if found else ""
             raise UsageError(f"{hf_dir} has no *.safetensors files{extra}; dmoe-import reads safetensors only")
+        _check_index(Path(hf_dir), files)
         self.where: Dict[str, Path] = {}
         for path in files:
             try:

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
+    from megatron_dmoe.console import show_warnings_plainly
+
+    show_warnings_plainly(PROG)
     from megatron_dmoe.inference.errors import UsageError
     from megatron_dmoe.inference.evaluate import check_data_path, evaluate_run
     from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config

@@ -94,6 +94,9 @@ def _encode(cfg, prompts: List[str]) -> List[List[int]]:
 
 def generate_main(argv: Optional[List[str]] = None) -> int:
     ns = _parser().parse_args(argv)
+    from megatron_dmoe.console import show_warnings_plainly
+
+    show_warnings_plainly(PROG)
     import torch
 
     from megatron_dmoe.inference.errors import UsageError

@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
+from megatron_dmoe.compat.aux_loss_scale import scale_on, set_scale
+
 
 def _token_count(valid: Optional[torch.Tensor], num_tokens: int, like: torch.Tensor):
     if valid is None:
@@ -125,7 +127,7 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
     One scale for megatron's MoE and ours: megatron-core's pipeline schedules set it every
     micro-batch (`loss_scale * cp_size / num_microbatches`), and our own loop does the same through
     `set_aux_loss_scale`. Forward returns a copy unless told not to (see there); backward reads the
-    scale on the aux loss's device.
+    scale on the aux loss's device, where compat/aux_loss_scale.py keeps it.
     """
 
     @staticmethod
@@ -146,32 +148,7 @@ class AuxLossScaler(MoEAuxLossAutoScaler):
     @staticmethod
     def set_loss_scale(scale) -> None:
         """Gradient the aux losses get per unit of their value: a float or a tensor of one element."""
-        _set_scale(scale)
-
-    @staticmethod
-    def _scale_on(device: torch.device) -> torch.Tensor:
-        """megatron-core's scale tensor, on `device` (moved there once if it lives elsewhere).
-
-        While torch.compile traces, the tensor the last eager call returned (`_TracedScale`):
-        dynamo cannot read an attribute of an autograd.Function class. megatron-core writes later
-        scales into that same tensor, so a compiled graph reads each one."""
-        if torch.compiler.is_compiling():
-            if _TracedScale.tensor is None:
-                raise RuntimeError("the aux-loss scale is read in a compiled graph before any eager use: set it "
-                                   "first (set_aux_loss_scale), or run one step eagerly")
-            return _TracedScale.tensor
-        current = MoEAuxLossAutoScaler.main_loss_backward_scale
-        if current is None or current.device != torch.device(device):
-            value = 1.0 if current is None else current.detach().to(device)
-            MoEAuxLossAutoScaler.main_loss_backward_scale = torch.ones(1, dtype=torch.float32, device=device) * value
-        _TracedScale.tensor = MoEAuxLossAutoScaler.main_loss_backward_scale
-        return _TracedScale.tensor
-
-
-class _TracedScale:
-    """The scale tensor as a plain class attribute, the form in which torch.compile can read it."""
-
-    tensor: Optional[torch.Tensor] = None
+        set_scale(scale)
 
 
 def aux_loss_gradient(aux_loss: torch.Tensor) -> torch.Tensor:
@@ -179,25 +156,12 @@ def aux_loss_gradient(aux_loss: torch.Tensor) -> torch.Tensor:
     the loss's device; the scale tensor itself shaped like the loss (a 0-dim view, no launch when the
     dtypes agree, as they do for fp32 losses). For autograd functions that take an aux loss as an
     input of their own instead of going through AuxLossScaler."""
-    scale = AuxLossScaler._scale_on(aux_loss.device)
+    scale = scale_on(aux_loss.device)
     return scale.to(aux_loss.dtype).reshape(aux_loss.shape)
-
-
-def _set_scale(scale) -> None:
-    """Write `scale` into megatron-core's one scale tensor, in place where it already lives on the
-    same device: a backward captured in a CUDA graph reads it from that address on every replay.
-
-    megatron-core's own set_loss_scale keeps the first tensor it is given and copies later ones
-    into it; a float, or a tensor on another device, would break that, so both are handled here."""
-    scale = torch.as_tensor(scale, dtype=torch.float32).detach().reshape(-1)
-    if scale.numel() != 1:
-        raise ValueError(f"the aux-loss scale must be one number, got a tensor of shape {tuple(scale.shape)}")
-    buffer = AuxLossScaler._scale_on(scale.device)
-    buffer.copy_(scale.to(buffer.dtype).reshape(buffer.shape), non_blocking=True)
 
 
 def set_aux_loss_scale(loss_scale, num_micro_batches: int, cp_size: int = 1) -> None:
     """What megatron-core's schedule sets before each micro-batch's backward (without
     calculate_per_token_loss): the main loss's scale (the fp16 loss scale, or 1) times the
     context-parallel size over the number of micro-batches."""
-    _set_scale(torch.as_tensor(loss_scale, dtype=torch.float32) * cp_size / num_micro_batches)
+    set_scale(torch.as_tensor(loss_scale, dtype=torch.float32) * cp_size / num_micro_batches)

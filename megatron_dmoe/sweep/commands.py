@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional, TextIO
+from typing import List, Optional, Sequence, TextIO
 
 from megatron_dmoe.config import Environment
 
@@ -18,7 +18,7 @@ from .local import run_locally
 from .points import format_overrides
 from .runs import PlannedRun, default_runs_dir, plan_runs, write_runs
 from .slurm import SubmitError, default_sbatch_script, find_sbatch, sbatch_command, submit_array
-from .spec import SweepSpec, load_sweep
+from .spec import SweepSpec, load_sweep, with_overrides
 from .status import run_status
 from .summary import find_runs, format_table, plot_summary, summarize_run
 
@@ -27,17 +27,18 @@ def run_sweep(sweep_file: os.PathLike, runs_dir: Optional[os.PathLike] = None,
               dry_run: bool = False, slurm: bool = False, plot: Optional[os.PathLike] = None,
               nproc_per_node: int = 1, sbatch_script: Optional[os.PathLike] = None,
               out: Optional[TextIO] = None, concurrent: int = 1,
-              device_count: Optional[int] = None) -> int:
+              device_count: Optional[int] = None, overrides: Sequence[str] = ()) -> int:
     """Returns the exit status: 0, or 1 when a local run failed or did not finish. Output goes
     to ``out`` (default: sys.stdout). ``concurrent``: local runs trained at once, each on GPUs of
-    its own out of ``device_count`` (None: the GPUs torch sees); not used with ``slurm``."""
+    its own out of ``device_count`` (None: the GPUs torch sees); not used with ``slurm``.
+    ``overrides``: `section.key=value` items set in every run, over the sweep file's overrides."""
     out = out or sys.stdout
     if not slurm:  # too few GPUs for the concurrent runs: stop before anything is written
         if concurrent > 1 and device_count is None:
             device_count = gpu_count()
         slot_devices(concurrent, nproc_per_node, device_count or 0,
                      os.environ.get("CUDA_VISIBLE_DEVICES"))
-    spec = load_sweep(sweep_file)
+    spec = with_overrides(load_sweep(sweep_file), overrides)
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir(spec)
     # Runs submitted to SLURM are checked as for GPU nodes, not for the login node.
     env = Environment.everything() if slurm else Environment.detect()

@@ -17,18 +17,19 @@ config's did-you-mean hints); whether each run's values make sense is checked by
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
 from megatron_dmoe.config import ConfigError
 from megatron_dmoe.config.fields import section_types, unknown_key_message, unknown_section_message
-from megatron_dmoe.config.load import find_config
+from megatron_dmoe.config.load import find_config, parse_overrides
 from megatron_dmoe.config.schema import SECTIONS
 from megatron_dmoe.config.yaml_io import parse_yaml, yaml_error_text
 
@@ -100,6 +101,26 @@ def load_sweep(path: os.PathLike) -> SweepSpec:
     if problems:
         raise SweepError(source, problems)
     return SweepSpec(path=path, base=base, overrides=overrides, grid=grid, zip=zipped, slurm=slurm)
+
+
+def with_overrides(spec: SweepSpec, items: Sequence[str]) -> SweepSpec:
+    """The sweep with command-line `section.key=value` overrides added to every run (over the sweep
+    file's own overrides); raises SweepError listing every problem (a malformed override, an unknown
+    key, a key the sweep varies)."""
+    if not items:
+        return spec
+    nested, problems = parse_overrides(items)
+    extra = {f"{section}.{key}": value for section, values in nested.items() for key, value in values.items()}
+    for key in extra:
+        message = config_key_problem(key)
+        if message:
+            problems.append((key, message))
+        elif key in spec.grid or key in spec.zip:
+            where = "grid" if key in spec.grid else "zip"
+            problems.append((key, f"is varied in the sweep's {where}; leave it out of the command line's overrides"))
+    if problems:
+        raise SweepError(f"{spec.path} with the command line's overrides", problems)
+    return dataclasses.replace(spec, overrides={**spec.overrides, **extra})
 
 
 def config_key_problem(key: Any) -> Optional[str]:

@@ -198,18 +198,21 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
             f"({free_space(root)} free there); {kept_text}; make room (or fix the permissions), then "
             f"continue with: {resume_command(root.parent)}") from err
     if dist.get_rank() == 0:
-        _prune(root, keep_last, keep=progress.iteration)
+        prune_checkpoints(root, keep_last, keep=progress.iteration)
     dist.barrier()
     return final
 
 
-def _prune(root: Path, keep_last: int, keep: int) -> None:
+def prune_checkpoints(root: Path, keep_last: int, keep: int) -> List[Path]:
+    """Delete the checkpoints older than the newest `keep_last` (0 keeps all), never iteration
+    `keep`; returns the deleted directories, oldest first."""
     if keep_last <= 0:
-        return
-    done = sorted(p for p in root.glob("iter_*") if p.is_dir() and not p.name.endswith(".tmp"))
-    for old in done[:-keep_last]:
-        if old != checkpoint_dir(root, keep):
-            shutil.rmtree(old, ignore_errors=True)
+        return []
+    done = sorted(p for p in Path(root).glob("iter_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    deleted = [old for old in done[:-keep_last] if old != checkpoint_dir(root, keep)]
+    for old in deleted:
+        shutil.rmtree(old, ignore_errors=True)
+    return deleted
 
 
 @contextlib.contextmanager

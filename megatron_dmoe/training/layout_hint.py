@@ -1,5 +1,5 @@
 """A resumed run whose saved parallel layout does not fit the processes it was started with: one
-line naming the saved config file and its keys, and the commands that work (torchrun with enough
+line naming the saved config file and its keys, and the commands that work (dmoe-train with enough
 processes, or this process count with the sizes overridden: parallel sizes may change on resume)."""
 from __future__ import annotations
 
@@ -60,11 +60,11 @@ def saved_layout_message(run_dir: Path, saved_config: Path, cfg: RunConfig, prob
         return None
     extra = (" " + shlex.join(overrides)) if overrides else ""
     processes = f"{world_size} process" + ("es" if world_size > 1 else "")
-    ways = [f"torchrun --nproc_per_node {needed} -m megatron_dmoe --run-dir {run_dir} --resume{extra}"]
+    ways = [f"dmoe-train --nproc-per-node {needed} --run-dir {run_dir} --resume{extra}"]
     fitting = _fitting_overrides(cfg, world_size)
     if fitting:
         command = (f"dmoe-train --run-dir {run_dir} --resume" if world_size == 1 else
-                   f"torchrun --nproc_per_node {world_size} -m megatron_dmoe --run-dir {run_dir} --resume")
+                   f"dmoe-train --nproc-per-node {world_size} --run-dir {run_dir} --resume")
         ways.append(f"{command} {' '.join(fitting)}{extra} (parallel sizes may change on resume)")
     return (f"cannot resume {run_dir} with {processes}: its saved config {saved_config} sets "
             f"parallel.{', parallel.'.join(saved)}, a layout of {needed} processes; continue with: "

@@ -18,7 +18,7 @@ from megatron_dmoe.config import RunConfig
 from megatron_dmoe.model.gpt import padded_vocab_size
 from megatron_dmoe.moe import update_expert_biases
 from megatron_dmoe.parallel.distributed import DistEnv
-from megatron_dmoe.training.checkpoint import checkpoint_dir, save_checkpoint
+from megatron_dmoe.training.checkpoint import checkpoint_dir, prune_checkpoints, save_checkpoint
 from megatron_dmoe.training.cuda_graphs import release_layer_graphs
 from megatron_dmoe.training.flops import mfu, model_flops_per_token
 from megatron_dmoe.training.metrics_log import MetricsLogger, moe_log_values, over_pipeline
@@ -144,8 +144,10 @@ def _start_loop(run: Run) -> _Loop:
         logger.message(f"training.train_iters={tr.train_iters} was reached at step {progress.iteration}: "
                        "nothing left to train; raise it to train further")
     else:
-        logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, "
-                       f"a log line after step {first_step}, then every {every} step{'s' if every > 1 else ''}")
+        steps = f"every {every} step{'s' if every > 1 else ''}"
+        shown = (f"a progress bar (metrics.jsonl logs step {first_step}, then {steps})" if logger.shows_bar
+                 else f"a log line after step {first_step}, then {steps}")
+        logger.message(f"training: steps {first_step} to {tr.train_iters}, {tokens_per_step} tokens per step, {shown}")
     watcher = PreemptionWatcher(env.device)
     watcher.saves = cfg.checkpoint.save_interval != 0  # what its acknowledgement of a signal says
     result = TrainResult(run_dir=run.run_dir, iteration=progress.iteration)
@@ -272,9 +274,14 @@ def _save_if_due(loop: _Loop, step: int, last: bool, stop_signal: Optional[str])
     run = loop.run
     interval = run.cfg.checkpoint.save_interval
     if (interval and step % interval == 0) or ((last or stop_signal) and interval != 0):
-        path = save_checkpoint(run.ckpt_root, run.model, run.optimizer, run.scheduler, run.progress,
-                               run.cfg.checkpoint.keep_last)
+        # older checkpoints are pruned after the line that tells the save, and said so
+        path = save_checkpoint(run.ckpt_root, run.model, run.optimizer, run.scheduler, run.progress, keep_last=0)
         loop.logger.message(f"saved checkpoint {path}")
+        if run.env.is_main:
+            keep_last = run.cfg.checkpoint.keep_last
+            for old in prune_checkpoints(run.ckpt_root, keep_last, keep=step):
+                loop.logger.message(f"deleted checkpoint {old} (checkpoint.keep_last={keep_last} keeps the newest "
+                                    f"{keep_last}; 0 keeps all)")
         loop.window.start = time.perf_counter()
 
 

@@ -59,14 +59,15 @@ class MemoryEstimate:
     def total(self) -> int:
         return self.weights + self.grads + self.optimizer + self.activations + self.graphs + self.allowance
 
-    def line(self, device_bytes: Optional[int] = None) -> str:
+    def line(self, device_bytes: Optional[int] = None, per: str = "GPU") -> str:
         """'memory: ~X GiB per GPU estimated (weights A, grads B, optimizer C, activations D,
-        graphs E) of F GiB' (without 'of F GiB' when the device's memory is not known)."""
+        graphs E) of F GiB' (without 'of F GiB' when the device's memory is not known; `per`
+        'process' for a CPU run)."""
         def g(n: int) -> str:
             return f"{n / GIB:.1f}"
 
         of = f" of {g(device_bytes)} GiB" if device_bytes else ""
-        return (f"memory: ~{g(self.total)} GiB per GPU estimated (weights {g(self.weights)}, grads "
+        return (f"memory: ~{g(self.total)} GiB per {per} estimated (weights {g(self.weights)}, grads "
                 f"{g(self.grads)}, optimizer {g(self.optimizer)}, activations {g(self.activations)}, graphs "
                 f"{g(self.graphs)}){of}")
 
@@ -447,15 +448,15 @@ def _changed(cfg: RunConfig, **changes) -> RunConfig:
 
 
 def what_would_fit(cfg: RunConfig, vocab_size: int, world_size: int, limit: int,
-                   graphs: Optional[bool] = None) -> List[str]:
+                   graphs: Optional[bool] = None, on_cuda: bool = True) -> List[str]:
     """Settings that bring the estimate under `limit`, each with its estimate: the largest smaller
-    micro-batch, the experts' recompute, full recompute, the distributed optimizer, and the fewest
-    GPUs (with expert parallelism and the distributed optimizer) that would do."""
+    micro-batch, the experts' recompute, full recompute, the distributed optimizer, and (on GPUs) the
+    fewest GPUs (with expert parallelism and the distributed optimizer) that would do."""
     tr, moe, par = cfg.training, cfg.moe, cfg.parallel
     dp, _ = _data_parallel(cfg, world_size)
 
     def fits(c: RunConfig, ranks: int = world_size) -> Optional[float]:
-        total = estimate_memory(c, vocab_size, ranks, True, graphs).total
+        total = estimate_memory(c, vocab_size, ranks, on_cuda, graphs).total
         return total / GIB if total <= limit else None
 
     found = []
@@ -479,7 +480,7 @@ def what_would_fit(cfg: RunConfig, vocab_size: int, world_size: int, limit: int,
         gib = fits(_changed(cfg, training__use_distributed_optimizer=True))
         if gib is not None:
             found.append(f"training.use_distributed_optimizer=true (~{gib:.1f} GiB)")
-    for factor in (2, 4, 8, 16, 32, 64):
+    for factor in (2, 4, 8, 16, 32, 64) if on_cuda else ():  # a CPU's processes share its memory
         ranks = world_size * factor
         changes = {"training__use_distributed_optimizer": True}
         ep = par.expert_model_parallel_size * factor
@@ -538,3 +539,22 @@ def check_memory(cfg: RunConfig, vocab_size: int, world_size: int, device_bytes:
     if problem:
         raise MemoryCheckError(problem)
     return estimate.line(device_bytes)
+
+
+def check_host_memory(cfg: RunConfig, vocab_size: int, world_size: int, local_processes: int,
+                      available_bytes: int) -> None:
+    """A CPU run: raises MemoryCheckError, one line saying what would fit, where the estimate of the
+    `local_processes` processes on this machine exceeds training.memory_check's share of
+    `available_bytes` (the memory they can still take, training/host_memory.py)."""
+    limit = memory_limit(cfg, available_bytes)
+    estimate = estimate_memory(cfg, vocab_size, world_size, on_cuda=False)
+    if limit is None or estimate.total * local_processes <= limit:
+        return
+    options = what_would_fit(cfg, vocab_size, world_size, limit // local_processes, on_cuda=False)
+    fix = ("; these would fit: " + ", ".join(options)) if options else \
+        "; make the model smaller (model.hidden_size, model.num_layers, moe.num_experts)"
+    times = f" x {local_processes} processes" if local_processes > 1 else ""
+    raise MemoryCheckError(
+        f"{estimate.line(per='process')[len('memory: '):]}{times}, more than training.memory_check allows "
+        f"({limit / available_bytes:.0%} of the {available_bytes / GIB:.1f} GiB this machine has available, "
+        f"{limit / GIB:.1f} GiB){fix} (training.memory_check=false runs it anyway)")

@@ -91,6 +91,11 @@ class MetricsLogger:
         else:
             print(format_log_line(record, self.total_steps), flush=True)
 
+    @property
+    def shows_bar(self) -> bool:
+        """Whether the console shows a progress bar (no log lines) on this rank."""
+        return self._bar is not None
+
     def advance(self, step: int) -> None:
         """Move the progress bar to ``step`` without logging (for steps between log intervals)."""
         if self._bar is not None and step > self._bar.n:

@@ -14,12 +14,13 @@ import os
 import platform
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from megatron_dmoe.config import RunConfig, config_to_dict, load_config, resolve, save_config
+from megatron_dmoe.config import ConfigWarning, RunConfig, config_to_dict, load_config, resolve, save_config
 from megatron_dmoe.config.resolve import DERIVED_FROM
 from megatron_dmoe.training.metrics_log import METRICS_FILE, TENSORBOARD_DIR
 from megatron_dmoe.training.write_errors import write_failure
@@ -66,6 +67,24 @@ def previous_run_files(run_dir: Optional[Path]) -> List[str]:
     if run_dir is None or not Path(run_dir).is_dir():
         return []
     return [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
+
+
+def unstarted_run_note(run_dir: Optional[Path]) -> Optional[str]:
+    """For a run directory whose previous run stopped before its first step (its config.yaml
+    written, no checkpoint, no step in metrics.jsonl: refused memory, a failed first step): the
+    line saying a new run takes its place; None for any other directory. Such a run left nothing to
+    continue, so it needs neither --resume nor --overwrite."""
+    files = previous_run_files(run_dir)
+    checkpoints = checkpoint_root(run_dir) if files else None
+    if not files or (checkpoints.is_dir() and any(checkpoints.iterdir())) or checkpoints.is_file():
+        return None
+    metrics = Path(run_dir) / METRICS_FILE
+    try:
+        if metrics.is_file() and metrics.read_text(encoding="utf-8").strip():
+            return None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return f"{run_dir} holds a run that stopped before its first step ({', '.join(files)}): this run replaces it"
 
 
 def remove_run_files(run_dir: Path) -> None:
@@ -165,7 +184,8 @@ def resume_mismatches(saved: RunConfig, requested: RunConfig) -> List[Mismatch]:
 
 def resume_notes(run_dir: Optional[Path], requested: RunConfig) -> List[str]:
     """For a resume: one line naming the keys the run never set that change with the keys they
-    follow (the learning rate's decay length with training.train_iters); [] when none do."""
+    follow (the learning rate's decay length with training.train_iters); [] when none do. Where the
+    learning rate then jumps back up at the resumed step, a ConfigWarning says so."""
     saved_path = Path(run_dir) / CONFIG_FILE if run_dir is not None else None
     if saved_path is None or not has_checkpoints(run_dir) or not saved_path.is_file():
         return []
@@ -174,6 +194,12 @@ def resume_notes(run_dir: Optional[Path], requested: RunConfig) -> List[str]:
                if _follows_its_sources(dotted, saved, requested)]
     if not changed:
         return []
+    from megatron_dmoe.training.checkpoint import latest_iteration
+    from megatron_dmoe.training.schedule_extension import lr_jump_warning
+
+    jump = lr_jump_warning(saved, requested, latest_iteration(checkpoint_root(run_dir)) or 0)
+    if jump:
+        warnings.warn(ConfigWarning("training.train_iters", jump), stacklevel=2)
     what = "; ".join(f"{dotted} {old} -> {new} (follows {', '.join(DERIVED_FROM[dotted])})"
                      for dotted, old, new in changed)
     return [f"resuming with {what}; set a key to keep its saved value"]

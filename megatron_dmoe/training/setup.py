@@ -10,6 +10,7 @@ on rank 0 and writes the resolved config into the run directory.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -24,6 +25,7 @@ from megatron.core.utils import get_model_config
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
 from megatron_dmoe.data.cache_sharing import index_cache_writer
+from megatron_dmoe.data.datasets import sequences_per_pass
 from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 from megatron_dmoe.model.gpt import build_model_chunks
 from megatron_dmoe.model.layer_seed import set_layer_init_seed
@@ -31,7 +33,13 @@ from megatron_dmoe.moe import MoERunState
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
-from megatron_dmoe.training.memory_estimate import MemoryCheckError, check_memory, known_vocab_size
+from megatron_dmoe.training.host_memory import available_host_bytes
+from megatron_dmoe.training.memory_estimate import (
+    MemoryCheckError,
+    check_host_memory,
+    check_memory,
+    known_vocab_size,
+)
 from megatron_dmoe.training.metrics_log import METRICS_FILE
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
 from megatron_dmoe.training.run_dir import (
@@ -88,8 +96,8 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
         afresh = f" ({METRICS_FILE} starts afresh)" if METRICS_FILE in previous_run_files(run_dir) else ""
         say(f"no checkpoint in {ckpt_root}: starting a new run at step 0{afresh}")
     say(f"device: {describe_device(cfg, env)}")
-    # GPU runs: the estimated peak memory, refused when it cannot fit (MemoryCheckError); before the
-    # data where the config tells the vocabulary, else once the tokenizer is read
+    # the estimated peak memory (printed on GPUs), refused when it cannot fit (MemoryCheckError);
+    # before the data where the config tells the vocabulary, else once the tokenizer is read;
     # moe.expert_wgrad_window: auto becomes a number with the same estimate (config.yaml records it)
     vocab = known_vocab_size(cfg)
     memory = None
@@ -149,11 +157,14 @@ def resolve_window(cfg: RunConfig, env: DistEnv, vocab_size: int, say) -> RunCon
 
 
 def memory_line(cfg: RunConfig, env: DistEnv, vocab_size: int) -> Optional[str]:
-    """The start-up summary's memory line on GPUs (None on CPU, where nothing is refused)."""
-    if not env.on_cuda:
-        return None
-    total = torch.cuda.get_device_properties(env.device).total_memory
+    """The start-up summary's memory line on GPUs; on a CPU no line, but a run whose processes on
+    this machine would need more than its available memory is refused too (MemoryCheckError)."""
     try:
+        if not env.on_cuda:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+            check_host_memory(cfg, vocab_size, env.world_size, local, available_host_bytes())
+            return None
+        total = torch.cuda.get_device_properties(env.device).total_memory
         return check_memory(cfg, vocab_size, env.world_size, total)
     except MemoryCheckError:
         if env.is_main:
@@ -279,8 +290,11 @@ def describe_data(cfg: RunConfig, data) -> str:
         source = (f"built-in corpus (Python standard library; tokenizer vocabulary "
                   f"{cfg.data.builtin_vocab_size})")
     valid = f", {len(data.valid)} validation" if data.valid is not None else ""
-    return (f"{source}: {len(data.train)} training{valid} sequences of {cfg.model.seq_length} "
-            f"tokens")
+    seen, per_pass = len(data.train), sequences_per_pass(data.train)
+    # the training steps read more sequences than the split holds: megatron-core repeats it
+    repeats = (f" ({per_pass} per pass over the split: its tokens are read about {seen / per_pass:.1f} times)"
+               if per_pass and seen > per_pass else "")
+    return f"{source}: {seen} training{repeats}{valid} sequences of {cfg.model.seq_length} tokens"
 
 
 def parameter_counts(model, cfg: RunConfig, device: torch.device) -> Tuple[int, int]:

@@ -24,16 +24,16 @@ NAMES = {1: "SIGTERM", 2: "SIGINT", 3: WRITE_FAILED}
 
 
 def resume_command(run_dir: Path) -> str:
-    """The command that continues this run with the layout it runs with now: dmoe-train in one
-    process, torchrun with as many processes (and nodes) under torchrun."""
+    """The command that continues this run with the layout it runs with now: dmoe-train, with as
+    many processes (and nodes) as this run has."""
     world = int(os.environ.get("WORLD_SIZE", 1))
-    tail = f"-m megatron_dmoe --run-dir {run_dir} --resume"
+    tail = f"--run-dir {run_dir} --resume"
     if world == 1:
-        return f"dmoe-train --run-dir {run_dir} --resume"
+        return f"dmoe-train {tail}"
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if per_node >= world:
-        return f"torchrun --nproc_per_node {world} {tail}"
-    return f"torchrun --nnodes {world // per_node} --nproc_per_node {per_node} (and this job's rendezvous) {tail}"
+        return f"dmoe-train --nproc-per-node {world} {tail}"
+    return f"dmoe-train --nnodes {world // per_node} --nproc-per-node {per_node} (and this job's rendezvous) {tail}"
 
 
 def _tell(text: str) -> None:

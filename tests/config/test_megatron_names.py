@@ -48,6 +48,14 @@ def test_dmoe_train_accepts_a_megatron_flag(capsys):
     assert "training.train_iters: 0 is out of range" in err
 
 
+def test_several_unknown_flags_are_one_line_each(capsys):
+    with pytest.raises(SystemExit) as stop:
+        train_main(["--micro-batchsize", "4", "--no-such-flag"])
+    assert stop.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dmoe-train: error: ")]
+    assert len(errors) == 2 and "did you mean --micro-batch-size?" in errors[0] and "--no-such-flag" in errors[1]
+
+
 @pytest.mark.parametrize("override, fragment", [
     ("moe.moe_router_topk=2",
      "moe.moe_router_topk: unknown key; did you mean moe.top_k? (what Megatron-LM calls --moe-router-topk)"),

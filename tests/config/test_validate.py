@@ -536,12 +536,12 @@ def test_every_number_key_has_a_range():
     assert not missing, f"add these keys to RANGES in megatron_dmoe/config/section_checks/values.py: {missing}"
 
 
-@pytest.mark.parametrize("warmup", [10, 20, 400])
+@pytest.mark.parametrize("warmup", [100, 200, 4000])
 def test_warmup_as_long_as_the_run_is_a_warning_and_the_schedule_works(make, warmup):
-    """Megatron-LM runs `--train-iters 10` with a longer warmup: the rate is still rising at the end."""
-    cfg = make({"training.train_iters": 10, "training.lr_warmup_iters": warmup})
+    """Megatron-LM runs `--train-iters 100` with a longer warmup: the rate is still rising at the end."""
+    cfg = make({"training.train_iters": 100, "training.lr_warmup_iters": warmup})
     assert find_problems(cfg, env=EVERYTHING) == find_problems(resolve(cfg), env=EVERYTHING) == []
-    warning = r"training.lr_warmup_iters: .* not shorter than training.train_iters \(10\)"
+    warning = r"training.lr_warmup_iters: .* not shorter than training.train_iters \(100\)"
     with pytest.warns(ConfigWarning, match=warning):
         validate(cfg, env=EVERYTHING)
     from megatron_dmoe.training.optim import build_scheduler
@@ -551,7 +551,7 @@ def test_warmup_as_long_as_the_run_is_a_warning_and_the_schedule_works(make, war
 
     scheduler = build_scheduler(resolve(cfg), _Optimizer())
     lrs = []
-    for _ in range(10):
+    for _ in range(100):
         scheduler.step(1)
         lrs.append(_Optimizer.param_groups[0]["lr"])
     assert all(a < b for a, b in zip(lrs, lrs[1:])) and lrs[-1] <= cfg.training.lr
@@ -559,6 +559,13 @@ def test_warmup_as_long_as_the_run_is_a_warning_and_the_schedule_works(make, war
 
 def test_short_warmup_gives_no_warning(make):
     assert find_warnings(make({"training.train_iters": 10, "training.lr_warmup_iters": 5}), env=EVERYTHING) == []
+
+
+def test_a_check_of_a_few_steps_keeps_its_configs_warmup_without_a_warning(make):
+    """`dmoe-train training.train_iters=5` with the shipped warmup of 20: a check that the setup
+    runs, not a schedule."""
+    assert find_warnings(make({"training.train_iters": 5, "training.lr_warmup_iters": 20}), env=EVERYTHING) == []
+    assert find_warnings(make({"training.train_iters": 99, "training.lr_warmup_iters": 99}), env=EVERYTHING) == []
 
 
 def test_sparse_backend_on_cpu_needs_the_triton_interpreter(make, monkeypatch):

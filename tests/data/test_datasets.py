@@ -209,3 +209,16 @@ def test_two_ranks_with_torch_distributed(twelve_docs, tiny_model, tmp_path):
     for j in range(4):
         assert batches0[j] == samples0[4 * j:4 * j + 2]
         assert batches1[j] == samples0[4 * j + 2:4 * j + 4]
+
+
+def test_sequences_per_pass_count_one_pass_over_the_split(twelve_docs, tiny_model, tiny_tokenizer):
+    """megatron-core repeats a split until it has the samples asked for; one pass over the 6 training
+    documents makes (their tokens - 1) // SEQ windows (the extra token is the last label)."""
+    from megatron_dmoe.data.datasets import sequences_per_pass
+
+    prefix, docs = twelve_docs
+    train, _, _ = build_datasets(_config([prefix], tiny_model), tiny_tokenizer, (500, 10, 10))
+    one_pass = (sum(len(doc) for doc in docs[:6]) - 1) // SEQ
+    assert sequences_per_pass(train) == one_pass
+    assert len(train) >= 500 > one_pass  # the passes repeat it
+    assert sequences_per_pass(object()) is None

@@ -25,16 +25,15 @@ CPU_EXAMPLES = {
 # (command, number of processes): validated for a GPU machine; each also starts on this CPU
 GPU_EXAMPLES = {
     "dmoe-train zoo/dmoe_xs --run-dir runs/xs": 1,
-    "torchrun --nproc_per_node 4 -m megatron_dmoe zoo/dmoe_small parallel.expert_model_parallel_size=4": 4,
-    "torchrun --nproc_per_node 2 -m megatron_dmoe --run-dir runs/RUN --resume "
-    "parallel.expert_model_parallel_size=2": 2,
-    "torchrun --nproc_per_node 8 -m megatron_dmoe zoo/dmoe_medium parallel.tensor_model_parallel_size=2 "
+    "dmoe-train --nproc-per-node 4 zoo/dmoe_small parallel.expert_model_parallel_size=4": 4,
+    "dmoe-train --nproc-per-node 2 --run-dir runs/RUN --resume parallel.expert_model_parallel_size=2": 2,
+    "dmoe-train --nproc-per-node 8 zoo/dmoe_medium parallel.tensor_model_parallel_size=2 "
     "parallel.sequence_parallel=true parallel.expert_model_parallel_size=8": 8,
 }
 # (command, number of processes): validated for a CPU machine without Transformer Engine or apex;
 # tests/parallel/test_tensor_parallel_training.py trains this layout
 CPU_TORCHRUN_EXAMPLES = {
-    "torchrun --nproc_per_node 4 -m megatron_dmoe parallel.tensor_model_parallel_size=2 "
+    "dmoe-train --nproc-per-node 4 parallel.tensor_model_parallel_size=2 "
     "parallel.sequence_parallel=true parallel.expert_model_parallel_size=2": 4,
 }
 # Synopses with placeholders, and the example that needs the user's own data files.
@@ -42,7 +41,9 @@ NOT_RUNNABLE = {
     "dmoe-train [CONFIG] [section.key=value ...] [--run-dir DIR] [--resume | --overwrite]",
     "dmoe-train CONFIG overrides... --run-dir DIR",
     "python -m megatron_dmoe ...",
-    "torchrun --nproc_per_node 2 -m megatron_dmoe ...",
+    "dmoe-train --nproc-per-node 2 ...",
+    "torchrun --nproc_per_node 2 -m megatron_dmoe ...",  # plain torchrun, which works too
+    "dmoe-train --nproc-per-node",  # the launcher named in the text
     "dmoe-train my.yaml data.data_path=[data/corpus_text_document] data.tokenizer_model=tok.model",
     # GPT-2 BPE files and the time-to-quality corpus of the user's own (first lines of two-line commands)
     "dmoe-train my.yaml data.data_path=[data/gpt2_text_document] data.tokenizer_type=GPT2BPETokenizer \\",
@@ -51,11 +52,12 @@ NOT_RUNNABLE = {
     # a synopsis; tests/training/test_upcycle.py runs upcycling
     "dmoe-train CONFIG checkpoint.upcycle_from=DENSE_RUN_DIR [moe.upcycle_granularity=N]",
     # the form of a resume hint (DIR a placeholder); tests/training/test_failure_lines.py checks the hints
-    "torchrun --nproc_per_node 2 -m megatron_dmoe --run-dir DIR --resume",
+    "dmoe-train --nproc-per-node 2 --run-dir DIR --resume",
 }
 
 
-SWEEP_DRY_RUNS = {"dmoe-sweep configs/sweeps/tiny_topk_lr.yaml --dry-run"}
+SWEEP_DRY_RUNS = {"dmoe-sweep configs/sweeps/tiny_topk_lr.yaml --dry-run",
+                  "dmoe-sweep configs/sweeps/tiny_topk_lr.yaml training.train_iters=50 --dry-run"}
 # what tests/launch/test_sweep_local.py and test_sweep_cli.py check on sweeps of their own
 SWEEP_TESTED_ELSEWHERE = {
     "dmoe-sweep configs/sweeps/tiny_topk_lr.yaml",
@@ -141,6 +143,7 @@ def test_gpu_examples_are_valid_for_gpus(command):
     from megatron_dmoe.cli import parse_train_args
 
     ns, config, overrides = parse_train_args(_dmoe_args(command))
+    assert (ns.nproc_per_node or 1) == GPU_EXAMPLES[command]
     if config is None:
         assert ns.resume, "without a CONFIG only a resume has a config (the run directory's)"
         config = "zoo/dmoe_small"  # the run this example continues
@@ -153,5 +156,6 @@ def test_cpu_torchrun_examples_are_valid_on_a_bare_cpu(command):
     from megatron_dmoe.cli import parse_train_args
 
     ns, config, overrides = parse_train_args(_dmoe_args(command))
+    assert ns.nproc_per_node == CPU_TORCHRUN_EXAMPLES[command]
     validate(resolve(load_config(config, overrides)), world_size=CPU_TORCHRUN_EXAMPLES[command],
              env=Environment(cuda=False, transformer_engine=False, apex=False))

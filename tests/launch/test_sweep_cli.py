@@ -89,6 +89,37 @@ def test_slurm_submits_one_array_over_the_written_run_directories(tmp_path, caps
     assert (runs / "sweep.yaml").read_text() == GRID_AND_ZIP
 
 
+def test_command_line_overrides_are_set_in_every_run(tmp_path, capsys, fake_sbatch):
+    runs = tmp_path / "runs"
+    # over the sweep file's own training.train_iters: 40; they may follow the flags too
+    assert sweep_main([str(_sweep(tmp_path, GRID_AND_ZIP)), "training.train_iters=7", "--slurm",
+                       "--runs-dir", str(runs), "moe.aux_loss_coeff=0.02"]) == 0
+    listed = (runs / "runs.txt").read_text().splitlines()
+    assert len(listed) == 4
+    for line in listed:
+        cfg = load_config(str(Path(line) / "config.yaml"))
+        assert (cfg.training.train_iters, cfg.moe.aux_loss_coeff) == (7, 0.02)
+    assert "every run: training.train_iters=7 moe.aux_loss_coeff=0.02" in _dry_run(tmp_path, capsys,
+                                                                                 "training.train_iters=7",
+                                                                                 "moe.aux_loss_coeff=0.02")
+
+
+def _dry_run(tmp_path, capsys, *overrides):
+    assert sweep_main([str(_sweep(tmp_path, GRID_AND_ZIP)), "--dry-run", *overrides]) == 0
+    return capsys.readouterr().out
+
+
+def test_command_line_overrides_the_sweep_varies_or_misspells_are_refused(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert sweep_main([str(_sweep(tmp_path, GRID_AND_ZIP)), "moe.top_k=1", "training.trainiters=3",
+                       "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("dmoe-sweep: error: invalid sweep") and "command line's overrides (2 problems)" in err[0]
+    assert err[1:] == ["  moe.top_k: is varied in the sweep's grid; leave it out of the command line's overrides",
+                       "  training.trainiters: unknown key; did you mean training.train_iters?"]
+    assert not runs.exists()
+
+
 @pytest.mark.parametrize("text, message", [
     ("base: tiny\ngrid: {moe.top_kk: [1, 2]}\n", "did you mean moe.top_k?"),
     ("base: tiny\ngrid: {moe.top_k: [1, 2]}\nzip: {training.lr: []}\n", "empty list"),
@@ -125,6 +156,7 @@ def test_slurm_without_sbatch_fails_before_writing(tmp_path, capsys, monkeypatch
      "--concurrent is for local runs: a SLURM job array already runs its tasks at the same time"),
     (["s.yaml", "--concurrent", "1", "--slurm"], "leave --concurrent out with --slurm"),
     (["--summary", "d", "--concurrent", "2"], "--summary takes only --plot"),
+    (["--summary", "d", "moe.top_k=1"], "give a SWEEP.yaml to run, or --summary DIR"),
 ])
 def test_usage_mistakes(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from megatron_dmoe.compat.aux_loss_scale import scale_on
 from megatron_dmoe.moe import MoEMetrics
 from megatron_dmoe.moe.aux_loss import AuxLossScaler
 from megatron_dmoe.training.cuda_graphs import (
@@ -35,10 +36,10 @@ def test_metrics_accumulate_in_place_and_reset_keeps_the_buffers():
 def test_aux_loss_scale_is_read_from_one_buffer_updated_in_place():
     try:
         AuxLossScaler.set_loss_scale(1.0)
-        buffer = AuxLossScaler._scale_on(torch.device("cpu"))
+        buffer = scale_on(torch.device("cpu"))
         for scale in (0.25, torch.tensor([0.125]), 3.0):
             AuxLossScaler.set_loss_scale(scale)
-            assert AuxLossScaler._scale_on(torch.device("cpu")) is buffer
+            assert scale_on(torch.device("cpu")) is buffer
             aux = torch.tensor(2.0, requires_grad=True)
             out = AuxLossScaler.apply(torch.ones(3, requires_grad=True), aux * 1)
             out.sum().backward()

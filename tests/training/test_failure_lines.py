@@ -101,7 +101,7 @@ def test_resuming_a_pipeline_run_in_one_process_names_the_saved_config_and_the_c
     message = _one_line(cli_run(run, "--resume", "training.train_iters=4"))
     assert (f"cannot resume {run} with 1 process: its saved config {run / 'config.yaml'} sets "
             "parallel.pipeline_model_parallel_size: 2, a layout of 2 processes; continue with: "
-            f"torchrun --nproc_per_node 2 -m megatron_dmoe --run-dir {run} --resume training.train_iters=4, or: "
+            f"dmoe-train --nproc-per-node 2 --run-dir {run} --resume training.train_iters=4, or: "
             f"dmoe-train --run-dir {run} --resume parallel.pipeline_model_parallel_size=1 training.train_iters=4"
             ) in message
     assert snapshot(run) == before
@@ -109,9 +109,9 @@ def test_resuming_a_pipeline_run_in_one_process_names_the_saved_config_and_the_c
 
 @pytest.mark.parametrize("env, command", [
     ({}, "dmoe-train --run-dir R --resume"),
-    ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, "torchrun --nproc_per_node 2 -m megatron_dmoe --run-dir R --resume"),
+    ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, "dmoe-train --nproc-per-node 2 --run-dir R --resume"),
     ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
-     "torchrun --nnodes 2 --nproc_per_node 4 (and this job's rendezvous) -m megatron_dmoe --run-dir R --resume"),
+     "dmoe-train --nnodes 2 --nproc-per-node 4 (and this job's rendezvous) --run-dir R --resume"),
 ])
 def test_resume_hints_name_the_command_for_the_runs_layout(monkeypatch, env, command):
     from megatron_dmoe.training.stops import resume_command

@@ -172,7 +172,7 @@ def test_known_vocabulary():
 
 def test_a_refused_run_is_one_line_exit_2_before_anything(cli_run, tmp_path, monkeypatch):
     """The refusal reaches the command line as one line and exit status 2, before any data or model
-    (on a CPU nothing is refused: the check is made to refuse here)."""
+    (the check is made to refuse here: tests/training/test_host_memory.py refuses for real)."""
     from megatron_dmoe.training import setup
 
     def refuse(cfg, env, vocab_size):

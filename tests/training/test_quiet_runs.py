@@ -23,7 +23,9 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sweep_help_training_and_resume_print_no_notices(tmp_path, corpus_cache):
-    args = [a for a in small_args(corpus_cache, 1, "checkpoint.save_interval=1") if "train_iters" not in a]
+    # a constant rate: extending the run moves no rate (a jump back up would be a warning)
+    args = [a for a in small_args(corpus_cache, 1, "checkpoint.save_interval=1", "training.lr_decay_style=constant")
+            if "train_iters" not in a]
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run"), *args], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -45,10 +47,12 @@ def test_torchrun_tells_each_message_once(tmp_path, corpus_cache):
     assert len(errors) == 1, bad.stderr[-3000:]
     assert "moe.top_k" in bad.stderr
 
-    # a warmup as long as the run is a warning; two ranks save a checkpoint; the distributed
-    # optimizer's collectives are ones torch deprecates (megatron-core calls them)
-    good = _torchrun(tmp_path / "good", *small_args(corpus_cache, 1, "checkpoint.save_interval=1",
-                                                    "training.lr_warmup_iters=1",
+    # a warmup as long as a run of 100 steps is a warning (the time limit stops it after its first
+    # step); two ranks save a checkpoint; the distributed optimizer's collectives are ones torch
+    # deprecates (megatron-core calls them)
+    good = _torchrun(tmp_path / "good", *small_args(corpus_cache, 100, "checkpoint.save_interval=1",
+                                                    "training.lr_warmup_iters=100",
+                                                    "training.time_limit_minutes=0.0001",
                                                     "training.use_distributed_optimizer=true"))
     assert good.returncode == 0, good.stderr[-3000:]
     warned = [line for line in good.stderr.splitlines() if line.startswith("dmoe-train: warning:")]

@@ -42,3 +42,21 @@ def test_parameter_counts_match_the_model(cpu_dist):
 def test_the_console_imbalance_is_labelled_as_the_maximum_over_layers():
     line = format_log_line({"step": 3, "expert_load_imbalance": [1.2, 1.75, None, 1.1]})
     assert line == "step 3 | imbalance 1.75 (max of 3 layers)"
+
+
+def test_a_progress_bar_is_named_and_keep_last_tells_what_it_deletes(cli_run, tmp_path, corpus_cache):
+    run = tmp_path / "run"
+    result = cli_run(run, *small_args(corpus_cache, 3, "logging.progress_bar=on", "checkpoint.save_interval=1",
+                                      "checkpoint.keep_last=2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the bar redraws itself with carriage returns on the same stream: a line is what follows the last
+    lines = [line.rsplit("\r", 1)[-1] for line in result.stdout.split("\n")]
+    lines = [line for line in lines if line.strip()]
+    assert ("training: steps 1 to 3, 512 tokens per step, a progress bar (metrics.jsonl logs step 1, then every "
+            "1 step)") in lines
+    checkpoints = run / "checkpoints"
+    after = lines.index(f"saved checkpoint {checkpoints / 'iter_0000003'}") + 1
+    assert lines[after] == (f"deleted checkpoint {checkpoints / 'iter_0000001'} (checkpoint.keep_last=2 keeps the "
+                            "newest 2; 0 keeps all)")
+    assert sum(line.startswith("deleted checkpoint") for line in lines) == 1
+    assert sorted(p.name for p in checkpoints.glob("iter_*")) == ["iter_0000002", "iter_0000003"]

@@ -1,8 +1,8 @@
 """Under torchrun (2 CPU processes, expert parallelism 2): a bad data path is told once, by rank 0,
 with no other rank's connection traceback; a Ctrl-C (SIGINT to the whole process group, as a
-terminal sends it) is acknowledged once at once, saves, and prints the torchrun command that resumes
-this layout. torchrun's agent gets the Ctrl-C too and prints its own SignalException traceback
-(torchrun's code, not this package's): that is the only traceback allowed."""
+terminal sends it) is acknowledged once at once, saves, and prints the command that resumes this
+layout (dmoe-train --nproc-per-node). Plain torchrun's agent gets the Ctrl-C too and prints its own
+SignalException traceback (torchrun's code, not this package's): that is the only traceback allowed."""
 import os
 import re
 import signal
@@ -47,7 +47,7 @@ def test_bad_data_path_and_ctrl_c_under_torchrun(tmp_path, corpus_cache):
     out, _ = proc.communicate(timeout=300)
     assert out.count("dmoe-train: SIGINT: stopping after this step, then saving") == 1, out
     stopped = int((run / "checkpoints" / "latest").read_text())
-    assert (f"stopping at step {stopped} on SIGINT; continue with: torchrun --nproc_per_node 2 -m megatron_dmoe "
+    assert (f"stopping at step {stopped} on SIGINT; continue with: dmoe-train --nproc-per-node 2 "
             f"--run-dir {run} --resume") in out
     assert not list(run.rglob("*.tmp"))
     # the only traceback is torchrun's agent's own, after the workers saved

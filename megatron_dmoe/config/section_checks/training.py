@@ -9,6 +9,9 @@ from ..nvshmem_rows import row_bytes_problem
 from ..value_text import fmt
 from .state import CheckState
 
+# runs shorter than this are checks that a setup runs, not schedules: no warning about the warmup
+SCHEDULE_WARNING_ITERS = 100
+
 
 def check(state: CheckState) -> None:
     v, ok = state.v, state.ok
@@ -17,14 +20,16 @@ def check(state: CheckState) -> None:
                       f"training.lr ({fmt(v('training.lr'))}); use a value from 0 to "
                       f"{fmt(v('training.lr'))}")
     warmup_key, decay_key = "training.lr_warmup_iters", "training.lr_decay_iters"
-    # A warmup as long as a short run is fine (the rate is still rising when the run ends, as
-    # Megatron-LM allows); the scheduler then decays after it, past the run's end.
+    # A warmup as long as the run is allowed (the rate is still rising when the run ends, as
+    # Megatron-LM allows); the scheduler then decays after it, past the run's end. A warning only for
+    # a run long enough to be meant to learn: a check of a few steps keeps its config's warmup.
     if ok(warmup_key, decay_key, "training.train_iters"):
         warmup, decay, iters = v(warmup_key), v(decay_key), v("training.train_iters")
         if warmup >= iters and decay >= iters:
-            state.warn(warmup_key, f"{warmup} is not shorter than training.train_iters ({iters}): "
-                       f"the learning rate is still rising when the run ends and never decays; "
-                       f"use fewer warmup iterations for a full schedule")
+            if iters >= SCHEDULE_WARNING_ITERS:
+                state.warn(warmup_key, f"{warmup} is not shorter than training.train_iters ({iters}): "
+                           f"the learning rate is still rising when the run ends and never decays; "
+                           f"use fewer warmup iterations for a full schedule")
         elif decay <= warmup:  # a decay that ends within the run must outlast the warmup
             state.problem(decay_key, f"{decay} is not larger than {warmup_key} ({warmup}); use "
                           f"more than {warmup}, or null (= train_iters)")
