@@ -53,8 +53,8 @@ STEPS = 2  # the second step's loss shows the first update
 # expects the failure: the entry goes once its layouts train or validation refuses them.
 KNOWN_FAILURES = {
     (VPP_KEY, 1): ("NameError", "megatron-core's interleaved schedule with one model chunk per pipeline rank "
-                                "stops in its first step (NameError: output_tensor); Megatron-LM turns a virtual "
-                                "pipeline size of 1 into None"),
+                                "stops in its first step (NameError: output_tensor); Megatron-LM sets a virtual "
+                                "pipeline size it computes as 1 to None"),
 }
 # At 8 processes, PP 2 x TP 2 (with SP) x DP 2 with the distributed optimizer, experts over EP 2,
 # saves its last step, whose parameters are compared with one process's. Its model has MoE layers on
