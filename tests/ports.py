@@ -2,7 +2,12 @@
 
 Binding port 0 and closing it again hands out a port from the kernel's ephemeral range, where any
 outgoing connection on the machine (another test run's gloo pairs) may take it before the server
-listens (EADDRINUSE). Ports below that range are only ever taken by an explicit bind."""
+listens (EADDRINUSE). Ports below that range are only ever taken by an explicit bind, but one
+can still be taken between this check and the server's own bind (by another test run's server):
+a caller that cannot hand its server a bound socket starts it again on fresh ports when it reports
+the port taken (the SLURM cluster of tests/launch/conftest.py). Where a server can meet its clients
+on a store the test holds, no port is picked at all (tests/parallel/process_group.py,
+tests/data/test_multinode_cache.py)."""
 import random
 import socket
 from pathlib import Path

@@ -2,7 +2,9 @@
 
 The cluster runs on this machine from a private folder: its own munge key and socket, slurm.conf,
 state, spool, pid and log files, and free ports, so it touches nothing of the system's. It needs
-root; Debian's packages are installed when missing.
+root; Debian's packages are installed when missing. The daemons bind their ports themselves, after
+tests/ports.py found them free: where another process took one in between, they start again on
+fresh ports.
 """
 import os
 import shutil
@@ -22,6 +24,8 @@ from train_helpers import SMALL
 SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 SLURM_PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel")
 SYSTEM_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin", "/sbin"])
+PORT_TAKEN = "Address already in use"  # what a daemon logs when its port is taken (EADDRINUSE)
+PORT_ATTEMPTS = 3
 
 
 def _which(program):
@@ -70,14 +74,25 @@ class SlurmCluster:
                           f"--key-file={key}", f"--pid-file={r / 'munged.pid'}",
                           f"--log-file={r / 'log/munged.log'}", f"--seed-file={r / 'munged.seed'}"])
         self._wait_for(lambda: (r / "munge.sock").exists(), "munged's socket")
-        self.conf.write_text(self._slurm_conf())
-        self._run_daemon([_which("slurmctld")])
-        self._run_daemon([_which("slurmd"), "-N", self.host])
-        self._wait_for(self._node_idle, "the node to become idle in sinfo")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.conf.write_text(self._slurm_conf(*unclaimed_ports(2)))
+            started = [self._run_daemon([_which("slurmctld")], PORT_TAKEN),
+                       self._run_daemon([_which("slurmd"), "-N", self.host], PORT_TAKEN)]
+            if all(started):
+                self._wait_for(lambda: self._port_taken() or self._node_idle(), "the node to become idle in sinfo")
+                if not self._port_taken():
+                    return
+            # a port was taken after it was found free: stop what started, and again on fresh ports
+            _stop_by_pid_files([r / "slurmd.pid", r / "slurmctld.pid"])
+            for log in (r / "log").glob("slurm*.log"):
+                log.rename(log.with_name(f"{log.name}.ports-taken-{attempt}"))
+        raise AssertionError(f"the SLURM daemons' ports were taken {PORT_ATTEMPTS} times in a row\n{self.logs()}")
 
-    def _slurm_conf(self):
+    def _port_taken(self):
+        return any(PORT_TAKEN in log.read_text(errors="replace") for log in (self.root / "log").glob("slurm*.log"))
+
+    def _slurm_conf(self, controller_port, node_port):
         r = self.root
-        controller_port, node_port = unclaimed_ports(2)
         # cred_expire sets how long a requeued job waits before it may start again (+1 s).
         return f"""\
 ClusterName=dmoetest
@@ -106,9 +121,13 @@ NodeName={self.host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN
 PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
 """
 
-    def _run_daemon(self, command):
+    def _run_daemon(self, command, unless=None):
+        """Start a daemon; False where it failed saying `unless` (else a failure fails the test)."""
         proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env=self.env)
+        if proc.returncode and unless is not None and unless in proc.stdout + proc.stderr:
+            return False
         assert proc.returncode == 0, f"{command[0]} did not start:\n{proc.stderr}\n{self.logs()}"
+        return True
 
     def _node_idle(self):
         proc = self.run("sinfo", "-h", "-o", "%T", check=False)

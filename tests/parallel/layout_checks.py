@@ -1,22 +1,37 @@
 """Every parallel layout that validation accepts trains as one process does: run in every process
 of a gloo group.
 
-For a world size, the candidate layouts are all combinations of the parallel keys (tensor,
-sequence, expert, expert-tensor, context, pipeline) for a dense model and an MoE model (a dense
-first layer, then MoE). Validation decides which are accepted; each accepted one trains STEPS steps
-through the training loop, in the same processes (megatron's groups are rebuilt per layout), with
-the distributed optimizer wherever there is more than one data-parallel rank to shard over, and
-logs its losses and grad norms, which the test compares with one process's (`train_one_process`).
-Pipeline layouts train at 2 and 4 processes; at 8 (64 gloo groups per layout on two cores) they
-are validated only, and the interleaved schedule is covered by test_pipeline_training. At 8, one
-more run, PARAMETERS_CHECKED, trains and saves a checkpoint, for a comparison of every parameter.
+The candidates at a world size come from the run configuration's own parallel section: every key
+of its schema (a new key joins without an edit here), each boolean both ways, each size every
+number from 1 to the world size (None too where the key allows it), for a dense and an MoE model
+(a dense first layer, then MoE). Of those, only combinations where megatron's two splits of the
+world hold are layouts at all (world = TP x CP x PP x data = ETP x EP x PP x expert data,
+WORLD_SPLITS); `test_layout_space` checks that validation refuses a sample of the rest. Validation
+decides which candidates are accepted: the layout rules it runs (parallel/layout_rules.py, pure
+functions) refuse most of them in microseconds, and what they refuse the validator refuses too;
+the rest go through `find_problems`. Each accepted layout trains STEPS steps through the training
+loop in the same processes (megatron's groups are rebuilt per layout), with the distributed
+optimizer wherever there is more than one data-parallel rank to shard over, a micro-batch per
+data-parallel and pipeline rank (the interleaved schedule needs a multiple of the pipeline size),
+and logs its losses and grad norms, which the test compares with one process's
+(`train_one_process`). At 2 and 4 processes every accepted layout trains; at 8 (64 gloo groups per
+pipeline layout on two cores) a sample that has every value of every key that some accepted
+layout has (`covering_sample`, a seeded draw), and one more run, PARAMETERS_CHECKED, which trains
+and saves a checkpoint for a comparison of every parameter.
 """
+import dataclasses
 import itertools
 import json
+import random
+import typing
 from pathlib import Path
 
 from megatron_dmoe.config import Environment, find_problems, load_config, resolve
+from megatron_dmoe.config.schema import ParallelConfig
+from megatron_dmoe.config.section_checks.parallel import LAYOUT_KEYS
+from megatron_dmoe.parallel import layout_rules
 from megatron_dmoe.parallel.distributed import init_distributed
+from megatron_dmoe.parallel.layout_rules import CP_KEY, EP_KEY, ETP_KEY, PP_KEY, SP_KEY, TP_KEY, VPP_KEY
 from megatron_dmoe.training.loop import train
 
 CPU = Environment(cuda=False, transformer_engine=False, apex=False)
@@ -25,23 +40,27 @@ MODEL = ["model.num_layers=2", "model.hidden_size=32", "model.num_attention_head
          "training.train_iters=1", "training.lr_warmup_iters=0", "training.eval_interval=0",
          "checkpoint.save_interval=0", "logging.log_interval=1", "logging.progress_bar=off",
          "logging.tensorboard=false", "logging.plot=false", "training.device=cpu", "data.num_workers=0"]
+MICRO_BATCH = 2
 KINDS = {"dense": ["moe.num_experts=0"], "moe": ["moe.num_experts=4", "moe.first_dense_layers=1"]}
-# key under parallel. -> (short name, values)
-AXES = {
-    "tensor_model_parallel_size": ("tp", (1, 2, 4, 8)),
-    "sequence_parallel": ("sp", (False, True)),
-    "expert_model_parallel_size": ("ep", (1, 2, 4, 8)),
-    "expert_tensor_parallel_size": ("etp", (1, 2)),
-    "context_parallel_size": ("cp", (1, 2)),
-    "pipeline_model_parallel_size": ("pp", (1, 2)),
-}
-TRAINED_PIPELINES_UP_TO = 4  # world size
+# megatron's two splits of the world into process groups (parallel_state): the sizes of each
+# multiply to a divisor of the world size
+WORLD_SPLITS = ((TP_KEY, CP_KEY, PP_KEY), (ETP_KEY, EP_KEY, PP_KEY))
+# short names in layout names; a key without one is named by its field
+SHORT = {TP_KEY: "tp", PP_KEY: "pp", VPP_KEY: "vpp", EP_KEY: "ep", ETP_KEY: "etp", SP_KEY: "sp", CP_KEY: "cp"}
 STEPS = 2  # the second step's loss shows the first update
+# Accepted layouts that do not train: (key, value) -> (what their processes raise, why). They are
+# left out of the training runs, and test_layouts trains one of each in a test of its own that
+# expects the failure: the entry goes once its layouts train or validation refuses them.
+KNOWN_FAILURES = {
+    (VPP_KEY, 1): ("NameError", "megatron-core's interleaved schedule with one model chunk per pipeline rank "
+                                "stops in its first step (NameError: output_tensor); Megatron-LM sets a virtual "
+                                "pipeline size it computes as 1 to None"),
+}
 # At 8 processes, PP 2 x TP 2 (with SP) x DP 2 with the distributed optimizer, experts over EP 2,
 # saves its last step, whose parameters are compared with one process's. Its model has MoE layers on
 # both stages, so both stages' expert optimizer state is compared (a stage without experts saves
 # through compat/distopt_empty_step.py, checked in test_pipeline_training.py).
-PARAMETERS_CHECKED = "moe-every-layer-tp2-sp1-ep2-etp1-cp1-pp2"
+PARAMETERS_CHECKED = "moe-every-layer-tp2-pp2-ep2-etp1-sp1-cp1"
 KINDS_ALSO = {"moe-every-layer": ["moe.num_experts=4", "moe.first_dense_layers=0"]}
 PARAMETERS_CHECKED_LAYOUT = ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
                              "parallel.expert_model_parallel_size=2", "parallel.pipeline_model_parallel_size=2",
@@ -54,6 +73,118 @@ def one_process_overrides(kind, global_batch_size, cache_dir):
     return MODEL + {**KINDS, **KINDS_ALSO}[kind] + [
         f"training.train_iters={STEPS}", f"training.global_batch_size={global_batch_size}",
         f"data.cache_dir={cache_dir}"]
+
+
+def parallel_space(world_size):
+    """{key: candidate values} for every key of the parallel section, from its schema's types."""
+    hints = typing.get_type_hints(ParallelConfig)
+    sizes = tuple(range(1, world_size + 1))
+    space = {}
+    for field in dataclasses.fields(ParallelConfig):
+        kind = hints[field.name]
+        key = f"parallel.{field.name}"
+        if kind is bool:
+            space[key] = (False, True)
+        elif kind is int:
+            space[key] = sizes
+        elif kind == typing.Optional[int]:
+            space[key] = (None,) + sizes
+        else:
+            raise AssertionError(f"{key}: no candidate values for its type {kind}; add them to parallel_space")
+    return space
+
+
+def is_layout(values, world_size):
+    """Whether megatron's splits of the world (WORLD_SPLITS) hold for these parallel sizes."""
+    for split in WORLD_SPLITS:
+        product = 1
+        for key in split:
+            product *= values[key]
+        if world_size % product:
+            return False
+    return True
+
+
+def layout_name(kind, values):
+    """`kind-tp2-pp1-...`: each key's short name and value (a key at None left out)."""
+    parts = [f"{SHORT.get(key, key.split('.')[-1])}{int(value)}" for key, value in values.items() if value is not None]
+    return "-".join([kind] + parts)
+
+
+def _override(key, value):
+    return f"{key}={'null' if value is None else str(value).lower()}"
+
+
+def _data_parallel(values, world_size):
+    """The data-parallel size (1 where the sizes leave no whole one: the batch stays valid)."""
+    return max(world_size // (values[TP_KEY] * values[CP_KEY] * values[PP_KEY]), 1)
+
+
+def candidate_overrides(kind, values, world_size, cache_dir):
+    """The overrides of a candidate layout: a micro-batch per data-parallel and pipeline rank."""
+    dp = _data_parallel(values, world_size)
+    return one_process_overrides(kind, MICRO_BATCH * dp * values[PP_KEY], cache_dir) + [
+        _override(key, value) for key, value in values.items()] + [
+        f"training.use_distributed_optimizer={str(dp > 1).lower()}"]
+
+
+def _rule_values(base, values, world_size):
+    """What the validator hands the layout rules for this candidate (config/section_checks/parallel.py)."""
+    out = {}
+    for key in LAYOUT_KEYS:
+        section, name = key.split(".")
+        out[key] = getattr(getattr(base, section), name)
+    out.update(values)
+    out["training.global_batch_size"] = MICRO_BATCH * _data_parallel(values, world_size) * values[PP_KEY]
+    return out
+
+
+def layouts(world_size, cache_dir):
+    """(accepted, refused, space): accepted {name: (kind, parallel values, resolved config)} and
+    refused {name: problems} of every candidate at this world size, the space they came from."""
+    space = parallel_space(world_size)
+    accepted, refused = {}, {}
+    for kind in KINDS:
+        base = resolve(load_config(None, one_process_overrides(kind, MICRO_BATCH, cache_dir)))
+        for combination in itertools.product(*space.values()):
+            values = dict(zip(space, combination))
+            if not is_layout(values, world_size):
+                continue
+            name = layout_name(kind, values)
+            # the rules as the validator runs them; has_dense_mlp=False leaves out one of their
+            # refusals, never adds one
+            rule_values = _rule_values(base, values, world_size)
+            problems = (layout_rules.model_split_problems(rule_values, has_dense_mlp=False)
+                        + layout_rules.world_size_problems(rule_values, world_size))
+            if not problems:
+                cfg = resolve(load_config(None, candidate_overrides(kind, values, world_size, cache_dir)))
+                problems = find_problems(cfg, world_size, env=CPU)
+            if problems:
+                refused[name] = problems
+            else:
+                accepted[name] = (kind, values, cfg)
+    return accepted, refused, space
+
+
+def known_failure(values):
+    """The (key, value) of KNOWN_FAILURES this layout has, or None."""
+    return next((entry for entry in KNOWN_FAILURES if values.get(entry[0]) == entry[1]), None)
+
+
+def covering_sample(accepted, seed):
+    """Names of accepted layouts, in an order drawn with `seed`, each kept if it has a kind or a
+    key's value that no layout kept before it has: together they have every value any accepted
+    layout has."""
+    names = sorted(accepted)
+    random.Random(seed).shuffle(names)
+    covered, sample = set(), []
+    for name in names:
+        kind, values, _ = accepted[name]
+        pairs = {("kind", kind), *values.items()}
+        if pairs - covered:
+            sample.append(name)
+            covered |= pairs
+    return sample
 
 
 def logged_steps(run_dir):
@@ -78,40 +209,19 @@ def train_one_process(kind, global_batch_size, cache_dir, run_dir, save=False):
     return logged_steps(run_dir)
 
 
-def layouts(world_size, cache_dir):
-    """(name, resolved config, problems) of every candidate layout at this world size."""
-    out = []
-    for kind, values in itertools.product(KINDS, itertools.product(*(v for _, v in AXES.values()))):
-        layout = dict(zip(AXES, values))
-        dp = world_size // (layout["tensor_model_parallel_size"] * layout["pipeline_model_parallel_size"]) or 1
-        name = "-".join([kind] + [f"{AXES[k][0]}{int(v)}" for k, v in layout.items()])
-        overrides = one_process_overrides(kind, 2 * dp, cache_dir) + [
-            f"parallel.{k}={str(v).lower()}" for k, v in layout.items()] + [
-            f"training.use_distributed_optimizer={str(dp > 1).lower()}"]
-        cfg = resolve(load_config(None, overrides))
-        out.append((name, cfg, find_problems(cfg, world_size, env=CPU)))
-    return out
-
-
-def train_accepted_layouts(run_root, cache_dir, summary_file, accepted):
-    """Train STEPS steps of every accepted layout, `accepted` [(name, resolved config)] in the order
-    `layouts` gives (validated once, in the test process: each rank would spend seconds on the
-    hundreds of candidates); rank 0 writes a summary {trained: {name: {"loss": [per step],
+def train_layouts(run_root, cache_dir, summary_file, chosen, parameters_checked):
+    """Train STEPS steps of each of `chosen` [(name, resolved config)] (validated once, in the test
+    process: each rank would spend seconds on the candidates), then PARAMETERS_CHECKED where
+    `parameters_checked`; rank 0 writes a summary {trained: {name: {"loss": [per step],
     "grad_norm": [per step]}}} to `summary_file`."""
     import torch.distributed as dist
 
-    world = dist.get_world_size()
-    trained = {}
-    for name, cfg in accepted:
-        par = cfg.parallel
-        if par.pipeline_model_parallel_size > 1 and world > TRAINED_PIPELINES_UP_TO:
-            continue
-        trained[name] = _train_layout(cfg, Path(run_root) / name)
+    trained = {name: _train_layout(cfg, Path(run_root) / name) for name, cfg in chosen}
     summary = {"trained": trained}
-    if world == 8:
+    if parameters_checked:
         overrides = one_process_overrides("moe-every-layer", PARAMETERS_CHECKED_BATCH, cache_dir)
         cfg = resolve(load_config(None, overrides + PARAMETERS_CHECKED_LAYOUT))
-        assert not find_problems(cfg, world, env=CPU)
+        assert not find_problems(cfg, dist.get_world_size(), env=CPU)
         summary[PARAMETERS_CHECKED] = _train_layout(cfg, Path(run_root) / PARAMETERS_CHECKED)
     if dist.get_rank() == 0:
         Path(summary_file).write_text(json.dumps(summary))

@@ -5,6 +5,12 @@ the expected values need nothing but torch's float64 log-softmax: per micro-batc
 of -log p(label) over its unmasked tokens, the mean over micro-batches and data-parallel ranks, its
 gradient, the clipped AdamW update. Run in one process or in every process of a gloo group (data
 parallelism: each rank reads its own micro-batches; the reference sees every rank's).
+
+Clipping fires at every step on every path: CLIP is well below the reference grad norms (one
+process and two ranks alike), and Adam's eps is large enough next to these gradients that the
+update depends on the clipped gradient's size, not only on its direction, so a wrong clip factor
+(a grad norm over one rank's shard of the distributed optimizer, say) moves the weights far past
+the tolerance.
 """
 import torch
 import torch.nn.functional as F
@@ -20,7 +26,9 @@ from megatron_dmoe.training.setup import release_after_training, wrap_for_traini
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
 
 VOCAB, SEQ, MICRO_BATCH, NUM_MICRO, STEPS = 11, 6, 2, 3, 2
-LR, WD, BETA1, BETA2, EPS, CLIP = 0.05, 0.1, 0.9, 0.95, 1e-8, 0.5
+LR, WD, BETA1, BETA2, EPS, CLIP = 0.05, 0.1, 0.9, 0.95, 1e-3, 0.25
+CLIPPED_BELOW = 0.6  # every reference grad norm is at least CLIP / this: the clip factor at most 0.6
+WEIGHT_ATOL = 1e-6  # fp32 model and optimizer against float64: a few ulps of fp32
 
 
 class Bigram(MegatronModule):
@@ -81,8 +89,9 @@ def _global_batch_loss(weight, bias, step, ranks, train=True):
     return torch.stack(losses).mean()
 
 
-def reference_run(ranks: int):
-    """(per-step losses, per-step grad norms, final weight, final bias, validation loss) by hand."""
+def reference_run(ranks: int, clip: float | None = CLIP):
+    """(per-step losses, per-step grad norms, final weight, final bias, validation loss) by hand;
+    clip None: no clipping."""
     weight, bias = (t.clone().requires_grad_() for t in initial_weights())
     exp_avg = [torch.zeros_like(weight), torch.zeros_like(bias)]
     exp_avg_sq = [torch.zeros_like(weight), torch.zeros_like(bias)]
@@ -93,7 +102,7 @@ def reference_run(ranks: int):
         norm = torch.sqrt(sum(g.square().sum() for g in grads))
         losses.append(loss.item())
         norms.append(norm.item())
-        coefficient = CLIP / (norm + 1e-6)
+        coefficient = clip / (norm + 1e-6) if clip is not None else 1.0
         with torch.no_grad():
             for i, (p, g, decay) in enumerate(zip((weight, bias), grads, (WD, 0.0))):  # no decay on 1-D
                 g = g * coefficient if coefficient < 1 else g
@@ -145,13 +154,19 @@ def run_steps(use_distributed_optimizer: bool = False):
 def check_against_reference(use_distributed_optimizer: bool = False):
     """Every rank's steps equal the hand computation over all data-parallel ranks' micro-batches."""
     losses, norms, weight, bias, val = run_steps(use_distributed_optimizer)
-    ref_losses, ref_norms, ref_weight, ref_bias, ref_val = reference_run(ps.get_data_parallel_world_size())
-    # fp32 model and optimizer against float64: a few ulps of fp32
+    ranks = ps.get_data_parallel_world_size()
+    ref_losses, ref_norms, ref_weight, ref_bias, ref_val = reference_run(ranks)
+    # the clip fires at every step, and the weights show it: unclipped, they end far from the clipped
+    # reference (so the comparison below fails if the run skips or misapplies the clip)
+    assert all(CLIP <= CLIPPED_BELOW * norm for norm in ref_norms), (CLIP, ref_norms)
+    _, _, free_weight, free_bias, _ = reference_run(ranks, clip=None)
+    unclipped_off = max((free_weight - ref_weight).abs().max(), (free_bias - ref_bias).abs().max()).item()
+    assert unclipped_off > 100 * WEIGHT_ATOL, unclipped_off
     for got, want, what in ((losses, ref_losses, "loss"), (norms, ref_norms, "grad norm")):
         assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got, want)), (what, got, want)
     assert abs(val - ref_val) <= 1e-6 * abs(ref_val), ("validation loss", val, ref_val)
-    torch.testing.assert_close(weight.double(), ref_weight, rtol=0, atol=1e-6)
-    torch.testing.assert_close(bias.double(), ref_bias, rtol=0, atol=1e-6)
+    torch.testing.assert_close(weight.double(), ref_weight, rtol=0, atol=WEIGHT_ATOL)
+    torch.testing.assert_close(bias.double(), ref_bias, rtol=0, atol=WEIGHT_ATOL)
 
 
 def check_with_both_optimizers():

@@ -51,8 +51,9 @@ def _entry(rank, world_size, port, device, fn, args):
     os._exit(0)
 
 
-def run_in_processes(world_size: int, fn, *args, timeout: float = 300.0, device: str = "cpu") -> None:
+def run_in_processes(world_size: int, fn, *args, timeout: float = 300.0, device: str = "cpu") -> dist.TCPStore:
     """fn must be importable by name (defined at module level in this folder's helper modules).
+    Returns the store the ranks met on (what they wrote there stays readable).
 
     device: 'cpu' (gloo) or 'cuda' (NCCL; needs `world_size` GPUs). A deadlock (a collective some
     rank never joins) fails after `timeout` seconds instead of hanging.
@@ -67,3 +68,4 @@ def run_in_processes(world_size: int, fn, *args, timeout: float = 300.0, device:
             for process in context.processes:
                 process.kill()
             raise TimeoutError(f"{world_size} processes running {fn.__name__} did not finish in {timeout:.0f} s")
+    return store

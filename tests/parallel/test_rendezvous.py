@@ -32,10 +32,17 @@ def test_a_plain_single_process_rendezvous_in_process():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def _joined_the_parents_store() -> None:
-    assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+def _sign_the_default_store() -> None:
+    """Each rank writes its rank, under a key of its own, to the store its default group met on."""
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):  # the default group's prefix
+        store = store.underlying_store
+    store.set(f"signed/{dist.get_rank()}", str(dist.get_rank()))
     dist.barrier()
 
 
 def test_the_harness_ranks_meet_on_a_store_the_parent_holds():
-    run_in_processes(2, _joined_the_parents_store, timeout=120)
+    store = run_in_processes(2, _sign_the_default_store, timeout=120)
+    keys = [f"signed/{rank}" for rank in range(2)]
+    assert store.check(keys), "the ranks met on another store than the one the harness holds"
+    assert [store.get(key) for key in keys] == [b"0", b"1"]

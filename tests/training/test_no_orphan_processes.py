@@ -3,15 +3,46 @@
 megatron-core's checkpoint writer starts helper processes (a multiprocessing Manager and its
 resource tracker, forked writers) that nothing ties to the training process; the run saves in
 process instead (training/checkpoint_writer.py).
+
+The training command runs with dist_checkpointing.save wrapped: the second save, its files written
+to the staging folder but neither renamed nor marked latest, touches a file and waits there, so the
+kill lands inside a save every time. Each wait below ends as soon as its condition holds; its
+deadline only ends a hang.
 """
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
 
-from train_helpers import small_args, train_command
+from train_helpers import small_args
+
+# dmoe-train, its second checkpoint save held once written (megatron_dmoe first: it decides how
+# megatron-core's fusions load, compat/eager_fusions.py)
+PAUSED_IN_A_SAVE = """
+import pathlib, sys, threading
+import megatron_dmoe
+from megatron.core import dist_checkpointing
+from megatron_dmoe.cli import main
+
+marker = pathlib.Path(sys.argv.pop(1))
+real_save, saves = dist_checkpointing.save, []
+
+def save_then_wait(*args, **kwargs):
+    result = real_save(*args, **kwargs)
+    saves.append(None)
+    if len(saves) == 2:
+        marker.touch()
+        threading.Event().wait()  # until killed
+    return result
+
+dist_checkpointing.save = save_then_wait
+sys.argv[0] = "dmoe-train"
+main()
+"""
+HANG = 300  # s: a deadline only a hung run reaches
 
 
 def _alive(processes):
@@ -26,30 +57,35 @@ def _alive(processes):
 
 
 def test_kill_9_during_a_save_leaves_no_process_behind(cli_run, tmp_path, corpus_cache):
-    run = tmp_path / "run"
-    proc = subprocess.Popen(train_command(run, *small_args(corpus_cache, 500, "checkpoint.save_interval=1")),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    run, marker = tmp_path / "run", tmp_path / "in-second-save"
+    command = [sys.executable, "-c", PAUSED_IN_A_SAVE, str(marker),
+               *small_args(corpus_cache, 3, "checkpoint.save_interval=1"), "--run-dir", str(run)]
+    log = (tmp_path / "train.log").open("w")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
     trainer = psutil.Process(proc.pid)
     checkpoints = run / "checkpoints"
     seen = set()
     try:
-        # after the first complete save, catch the next one in flight (500 steps, each saved: a run
-        # that ends without one being caught fails here)
-        while not (checkpoints / "latest").exists() or not list(checkpoints.glob("*.tmp")):
-            assert proc.poll() is None, "training ended before a checkpoint save was caught in flight"
+        deadline = time.monotonic() + HANG
+        while not marker.exists():
+            assert proc.poll() is None, ("training ended before its second save",
+                                         (tmp_path / "train.log").read_text()[-3000:])
+            assert time.monotonic() < deadline, f"no second save within {HANG} s"
             seen.update(trainer.children(recursive=True))
-            time.sleep(0.01)
+            time.sleep(0.05)
         seen.update(trainer.children(recursive=True))
+        assert int((checkpoints / "latest").read_text()) == 1 and list(checkpoints.glob("iter_*.tmp"))
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=HANG)
         # data-loader workers poll for their parent every 5 s (torch's MP_STATUS_CHECK_INTERVAL)
-        deadline = time.time() + 15
-        while _alive(seen) and time.time() < deadline:
+        deadline = time.monotonic() + HANG
+        while _alive(seen) and time.monotonic() < deadline:
             time.sleep(0.2)
         left = [(p.pid, " ".join(p.cmdline())[:200]) for p in _alive(seen)]
-        assert not left, f"still running after the trainer was killed: {left}"
+        assert not left, f"still running {HANG} s after the trainer was killed: {left}"
     finally:
+        log.close()
         for p in _alive(seen | {trainer}):
             p.kill()
     # nothing lost: the newest complete checkpoint is still `latest`, and the run resumes from it
