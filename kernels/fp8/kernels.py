@@ -1,6 +1,7 @@
 """Triton kernels of block-scaled fp8 (launched by ops.py; the recipe is in reference.py).
 
   round_to_e4m3          fp32 -> the nearest e4m3 value (ties to even), still in fp32
+  round_to_bf16          fp32 -> the nearest bf16 value (ties to even), still in fp32
   quantize_rows_kernel   1 x 128 tiles of a strided [M, K] matrix (a transpose needs no copy)
   quantize_blocks_kernel 128 x 128 blocks
   matmul_kernel          a [M, K] (row scales) @ b [K, N] (block or column scales) -> c, fp32
@@ -28,6 +29,15 @@ def round_to_e4m3(v):
     spacing = ((124 + e) << 23).to(tl.float32, bitcast=True)  # 2^(e - 3)
     t = v * inv_spacing
     return ((t + ROUNDER) - ROUNDER) * spacing
+
+
+@triton.jit
+def round_to_bf16(x):
+    """fp32 x rounded to nearest-even bf16, still in fp32 (the conversion after it is then exact):
+    the interpreter truncates fp32 -> bf16, where the GPU rounds to nearest even."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -77,7 +87,7 @@ def quantize_blocks_kernel(w_ptr, q_ptr, s_ptr, R, C, stride_wr, stride_wc, stri
 @triton.jit
 def matmul_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K,
                   stride_am, stride_ak, stride_asm, stride_ask, stride_bk, stride_bn, stride_bsk, stride_bsn,
-                  stride_cm, stride_cn, B_GROUP_N: tl.constexpr,
+                  stride_cm, stride_cn, B_GROUP_N: tl.constexpr, OUT_BF16: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr):
     """c[BLOCK_M, BLOCK_N] tile of a @ b. Each step of K is one scale tile (TILE = 128): its fp8
     product, accumulated in fp32 by tl.dot, is multiplied by a's row scales and b's scales
@@ -98,5 +108,7 @@ def matmul_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K,
         sa = tl.load(as_ptr + rows64 * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
         sb = tl.load(bs_ptr + kb * stride_bsk + (cols64 // B_GROUP_N) * stride_bsn, mask=col_ok, other=0.0)
         acc += tl.dot(a, b, out_dtype=tl.float32) * (sa[:, None] * sb[None, :])
+    if OUT_BF16:
+        acc = round_to_bf16(acc)
     tl.store(c_ptr + rows64[:, None] * stride_cm + cols64[None, :] * stride_cn,
              acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

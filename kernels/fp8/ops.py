@@ -53,5 +53,6 @@ def matmul(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, block_m: int = 128,
     k.matmul_kernel[grid](
         a, a_scale, b, b_scale, c, m, n, kk, a.stride(0), a.stride(1), a_scale.stride(0), a_scale.stride(1),
         b.stride(0), b.stride(1), b_scale.stride(0), b_scale.stride(1), c.stride(0), c.stride(1),
-        B_GROUP_N=group_n, BLOCK_M=block_m, BLOCK_N=block_n, TILE=TILE, num_warps=8, num_stages=3)
+        B_GROUP_N=group_n, OUT_BF16=out_dtype == torch.bfloat16,
+        BLOCK_M=block_m, BLOCK_N=block_n, TILE=TILE, num_warps=8, num_stages=3)
     return c
