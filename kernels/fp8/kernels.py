@@ -88,11 +88,14 @@ def quantize_blocks_kernel(w_ptr, q_ptr, s_ptr, R, C, stride_wr, stride_wc, stri
 def matmul_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K,
                   stride_am, stride_ak, stride_asm, stride_ask, stride_bk, stride_bn, stride_bsk, stride_bsn,
                   stride_cm, stride_cn, B_GROUP_N: tl.constexpr, OUT_BF16: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr):
+                  IMPRECISE_ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  TILE: tl.constexpr):
     """c[BLOCK_M, BLOCK_N] tile of a @ b. Each step of K is one scale tile (TILE = 128): its fp8
-    product, accumulated in fp32 by tl.dot, is multiplied by a's row scales and b's scales
-    (column n's is at n // B_GROUP_N: 128 for block scales, 1 for column scales) and added to the
-    fp32 accumulator; DeepSeek-V3's promotion every 128 of K."""
+    product is multiplied by a's row scales and b's scales (column n's is at n // B_GROUP_N: 128
+    for block scales, 1 for column scales) and added to the fp32 accumulator: DeepSeek-V3's
+    promotion every 128 of K. Within the step, Hopper's fp8 tensor cores accumulate with reduced
+    precision for up to IMPRECISE_ACC products of K before Triton adds them up in fp32 (TILE:
+    DeepSeek-V3's scheme; 0: after every instruction). The interpreter sums in fp32 throughout."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, TILE)
@@ -107,7 +110,8 @@ def matmul_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K,
                     mask=(k < K)[:, None] & col_ok[None, :], other=0.0)
         sa = tl.load(as_ptr + rows64 * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
         sb = tl.load(bs_ptr + kb * stride_bsk + (cols64 // B_GROUP_N) * stride_bsn, mask=col_ok, other=0.0)
-        acc += tl.dot(a, b, out_dtype=tl.float32) * (sa[:, None] * sb[None, :])
+        part = tl.dot(a, b, out_dtype=tl.float32, max_num_imprecise_acc=IMPRECISE_ACC)
+        acc += part * (sa[:, None] * sb[None, :])
     if OUT_BF16:
         acc = round_to_bf16(acc)
     tl.store(c_ptr + rows64[:, None] * stride_cm + cols64[None, :] * stride_cn,

@@ -10,6 +10,7 @@ from . import kernels as k
 from .reference import FP8, TILE, check_float, check_matmul, tiles
 
 QUANT_ROWS = 32  # rows per program of quantize_rows
+FP8_DOTS = (8, 9)  # the compute capability of the first fp8 tensor cores (Ada)
 
 
 def quantize_rows(x: torch.Tensor):
@@ -42,10 +43,25 @@ def quantize_blocks(w: torch.Tensor):
     return q, s
 
 
-def matmul(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, block_m: int = 128, block_n: int = 128):
-    """a @ b of block-scaled fp8 operands (reference.matmul's contract); a and b may be transposes."""
+def check_fp8_dots(device: torch.device) -> None:
+    """Triton's fp8 dots need fp8 tensor cores: compute capability 8.9 (Ada) or newer."""
+    if device.type != "cuda":
+        return
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < FP8_DOTS:
+        raise RuntimeError(f"fp8 matmul: this GPU (compute capability {major}.{minor}) has no fp8 tensor cores "
+                           f"(8.9 or newer); use dmoe_kernels.fp8.reference.matmul")
+
+
+def matmul(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, block_m: int = 128, block_n: int = 128,
+           precise: bool = False):
+    """a @ b of block-scaled fp8 operands (reference.matmul's contract); a and b may be transposes.
+    On Hopper, each 128 of K is summed by the tensor cores at their reduced fp8 accumulation
+    precision and then promoted into fp32 (DeepSeek-V3's scheme); precise=True promotes after every
+    tensor-core instruction instead (the interpreter sums in fp32 either way)."""
     check_matmul(a, a_scale, b, b_scale)
     check_launchable(k.matmul_kernel, a.device)
+    check_fp8_dots(a.device)
     (m, kk), n = a.shape, b.shape[1]
     group_n = 1 if b_scale.shape[1] == n else TILE
     c = torch.empty(m, n, dtype=out_dtype, device=a.device)
@@ -53,6 +69,6 @@ def matmul(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, block_m: int = 128,
     k.matmul_kernel[grid](
         a, a_scale, b, b_scale, c, m, n, kk, a.stride(0), a.stride(1), a_scale.stride(0), a_scale.stride(1),
         b.stride(0), b.stride(1), b_scale.stride(0), b_scale.stride(1), c.stride(0), c.stride(1),
-        B_GROUP_N=group_n, OUT_BF16=out_dtype == torch.bfloat16,
+        B_GROUP_N=group_n, OUT_BF16=out_dtype == torch.bfloat16, IMPRECISE_ACC=0 if precise else TILE,
         BLOCK_M=block_m, BLOCK_N=block_n, TILE=TILE, num_warps=8, num_stages=3)
     return c

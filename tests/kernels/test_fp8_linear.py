@@ -80,6 +80,8 @@ def test_fp8_linear_output_and_gradients(impl, dtype, device, seeded_by_name):
     _within(weight.grad.cpu(), dy64.t() @ x64, dw_bound, "dW")
     assert torch.equal(bias.grad.cpu(), dy.sum((0, 1)).cpu())  # the bias is added outside fp8
 
+    if impl == "triton" and device.type == "cuda":
+        return  # Hopper's fp8 accumulation within 128 of K: the GPU test below compares with torch's
     x2, w2, dy2 = (t.detach().cpu().reshape(-1, t.shape[-1]) for t in (x, weight, dy))
     with torch.no_grad():
         y_plain = linear(x, weight, impl=impl).cpu().reshape(-1, 192)
@@ -104,8 +106,10 @@ def test_fp8_linear_refuses_bad_arguments(device):
 
 @pytest.mark.gpu
 def test_fp8_linear_kernels_match_the_reference_on_gpu(seeded_by_name):
-    """The Triton path against the pure-torch one on a GPU at a training shape (same fp8 operands,
-    so only fp32 accumulation order differs), and both a few percent off bf16's linear."""
+    """The Triton path against the pure-torch one on a GPU at a training shape: the same fp8
+    operands, so only the accumulation differs (Hopper's within each 128 of K, then fp32, against
+    fp32 throughout) and the bf16 outputs' rounding; a scale 1 % off would show. Both a few
+    percent off bf16's linear."""
     x = torch.randn(8, 512, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = (torch.randn(4096, 2048, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(8, 512, 4096, device="cuda", dtype=torch.bfloat16)
@@ -115,7 +119,7 @@ def test_fp8_linear_kernels_match_the_reference_on_gpu(seeded_by_name):
         linear(xi, wi, impl=impl).backward(dy)
         results[impl] = (xi.grad.float(), wi.grad.float())
     for got, expected in zip(results["triton"], results["torch"]):
-        assert float((got - expected).norm() / expected.norm()) < 1e-2
+        assert float((got - expected).norm() / expected.norm()) < 5e-3
     F.linear(x, weight).backward(dy)
     for got, plain in zip(results["triton"], (x.grad.float(), weight.grad.float())):
         assert float((got - plain).norm() / plain.norm()) < 0.08

@@ -18,11 +18,13 @@ from dmoe_kernels.fp8 import reference as ref
 IMPLS = ["torch", "triton"]
 
 
-def _fp8(impl):
+def _matmul(impl):
+    """The product under test; the kernel with its fp32 sums after every tensor-core instruction,
+    so that the fp32 bound holds on Hopper too (its default is checked on GPUs below)."""
     if impl == "torch":
-        return ref
+        return ref.matmul
     from dmoe_kernels.fp8 import ops
-    return ops
+    return lambda *args, **kw: ops.matmul(*args, precise=True, **kw)
 
 
 def _operands(m, k, n, b_layout, device):
@@ -52,16 +54,16 @@ def _accumulation_bound(k, aq64, bq64):
                          ids=["blocks-aligned-k", "blocks-ragged", "columns"])
 def test_fp8_matmul_against_float64(impl, m, k, n, b_layout, device, seeded_by_name):
     a, b, aq, sa, bq, sb = _operands(m, k, n, b_layout, device)
-    fp8 = _fp8(impl)
+    matmul = _matmul(impl)
     aq64 = ref.dequantize_rows(aq.cpu(), sa.cpu(), torch.float64)
     sb_cols = ref.column_scales(sb.cpu(), n).double()
     bq64 = bq.cpu().double() * sb_cols.repeat_interleave(128, 0)[:k]
     exact = aq64 @ bq64
     acc_bound = _accumulation_bound(k, aq64, bq64)
 
-    c32 = fp8.matmul(aq, sa, bq, sb, out_dtype=torch.float32).double().cpu()
+    c32 = matmul(aq, sa, bq, sb, out_dtype=torch.float32).double().cpu()
     assert ((c32 - exact).abs() <= acc_bound).all(), float(((c32 - exact).abs() / acc_bound).max())
-    c = fp8.matmul(aq, sa, bq, sb)
+    c = matmul(aq, sa, bq, sb)
     assert c.dtype == torch.bfloat16 and c.shape == (m, n)
     c = c.double().cpu()
     assert ((c - exact).abs() <= 2.0**-8 * exact.abs() + 2 * acc_bound).all()
@@ -84,15 +86,45 @@ def test_fp8_matmul_against_float64(impl, m, k, n, b_layout, device, seeded_by_n
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_fp8_matmul_refuses_mismatched_scales(impl, device):
-    fp8 = _fp8(impl)
+    matmul = _matmul(impl)
     aq, sa = ref.quantize_rows(torch.randn(8, 256, device=device))
     bq, sb = ref.quantize_blocks(torch.randn(256, 64, device=device))
     with pytest.raises(ValueError, match=r"a's scales must be \[M, ceil\(K/128\)\] = \[8, 2\]"):
-        fp8.matmul(aq, sa[:, :1], bq, sb)
+        matmul(aq, sa[:, :1], bq, sb)
     with pytest.raises(ValueError, match="b's scales must be"):
-        fp8.matmul(aq, sa, bq, sb[:, :0])
+        matmul(aq, sa, bq, sb[:, :0])
     with pytest.raises(ValueError, match="operands must be float8_e4m3fn"):
-        fp8.matmul(aq.float(), sa, bq, sb)
+        matmul(aq.float(), sa, bq, sb)
+
+
+def test_fp8_matmul_refuses_gpus_without_fp8_tensor_cores(monkeypatch):
+    from dmoe_kernels.fp8 import ops
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(RuntimeError, match=r"compute capability 8.0\) has no fp8 tensor cores \(8.9 or newer\)"):
+        ops.check_fp8_dots(torch.device("cuda"))
+    ops.check_fp8_dots(torch.device("cpu"))  # the interpreter: no tensor cores asked for
+
+
+@pytest.mark.gpu
+def test_fp8_matmul_default_accumulation_on_gpu(seeded_by_name):
+    """The kernel's default (Hopper's reduced-precision fp8 accumulation within each 128 of K,
+    promoted to fp32 after it: DeepSeek-V3's scheme) against its fp32-throughout mode. Assumed, from
+    DeepSeek-V3's report (about 14 bits kept by the tensor cores): within 2^-7 of sum |a||b| per
+    element, and a relative difference of the whole product under 2e-3."""
+    from dmoe_kernels.fp8 import ops
+
+    m, k, n = 1024, 4096, 1024
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    aq, sa = ops.quantize_rows(a)
+    wq, sw = ops.quantize_blocks(w)
+    chunked = ops.matmul(aq, sa, wq.t(), sw.t(), out_dtype=torch.float32).double()
+    precise = ops.matmul(aq, sa, wq.t(), sw.t(), out_dtype=torch.float32, precise=True).double()
+    aq64, wq64 = ref.dequantize_rows(aq, sa, torch.float64), ref.dequantize_blocks(wq, sw, torch.float64)
+    magnitude = aq64.abs() @ wq64.abs().t()
+    assert ((chunked - precise).abs() <= 2.0**-7 * magnitude).all()
+    assert float((chunked - precise).norm() / precise.norm()) < 2e-3
 
 
 @pytest.mark.gpu
@@ -107,7 +139,7 @@ def test_fp8_matmul_kernel_matches_reference_at_training_shapes(block_m, seeded_
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     aq, sa = ops.quantize_rows(a)
     wq, sw = ops.quantize_blocks(w)
-    c = ops.matmul(aq, sa, wq.t(), sw.t(), out_dtype=torch.float32, block_m=block_m)
+    c = ops.matmul(aq, sa, wq.t(), sw.t(), out_dtype=torch.float32, block_m=block_m, precise=True)
     expected = ref.matmul(aq, sa, wq.t(), sw.t(), out_dtype=torch.float32)
     aq64 = ref.dequantize_rows(aq, sa, torch.float64)
     wq64 = ref.dequantize_blocks(wq, sw, torch.float64)

@@ -97,7 +97,7 @@ def test_quantize_refuses_non_float_input(impl, device):
 def test_quantize_rows_of_a_transpose(impl, device, seeded_by_name):
     """The weight gradient quantizes activations along the tokens: the rows of x^T, read in place."""
     fp8 = _fp8(impl)
-    x = torch.randn(300, 136, device=device).to(torch.bfloat16)
+    x = torch.randn(140, 136, device=device).to(torch.bfloat16)
     q, s = fp8.quantize_rows(x.t())
     q_c, s_c = fp8.quantize_rows(x.t().contiguous())
     assert torch.equal(q.view(torch.uint8), q_c.view(torch.uint8)) and torch.equal(s, s_c)
