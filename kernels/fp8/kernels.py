@@ -42,7 +42,8 @@ def round_to_bf16(x):
 
 @triton.jit
 def _scale(amax):
-    return tl.maximum(amax, AMAX_FLOOR) / E4M3_MAX
+    # div_rn: correctly rounded, as torch divides (Triton's `/` may approximate on the GPU)
+    return tl.math.div_rn(tl.maximum(amax, AMAX_FLOOR), E4M3_MAX)
 
 
 @triton.jit
