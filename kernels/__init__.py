@@ -26,6 +26,8 @@ One folder per family of kernels, each laid out alike:
   norms/                    fused LayerNorm / RMSNorm
   loss/                     fused language-model cross-entropy
   exchange/                 rows stored into peer GPUs' symmetric memory (expert parallelism)
+  fp8/                      block-scaled fp8 (e4m3) quantization and products, DeepSeek-V3's
+                            recipe (import dmoe_kernels.fp8.ops, .reference or .functional)
 
 Exported here: Topology, max_padded_rows, padded_expert_offsets, sdd, dsd, dds, permute, unpermute,
 fused_route, balance_loss, SddConfig, DsdConfig, the modules reference and launch, and these names

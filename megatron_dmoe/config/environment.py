@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 
@@ -17,11 +17,20 @@ class Environment:
     transformer_engine: bool
     apex: bool
     megatron_core: Optional[Tuple[int, int]] = None  # (major, minor) installed; None: not asked
+    # the GPU's compute capability (major, minor); None: not known. detect() leaves it to be probed
+    # when a check asks (gpu_capability): probing starts CUDA in this process, which only fp8 needs.
+    cuda_capability: Optional[Tuple[int, int]] = None
+    probe_capability: bool = field(default=False, compare=False)
 
     @classmethod
     def detect(cls) -> "Environment":
         return cls(cuda=cuda_available(), transformer_engine=transformer_engine_available(),
-                   apex=apex_available(), megatron_core=megatron_core_release())
+                   apex=apex_available(), megatron_core=megatron_core_release(), probe_capability=True)
+
+    def gpu_capability(self) -> Optional[Tuple[int, int]]:
+        if self.cuda_capability is None and self.probe_capability and self.cuda:
+            return cuda_capability()
+        return self.cuda_capability
 
     @classmethod
     def everything(cls) -> "Environment":
@@ -42,6 +51,13 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def cuda_capability() -> Optional[Tuple[int, int]]:
+    """(major, minor) of this process's current GPU; None without CUDA."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
 
 
 def _has_module(name: str) -> bool:

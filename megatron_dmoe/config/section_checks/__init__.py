@@ -9,5 +9,6 @@ moe.py        moe.*: the MoE layer's rules (config/moe_rules.py) on the values t
 upcycle.py    checkpoint.upcycle_from with moe.upcycle_granularity
 parallel.py   parallel.*: the legal layouts (parallel/layout_rules.py) and the world size
 training.py   training.*: schedule, precision, device, CUDA graphs and the MoE options they govern
+fp8.py        training.fp8: the machine it needs (a Hopper GPU or newer) and what it runs with
 data.py       data.*: tokenizer type and its files, data paths, split
 """

@@ -23,6 +23,7 @@ CHOICES = {
     "training.lr_decay_style": ("cosine", "linear", "constant"),
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
+    "training.fp8": (None, "blockwise"),
     "training.cuda_graphs": ("auto", True, False),
     "logging.progress_bar": ("auto", "on", "off"),
     "data.tokenizer_type": (None, *TOKENIZER_TYPES),

@@ -1,0 +1,68 @@
+"""linear: y = x W^T (+ bias) with its three products in block-scaled fp8, as DeepSeek-V3 trains.
+
+  forward        x's rows (1 x 128 along K)       @ W^T (128 x 128 blocks)
+  input grad     dy's rows (1 x 128 along N)      @ W   (the same blocks: W^T's are W's)
+  weight grad    dy^T's rows (1 x 128 along tokens) @ x  (x^T's rows, 1 x 128 along tokens)
+each accumulated in fp32 and promoted every 128 of K (reference.matmul). The weight itself is only
+read: the master copy and its optimizer state are as in bf16 training; y and dx come out in x's
+dtype, dW in W's.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+IMPLS = ("auto", "torch", "triton")
+
+
+def _ops(impl: str, device: torch.device):
+    if impl not in IMPLS:
+        raise ValueError(f"fp8 linear: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "triton" or (impl == "auto" and device.type == "cuda"):
+        from . import ops
+        return ops
+    from . import reference
+    return reference
+
+
+class _Fp8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, impl):
+        ops = _ops(impl, x.device)
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, xs = ops.quantize_rows(x2)
+        wq, ws = ops.quantize_blocks(weight)
+        y = ops.matmul(xq, xs, wq.t(), ws.t(), out_dtype=x.dtype)
+        # x as a bf16 linear keeps it (the weight gradient quantizes it along the tokens); the
+        # weight's fp8 copy, so that the backward does not quantize it again
+        ctx.save_for_backward(x, wq, ws)
+        ctx.impl, ctx.weight_dtype = impl, weight.dtype
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, wq, ws = ctx.saved_tensors
+        ops = _ops(ctx.impl, x.device)
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            gq, gs = ops.quantize_rows(dy2)
+            dx = ops.matmul(gq, gs, wq, ws, out_dtype=x.dtype).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            gtq, gts = ops.quantize_rows(dy2.t())
+            xtq, xts = ops.quantize_rows(x.reshape(-1, x.shape[-1]).t())
+            dw = ops.matmul(gtq, gts, xtq.t(), xts.t(), out_dtype=ctx.weight_dtype)
+        return dx, dw, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           impl: str = "auto") -> torch.Tensor:
+    """torch.nn.functional.linear in block-scaled fp8. x [..., K], weight [N, K]. impl: torch (the
+    reference, any device), triton (the kernels: CUDA, or CPU under TRITON_INTERPRET=1), auto
+    (triton on CUDA tensors, else torch)."""
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"fp8 linear: expects x [..., K] and weight [N, K], got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    y = _Fp8Linear.apply(x, weight, impl)
+    return y if bias is None else y + bias
