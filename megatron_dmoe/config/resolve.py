@@ -44,6 +44,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
     config.yaml lists them) are derived again from their sources' current values, so a resumed run
     whose training.train_iters changed decays its learning rate over the new length.
     model.vocab_size stays None when unset: the tokenizer decides it when the data is built.
+    A virtual pipeline size of 1 becomes None (no interleaving).
     Resolving a resolved config changes nothing.
     """
     out = copy.deepcopy(cfg)
@@ -67,4 +68,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
             moe.router_score_function, moe.top_k, moe.router_pre_softmax)
     if training.lr_decay_iters is None:
         training.lr_decay_iters = training.train_iters
+    if out.parallel.virtual_pipeline_model_parallel_size == 1:
+        # one model chunk per pipeline rank is no interleaving, as in Megatron-LM; megatron-core's
+        # interleaved schedule given a single chunk stops in its first step
+        out.parallel.virtual_pipeline_model_parallel_size = None
     return out

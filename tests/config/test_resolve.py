@@ -3,7 +3,7 @@ import copy
 
 import pytest
 
-from megatron_dmoe.config import RunConfig, resolve
+from megatron_dmoe.config import RunConfig, load_config, resolve
 
 
 def test_derived_defaults():
@@ -61,3 +61,12 @@ def test_router_renormalize_default(score, top_k, pre_softmax, expected):
 def test_resolve_is_idempotent(tiny_config):
     once = resolve(tiny_config)
     assert resolve(once) == once
+
+
+def test_a_virtual_pipeline_size_of_one_is_no_interleaving():
+    cfg = resolve(load_config(None, ["parallel.pipeline_model_parallel_size=2",
+                                     "parallel.virtual_pipeline_model_parallel_size=1"]))
+    assert cfg.parallel.virtual_pipeline_model_parallel_size is None
+    two = resolve(load_config(None, ["parallel.pipeline_model_parallel_size=2",
+                                     "parallel.virtual_pipeline_model_parallel_size=2"]))
+    assert two.parallel.virtual_pipeline_model_parallel_size == 2

@@ -51,11 +51,7 @@ STEPS = 2  # the second step's loss shows the first update
 # Accepted layouts that do not train: (key, value) -> (what their processes raise, why). They are
 # left out of the training runs, and test_layouts trains one of each in a test of its own that
 # expects the failure: the entry goes once its layouts train or validation refuses them.
-KNOWN_FAILURES = {
-    (VPP_KEY, 1): ("NameError", "megatron-core's interleaved schedule with one model chunk per pipeline rank "
-                                "stops in its first step (NameError: output_tensor); Megatron-LM sets a virtual "
-                                "pipeline size it computes as 1 to None"),
-}
+KNOWN_FAILURES = {}  # a virtual pipeline size of 1 was one until config.resolve made it None
 # At 8 processes, PP 2 x TP 2 (with SP) x DP 2 with the distributed optimizer, experts over EP 2,
 # saves its last step, whose parameters are compared with one process's. Its model has MoE layers on
 # both stages, so both stages' expert optimizer state is compared (a stage without experts saves
