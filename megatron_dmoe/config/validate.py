@@ -21,7 +21,7 @@ from .section_checks.state import CheckState
 
 # The cross-key checks, in the order their problems are reported (after each key's own checks).
 SECTION_CHECKS = (model.check, moe.check, upcycle.check, parallel.check_layout, parallel.check_world_size,
-                  training.check, data.check)
+                  parallel.check_overlap, training.check, data.check)
 
 
 def validate(cfg: RunConfig, world_size: Optional[int] = None, *,

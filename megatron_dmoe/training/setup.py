@@ -10,6 +10,7 @@ on rank 0 and writes the resolved config into the run directory.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -22,6 +23,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megatron_dmoe.config import RunConfig
+from megatron_dmoe.config.overlap_rules import resolve_overlap
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
 from megatron_dmoe.data.cache_sharing import index_cache_writer
 from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
@@ -71,7 +73,9 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     # training.cuda_graphs: auto becomes true or false here, once; config.yaml records which
     graphs_auto = cfg.training.cuda_graphs == "auto"
     cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size)
-    notices = [*notices, *graph_notes]
+    # parallel.overlap_*: auto becomes true or false once the graphs are decided
+    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size)
+    notices = [*notices, *graph_notes, *overlap_notes]
     tr = cfg.training
 
     def say(text: str) -> None:
@@ -109,7 +113,9 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     finally:
         set_layer_init_seed(None)
     say(f"model: {describe_model(model, cfg, env.device)}")
-    model = wrap_for_training(model, tr.use_distributed_optimizer)
+    par = cfg.parallel
+    model = wrap_for_training(model, tr.use_distributed_optimizer, overlap_grad_reduce=par.overlap_grad_reduce,
+                              overlap_param_gather=par.overlap_param_gather, bucket_size=par.ddp_bucket_size)
     optimizer = build_optimizer(cfg, model, env.on_cuda)
     scheduler = build_scheduler(cfg, optimizer)
 
@@ -200,31 +206,64 @@ def run_loader(cfg: RunConfig, dataset, consumed_samples: int = 0, num_workers: 
 # --- the model wrapped for training
 
 
-def _wrap_chunk(model, use_distributed_optimizer: bool, first: bool) -> DistributedDataParallel:
+def _wrap_chunk(model, use_distributed_optimizer: bool, first: bool, overlap_grad_reduce: bool,
+                overlap_param_gather: bool, bucket_size: Optional[int]) -> DistributedDataParallel:
     if model.config.bf16 or model.config.fp16:
         # Megatron-LM's wrapper: 16-bit parameters, fp32 inputs cast on the way in, logits back to fp32.
         model = Float16Module(model.config, model)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather,
         use_distributed_optimizer=use_distributed_optimizer,
+        bucket_size=bucket_size,
     )
     # as Megatron-LM's get_model: only the first chunk's buffers are split into buckets
     ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model,
                                   disable_bucketing=not first)
-    # Gradients are reduced from the whole buffer after backward (no overlap), so no parameter needs
-    # its backward hook to fire: kernels may add weight gradients into main_grad outside autograd
-    # (the sparse experts do; see moe/experts/sparse.py).
+    # Reduced from the whole buffer after backward (no overlap), no parameter needs its backward hook
+    # to fire: kernels may then add weight gradients into main_grad outside autograd (the sparse
+    # experts do; see moe/experts/sparse.py). In overlap each hook marks its bucket ready.
     for param in ddp.module.parameters():
         set_main_grad_only(param, not ddp_config.overlap_grad_reduce)
     return ddp
 
 
-def wrap_for_training(model, use_distributed_optimizer: bool = False):
-    """`model`: one module (returns its wrapper) or a list of chunks (returns a list of wrappers)."""
-    if isinstance(model, list):
-        return [_wrap_chunk(chunk, use_distributed_optimizer, first=i == 0) for i, chunk in enumerate(model)]
-    return _wrap_chunk(model, use_distributed_optimizer, first=True)
+def wrap_for_training(model, use_distributed_optimizer: bool = False, *, overlap_grad_reduce: bool = False,
+                      overlap_param_gather: bool = False, bucket_size: Optional[int] = None):
+    """`model`: one module (returns its wrapper) or a list of chunks (returns a list of wrappers).
+
+    With `overlap_grad_reduce` each bucket of `bucket_size` elements is reduced as soon as its
+    gradients are complete in the step's last micro-batch, and with `overlap_param_gather` (the
+    distributed optimizer) each bucket's parameters are gathered in the next forward, as
+    Megatron-LM's --overlap-grad-reduce and --overlap-param-gather: the model config gets the
+    schedules' hooks (no_sync for the earlier micro-batches, a bucket reduction per chunk).
+    """
+    chunks = model if isinstance(model, list) else [model]
+    wrapped = [_wrap_chunk(chunk, use_distributed_optimizer, i == 0, overlap_grad_reduce, overlap_param_gather,
+                           bucket_size) for i, chunk in enumerate(chunks)]
+    if overlap_grad_reduce:
+        config = get_model_config(wrapped[0])
+        # as Megatron-LM's training.py (align_grad_reduce, its default)
+        config.no_sync_func = [c.no_sync for c in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+        config.grad_sync_func = ([c.start_grad_sync for c in wrapped] if len(wrapped) > 1
+                                 else wrapped[0].start_grad_sync)
+    return wrapped if isinstance(model, list) else wrapped[0]
+
+
+@contextlib.contextmanager
+def parameters_gathered(chunks):
+    """The parameters whole on every rank while the block runs (evaluation, a checkpoint save): with
+    overlap_param_gather the optimizer leaves their all-gather to the next forward's hooks, so, as
+    Megatron-LM does, the hooks come off (gathering at once) and go back on after."""
+    hooked = [chunk for chunk in chunks if getattr(chunk, "use_forward_hook", False)]
+    for chunk in hooked:
+        chunk.disable_forward_pre_hook()
+    try:
+        yield
+    finally:
+        for chunk in hooked:
+            chunk.enable_forward_pre_hook()
 
 
 def release_after_training(chunks) -> None:
@@ -232,10 +271,11 @@ def release_after_training(chunks) -> None:
     collector cannot see, so a finished run's model, optimizer and process groups (three gloo
     threads each) are freed: megatron's wrapper keeps each parameter's gradient accumulator, whose
     backward hook holds the wrapper; and the model config's loss-scale hook (set by train_step)
-    holds the optimizer, whose distributed shards are views with autograd history."""
+    holds the optimizer (its overlap hooks, the wrappers), whose distributed shards are views with autograd history."""
     for chunk in chunks:
         chunk.grad_accs.clear()
-        get_model_config(chunk).grad_scale_func = None
+        config = get_model_config(chunk)
+        config.grad_scale_func = config.no_sync_func = config.grad_sync_func = None
 
 
 # --- the first lines of a run: on what device, what data, how big a model

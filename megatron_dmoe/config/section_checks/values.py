@@ -23,6 +23,8 @@ CHOICES = {
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
     "training.cuda_graphs": ("auto", True, False),
+    "parallel.overlap_grad_reduce": ("auto", True, False),
+    "parallel.overlap_param_gather": ("auto", True, False),
     "logging.progress_bar": ("auto", "on", "off"),
     "data.tokenizer_type": (None, *TOKENIZER_TYPES),
 }
@@ -50,6 +52,7 @@ RANGES = {
     "parallel.expert_model_parallel_size": (1, None, True, None),
     "parallel.expert_tensor_parallel_size": (1, None, True, None),
     "parallel.context_parallel_size": (1, None, True, None),
+    "parallel.ddp_bucket_size": (1, None, True, None),
     "training.train_iters": (1, None, True, None),
     "training.micro_batch_size": (1, None, True, None),
     "training.global_batch_size": (1, None, True, None),
