@@ -46,6 +46,8 @@ setup(
         "tiktoken": ["tiktoken>=0.7"],
         # dmoe-export --format hf writes safetensors; training never needs it
         "hf": ["safetensors>=0.4"],
+        # logging.wandb_project (--wandb-project): Weights & Biases logging
+        "wandb": ["wandb>=0.17"],
         "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=5.0", "safetensors>=0.4", "ruff>=0.17,<0.18"],
     },
     entry_points={

@@ -16,12 +16,12 @@ from .environment import Environment
 from .errors import ConfigError, ConfigWarning, Problem
 from .resolve import resolve
 from .schema import RunConfig
-from .section_checks import data, model, moe, parallel, training, upcycle, values
+from .section_checks import data, logs, model, moe, parallel, training, upcycle, values
 from .section_checks.state import CheckState
 
 # The cross-key checks, in the order their problems are reported (after each key's own checks).
 SECTION_CHECKS = (model.check, moe.check, upcycle.check, parallel.check_layout, parallel.check_world_size,
-                  parallel.check_overlap, training.check, data.check)
+                  parallel.check_overlap, training.check, data.check, logs.check)
 
 
 def validate(cfg: RunConfig, world_size: Optional[int] = None, *,

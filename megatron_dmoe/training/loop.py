@@ -26,6 +26,7 @@ from megatron_dmoe.training.run_dir import RunDirError
 from megatron_dmoe.training.setup import Run, parameters_gathered, release_after_training, run_loader, set_up_run
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
 from megatron_dmoe.training.stops import WRITE_FAILED, PreemptionWatcher, resume_command, time_limit_reached
+from megatron_dmoe.training.wandb_log import wandb_settings
 from megatron_dmoe.training.write_errors import free_space, write_failure
 
 
@@ -130,6 +131,8 @@ def _start_loop(run: Run) -> _Loop:
         progress_bar=cfg.logging.progress_bar,
         total_steps=tr.train_iters,
         start_step=progress.iteration,
+        tensorboard_dir=cfg.logging.tensorboard_dir,
+        wandb=wandb_settings(cfg, run.run_dir),
     )
     if progress.iteration:
         logger.message(f"resumed from {checkpoint_dir(run.ckpt_root, progress.iteration)}")

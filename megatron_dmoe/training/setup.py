@@ -33,6 +33,7 @@ from megatron_dmoe.moe import MoERunState
 from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
+from megatron_dmoe.training.load_source import load_start
 from megatron_dmoe.training.memory_estimate import MemoryCheckError, check_memory, known_vocab_size
 from megatron_dmoe.training.metrics_log import METRICS_FILE
 from megatron_dmoe.training.optim import build_optimizer, build_scheduler
@@ -120,11 +121,15 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     scheduler = build_scheduler(cfg, optimizer)
 
     progress = Progress(world_size=env.world_size)
+    ck = cfg.checkpoint
     if resume and latest is not None:
-        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), model, optimizer, scheduler)
+        # checkpoint.load_optim / load_rng (--no-load-optim, --no-load-rng) hold on a resume too;
+        # the schedule follows the step either way
+        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), model,
+                                   optimizer if ck.load_optim else None, scheduler, rng=ck.load_rng)
         progress.world_size = env.world_size
-    elif cfg.checkpoint.load:
-        load_checkpoint(Path(cfg.checkpoint.load), model)
+    elif ck.load:
+        progress = load_start(cfg, model, optimizer, scheduler, env.world_size)
     elif cfg.checkpoint.upcycle_from:
         from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
 
