@@ -8,6 +8,7 @@ refused with what to use instead) are listed in config/megatron_flags.py.
 from __future__ import annotations
 
 import json
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .megatron_flags import NO_OPS, REFUSED, REFUSED_SWITCHES, REFUSED_VALUES, VALUE_MAPS, refusal
@@ -50,6 +51,9 @@ MEGATRON_KEYS: Dict[str, str] = {
     # megatron-core's TransformerConfig field, where its name differs from the flag (num_moe_experts)
     **{s.megatron: s.key for s in _MOE_FLAGS if s.megatron},
 }
+# the Megatron-LM flags (names without dashes) that set a key; MEGATRON_KEYS also holds megatron-core's
+# TransformerConfig names of the MoE settings (num_moe_experts), which are no flags
+FLAG_NAMES = {name for names in _SAME_NAME.values() for name in names} | {flag_name(s.flag) for s in _MOE_FLAGS}
 # flags that take no value (store_true in Megatron-LM): `--bf16` is training.bf16=true
 SWITCHES = {"untie_embeddings_and_output_weights", "use_cpu_initialization", "cross_entropy_loss_fusion",
             "qk_layernorm",
@@ -160,10 +164,17 @@ def flags_to_overrides(argv: List[str], own_flags: Sequence[str]) -> Tuple[List[
             elif VALUE_MAPS[name][values[0]] is not None:
                 key, value = VALUE_MAPS[name][values[0]]
                 (last if values[0] == "none" else overrides).append(f"{key}={value}")
+        elif name == "moe_layer_freq" and _DENSE_FIRST.fullmatch(values[0].replace(" ", "")):
+            # DeepSeek's pattern "([0]*N+[1]*M)": N dense layers, then MoE in every layer
+            dense = _DENSE_FIRST.fullmatch(values[0].replace(" ", "")).group(1)
+            overrides += [f"moe.first_dense_layers={dense}", "moe.layer_freq=1"]
         else:
             value = json.dumps(values) if name in LISTS else values[0]
             overrides.append(f"{MEGATRON_KEYS[name]}={value}")
     return rest, overrides + last, problems, ignored
+
+
+_DENSE_FIRST = re.compile(r"\(?\[0\]\*(\d+)\+\[1\]\*\d+\)?")
 
 
 def _flag_value(argv: List[str], flag: str, default: Optional[str] = None) -> Optional[str]:
