@@ -279,7 +279,13 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.data import DataError
     from megatron_dmoe.training.checkpoint import CheckpointError
     from megatron_dmoe.training.memory_estimate import MemoryCheckError
-    from megatron_dmoe.training.run_dir import CONFIG_FILE, RunDirError, resume_notes, unwritable_run_dir
+    from megatron_dmoe.training.run_dir import (
+        CONFIG_FILE,
+        RunDirError,
+        has_checkpoints,
+        resume_notes,
+        unwritable_run_dir,
+    )
 
     ns, config_name, overrides = parse_train_args(argv)
     if config_name is None and ns.resume and (ns.run_dir / CONFIG_FILE).exists():
@@ -298,6 +304,13 @@ def train_main(argv: Optional[List[str]] = None) -> int:
         return _fail_once(f"cannot read the config.yaml of {ns.run_dir} to compare it: {err}")
     except CheckpointError as err:
         return _fail_once(str(err))
+    if not problem and cfg.checkpoint.load and not (ns.resume and has_checkpoints(ns.run_dir)):
+        from megatron_dmoe.training.load_source import named_checkpoint
+
+        try:  # a --load naming no checkpoint is told before anything is built
+            named_checkpoint(cfg.checkpoint.load, "checkpoint.load")
+        except CheckpointError as err:
+            problem = str(err)
     if problem:
         return _fail_once(problem)
     if ns.resume:

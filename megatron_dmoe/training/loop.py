@@ -134,7 +134,9 @@ def _start_loop(run: Run) -> _Loop:
         tensorboard_dir=cfg.logging.tensorboard_dir,
         wandb=wandb_settings(cfg, run.run_dir),
     )
-    if progress.iteration:
+    if run.started_from is not None:
+        logger.message(f"started from {run.started_from} at step {progress.iteration}")
+    elif progress.iteration:
         logger.message(f"resumed from {checkpoint_dir(run.ckpt_root, progress.iteration)}")
     first_step = progress.iteration + 1
     every = cfg.logging.log_interval

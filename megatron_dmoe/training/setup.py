@@ -58,6 +58,7 @@ class Run:
     optimizer: Any
     scheduler: Any
     progress: Progress  # where the run stands: step 0, or the loaded checkpoint's
+    started_from: Optional[Path] = None  # checkpoint.load's checkpoint (--load), when the run started from one
     # training.cuda_graphs: auto resolved to capture: graphs whose memory pool would not fit are not kept
     graphs_must_fit: bool = False
 
@@ -121,6 +122,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     scheduler = build_scheduler(cfg, optimizer)
 
     progress = Progress(world_size=env.world_size)
+    started_from = None  # checkpoint.load's checkpoint, when this run started from one
     ck = cfg.checkpoint
     if resume and latest is not None:
         # checkpoint.load_optim / load_rng (--no-load-optim, --no-load-rng) hold on a resume too;
@@ -129,7 +131,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
                                    optimizer if ck.load_optim else None, scheduler, rng=ck.load_rng)
         progress.world_size = env.world_size
     elif ck.load:
-        progress = load_start(cfg, model, optimizer, scheduler, env.world_size)
+        progress, started_from = load_start(cfg, model, optimizer, scheduler, env.world_size)
     elif cfg.checkpoint.upcycle_from:
         from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
 
@@ -140,7 +142,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     dist.barrier()
     return Run(cfg=cfg, env=env, run_dir=run_dir, ckpt_root=ckpt_root, data=data, run_state=run_state,
                model=model, optimizer=optimizer, scheduler=scheduler, progress=progress,
-               graphs_must_fit=graphs_auto and cfg.training.cuda_graphs is True)
+               started_from=started_from, graphs_must_fit=graphs_auto and cfg.training.cuda_graphs is True)
 
 
 def memory_line(cfg: RunConfig, env: DistEnv, vocab_size: int) -> Optional[str]:
