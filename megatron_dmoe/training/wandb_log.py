@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from megatron_dmoe.config import RunConfig
-
-WANDB_DIR = "wandb"  # RUN_DIR/wandb unless logging.wandb_save_dir
+from megatron_dmoe.training.run_dir import WANDB_DIR
 
 
 @dataclass
