@@ -271,6 +271,7 @@ def plan_runs(args, device_type: str, world_size: int) -> list:
     refusal being the configuration check's message for a combination it refuses, else None. A
     config that cannot be read at all (no such file, a malformed override) stops here."""
     from megatron_dmoe.config import ConfigError, validate
+    from megatron_dmoe.config.overlap_rules import resolve_overlap
     from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 
     plan = []
@@ -286,8 +287,10 @@ def plan_runs(args, device_type: str, world_size: int) -> list:
             refusal = " ".join(str(err).split())
         if refusal is None:  # training.cuda_graphs: auto becomes true or false, as in dmoe-train
             cfg, notes = resolve_cuda_graphs(cfg, device_type == "cuda", world_size, world_size)
-            if notes and not args.in_process:
-                print(f"bench_train: {name}: {notes[0]}", flush=True)
+            # parallel.overlap_*: auto too, once the graphs are decided
+            cfg, overlap_notes = resolve_overlap(cfg, device_type == "cuda", world_size)
+            for note in ([*notes, *overlap_notes] if not args.in_process else []):
+                print(f"bench_train: {name}: {note}", flush=True)
         graphs = cfg.training.cuda_graphs is True
         plan.append((name, graphs, cfg, refusal))
     return plan
@@ -366,8 +369,8 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     run_state.wgrad.use_window(cfg.moe.expert_wgrad_window)
     run_state.metrics.megatron_tracker = False  # as dmoe-train: its loop logs MoE metrics itself
     vocab = vocab_size(args, cfg)
-    model = wrap_for_training(build_gpt_model(cfg, vocab_size=vocab, on_cuda=env.on_cuda,
-                                              run_state=run_state))
+    model = wrap_for_training(build_gpt_model(cfg, vocab_size=vocab, on_cuda=env.on_cuda, run_state=run_state),
+                              overlap_grad_reduce=par.overlap_grad_reduce is True, bucket_size=par.ddp_bucket_size)
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
     gbs = cfg.training.global_batch_size
     micro_batches = gbs // (cfg.training.micro_batch_size * env.world_size)
