@@ -81,6 +81,17 @@ def resolve_overlap(cfg, cuda: bool, world_size: int) -> Tuple[Any, List[str]]:
     return out, notes
 
 
+def with_overlap_as_asked(cfg, asked):
+    """`cfg` with both overlap keys as `asked` says them (auto stays auto)."""
+    if (cfg.parallel.overlap_grad_reduce, cfg.parallel.overlap_param_gather) == (
+            asked.parallel.overlap_grad_reduce, asked.parallel.overlap_param_gather):
+        return cfg
+    out = copy.deepcopy(cfg)
+    out.parallel.overlap_grad_reduce = asked.parallel.overlap_grad_reduce
+    out.parallel.overlap_param_gather = asked.parallel.overlap_param_gather
+    return out
+
+
 def _value(cfg, dotted: str) -> Any:
     section, key = dotted.split(".")
     return getattr(getattr(cfg, section), key)

@@ -23,7 +23,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megatron_dmoe.config import RunConfig
-from megatron_dmoe.config.overlap_rules import resolve_overlap
+from megatron_dmoe.config.overlap_rules import resolve_overlap, with_overlap_as_asked
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
 from megatron_dmoe.data.cache_sharing import index_cache_writer
 from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
@@ -75,7 +75,9 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     # training.cuda_graphs: auto becomes true or false here, once; config.yaml records which
     graphs_auto = cfg.training.cuda_graphs == "auto"
     cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size)
-    # parallel.overlap_*: auto becomes true or false once the graphs are decided
+    # parallel.overlap_*: auto becomes true or false once the graphs are decided; config.yaml keeps
+    # what was asked, so that a resumed run decides again for its own layout and devices
+    asked = cfg
     cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size)
     notices = [*notices, *graph_notes, *overlap_notes]
     tr = cfg.training
@@ -138,7 +140,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
         upcycle_dense_checkpoint(cfg, model, optimizer)
     dist.barrier()  # every rank has loaded before the run directory changes
     if env.is_main:
-        write_run_config(cfg, run_dir, overwrite, software_versions())
+        write_run_config(with_overlap_as_asked(cfg, asked), run_dir, overwrite, software_versions())
     dist.barrier()
     return Run(cfg=cfg, env=env, run_dir=run_dir, ckpt_root=ckpt_root, data=data, run_state=run_state,
                model=model, optimizer=optimizer, scheduler=scheduler, progress=progress,
