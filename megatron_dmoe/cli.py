@@ -19,6 +19,11 @@ every problem is reported with its key. On GPUs the estimated peak memory per GP
 start, and a run estimated not to fit is refused before its model is built
 (`training.memory_check=false` runs it anyway).
 
+Megatron-LM's pretrain_gpt.py flags are taken too (the README's "Megatron-LM flags" lists them):
+one with a key sets it (`--micro-batch-size 4` is training.micro_batch_size=4), those that select a
+fusion or an implementation replaced here are ignored with one note, and the rest are refused, one
+line each, naming what to use.
+
 Also runs as `python -m megatron_dmoe` and under torchrun
 (`torchrun --nproc_per_node 2 -m megatron_dmoe CONFIG ...`).
 """
