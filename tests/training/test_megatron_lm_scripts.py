@@ -1,13 +1,14 @@
 """Megatron-LM's Mixtral example script, its flags unchanged but for the sizes and the data flags
 (tests/megatron_lm_scripts.py), trains 3 steps on a CPU in one process (EP 1) and under torchrun in
 two (EP 2), writing its checkpoint to --save and its TensorBoard events to --tensorboard-dir; the
-same command launched again continues from that checkpoint (--load names the same directory)."""
+same command launched again continues from that checkpoint (--load names the same directory). The
+MoE guide's arguments, on the Mixtral script's model flags, train too."""
 import json
 import os
 import subprocess
 import sys
 
-from megatron_lm_scripts import mixtral
+from megatron_lm_scripts import MIXTRAL_MODEL, MIXTRAL_TRAINING, MOE_GUIDE, mixtral
 
 
 def _records(run_dir):
@@ -50,3 +51,17 @@ def test_mixtral_script_trains_under_torchrun_at_ep2(tmp_path, corpus_cache):
     _check_run(ckpt, [1, 2, 3])
     assert "parallel:\n" in (ckpt / "config.yaml").read_text()
     assert "expert_model_parallel_size: 2" in (ckpt / "config.yaml").read_text()
+
+
+def test_moe_guide_arguments_train_on_cpu(cli_run, tmp_path, corpus_cache):
+    """The MoE guide's arguments with DeepSeek-style routing (sigmoid scores, expert bias, groups,
+    a shared expert, a dense first layer, the sequence-wise loss) on the Mixtral script's model."""
+    ckpt = tmp_path / "guide"
+    done = cli_run(None, *MIXTRAL_MODEL, *MOE_GUIDE, *MIXTRAL_TRAINING, "--save", str(ckpt), "--log-interval", "1",
+                   f"data.cache_dir={corpus_cache}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = _records(ckpt)
+    assert sorted(records) == [1, 2, 3]
+    assert all(len(r["expert_load"]) == 1 for r in records.values())  # layer 1 dense, layer 2 MoE
+    saved = (ckpt / "config.yaml").read_text()
+    assert "aux_loss_type: sequence" in saved and "router_num_groups: 4" in saved
