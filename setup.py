@@ -46,7 +46,11 @@ setup(
         "tiktoken": ["tiktoken>=0.7"],
         # dmoe-export --format hf writes safetensors; training never needs it
         "hf": ["safetensors>=0.4"],
-        "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=5.0", "safetensors>=0.4", "ruff>=0.17,<0.18"],
+        # logging.wandb_project (--wandb-project): Weights & Biases logging
+        "wandb": ["wandb>=0.17"],
+        # wandb: the W&B test writes an offline run and reads its scalars back
+        "test": ["pytest>=8", "pytest-timeout>=2.2", "transformers>=5.0", "safetensors>=0.4", "ruff>=0.17,<0.18",
+                 "wandb>=0.17"],
     },
     entry_points={
         "console_scripts": [

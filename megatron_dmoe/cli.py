@@ -22,8 +22,15 @@ either anyway).
 
 With --nproc-per-node N it starts N training processes through torchrun's launcher
 (`dmoe-train --nproc-per-node 2 CONFIG ...`), after checking the configuration once; a process that
-fails is one line with its exit code. Also runs as `python -m megatron_dmoe`, and as each worker of
-a plain torchrun (`torchrun --nproc_per_node 2 -m megatron_dmoe CONFIG ...`).
+fails is one line with its exit code.
+
+Megatron-LM's pretrain_gpt.py flags are taken too (the README's "Megatron-LM flags" lists them):
+one with a key sets it (`--micro-batch-size 4` is training.micro_batch_size=4), those that select a
+fusion or an implementation replaced here are ignored with one note, and the rest are refused, one
+line each, naming what to use.
+
+Also runs as `python -m megatron_dmoe`, and as each worker of a plain torchrun
+(`torchrun --nproc_per_node 2 -m megatron_dmoe CONFIG ...`).
 """
 
 
@@ -53,6 +60,15 @@ def _train_parser() -> argparse.ArgumentParser:
         "CONFIG the run directory's own config.yaml is used; a config that differs in a key the "
         "checkpoint depends on is refused before anything is written; with no checkpoint yet, a "
         "new run starts at step 0 (and says so)",
+    )
+    parser.add_argument(
+        "--save",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="Megatron-LM's checkpoint directory: here the run directory (the same as --run-dir DIR; "
+        "its checkpoints go into DIR/checkpoints). With --load DIR naming the same directory the run "
+        "continues from its newest checkpoint there, as --resume (a new run when it has none)",
     )
     parser.add_argument(
         "--overwrite",
@@ -86,11 +102,12 @@ def _split_args(args: List[str]):
 
 def _megatron_flags(parser: argparse.ArgumentParser, argv: List[str]):
     """Megatron-LM's flags that have a config key, as overrides (`--micro-batch-size 4` is
-    training.micro_batch_size=4; each is reported once); an unknown flag is an error naming what to type."""
+    training.micro_batch_size=4; each is reported once), the flags with no effect here in one note; a
+    refused or unknown flag is an error line of its own naming what to type."""
     from megatron_dmoe.config.megatron_names import flags_to_overrides
 
     own = [flag for action in parser._actions for flag in action.option_strings]
-    rest, overrides, problems = flags_to_overrides(argv, own)
+    rest, overrides, problems, ignored = flags_to_overrides(argv, own)
     if problems:  # one line each, after the usage, as argparse tells one
         parser.print_usage(sys.stderr)
         for problem in problems:
@@ -98,6 +115,10 @@ def _megatron_flags(parser: argparse.ArgumentParser, argv: List[str]):
         sys.exit(2)
     for override in overrides:
         print(f"{parser.prog}: note: Megatron-LM flag read as {override}", file=sys.stderr)
+    if ignored:
+        print(f"{parser.prog}: note: Megatron-LM flags with no effect here (they select fusions or "
+              f"implementations this package replaces; README: Megatron-LM flags): {' '.join(ignored)}",
+              file=sys.stderr)
     return rest, overrides
 
 
@@ -189,6 +210,28 @@ def _saved_layout_hint(ns, config_name, overrides, cfg, err, world_size: int) ->
                                 overrides, world_size)
 
 
+def _load_of_this_run(parser: argparse.ArgumentParser, ns, overrides: List[str]) -> List[str]:
+    """Megatron-LM's `--save DIR --load DIR`: a --load (checkpoint.load) naming the run directory
+    itself, or its checkpoints/ folder, continues the run there (--resume); the overrides without it."""
+    from megatron_dmoe.training.run_dir import CHECKPOINTS
+
+    loads = [o for o in overrides if o.startswith("checkpoint.load=")]
+    if not loads or ns.run_dir is None:
+        return overrides
+    target = Path(os.path.expanduser(loads[-1].partition("=")[2])).resolve()
+    if target not in (ns.run_dir.resolve(), (ns.run_dir / CHECKPOINTS).resolve()):
+        return overrides
+    if "checkpoint.finetune=true" in overrides:
+        parser.error(f"--finetune with --load {target} naming this run's own directory would start it over "
+                     "on its own checkpoints; fine-tune into a new --save/--run-dir with --load naming the "
+                     "run to start from")
+    if not ns.overwrite:
+        ns.resume = True
+        print(f"{parser.prog}: note: --load names the run directory: continuing the run there (--resume; a new "
+              "run when it holds no checkpoint)", file=sys.stderr)
+    return [o for o in overrides if not o.startswith("checkpoint.load=")]
+
+
 def parse_train_args(argv: Optional[List[str]]):
     """dmoe-train's command line -> (namespace, config name or None, overrides); exits on misuse."""
     parser = _train_parser()
@@ -197,6 +240,12 @@ def parse_train_args(argv: Optional[List[str]]):
     argv, megatron_overrides = _megatron_flags(parser, sys.argv[1:] if argv is None else list(argv))
     ns = parser.parse_intermixed_args(argv)
     config_name, overrides = _split_args(ns.args + megatron_overrides)
+    if ns.save is not None:
+        if ns.run_dir is not None and ns.run_dir.resolve() != ns.save.resolve():
+            parser.error(f"--save {ns.save} and --run-dir {ns.run_dir} name two directories: a run writes "
+                         "into one (its checkpoints into DIR/checkpoints); pass one of them")
+        ns.run_dir = ns.save
+    overrides = _load_of_this_run(parser, ns, overrides)
     if ns.resume and ns.run_dir is None:
         parser.error("--resume needs --run-dir, the directory of the run to continue")
     if ns.overwrite and ns.run_dir is None:
@@ -219,7 +268,12 @@ def _checked_run(ns, config_name: Optional[str], overrides: List[str], world_siz
     from megatron_dmoe.config.cpu_fallback import cpu_precision_fallback
     from megatron_dmoe.config.environment import cuda_available
     from megatron_dmoe.training.checkpoint import CheckpointError
-    from megatron_dmoe.training.run_dir import resume_notes, unstarted_run_note, unwritable_run_dir
+    from megatron_dmoe.training.run_dir import (
+        has_checkpoints,
+        resume_notes,
+        unstarted_run_note,
+        unwritable_run_dir,
+    )
 
     cfg = None
     try:
@@ -239,6 +293,13 @@ def _checked_run(ns, config_name: Optional[str], overrides: List[str], world_siz
         return _fail_once(f"cannot read the config.yaml of {ns.run_dir} to compare it: {err}")
     except CheckpointError as err:
         return _fail_once(str(err))
+    if not problem and cfg.checkpoint.load and not (ns.resume and has_checkpoints(ns.run_dir)):
+        from megatron_dmoe.training.load_source import named_checkpoint
+
+        try:  # a --load naming no checkpoint is told before anything is built
+            named_checkpoint(cfg.checkpoint.load, "checkpoint.load")
+        except CheckpointError as err:
+            problem = str(err)
     if problem:
         return _fail_once(problem)
     if ns.resume:

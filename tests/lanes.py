@@ -31,6 +31,8 @@ MCORE_FREE = {
     "config/test_load.py": "config validation",
     "config/test_megatron_names.py": "config validation (Megatron-LM's flag names, ours to keep)",
     "config/test_latent_attention.py": "config validation (multi-latent attention's keys and flags)",
+    "config/test_overlap_rules.py": "config validation",
+    "config/test_megatron_flags.py": "config validation (Megatron-LM's flags, ours to keep)",
     "config/test_resolve.py": "config validation",
     "config/test_shipped_configs.py": "config validation",
     "config/test_user_errors.py": "config validation",

@@ -286,8 +286,8 @@ def plan_runs(args, device_type: str, world_size: int) -> list:
             refusal = " ".join(str(err).split())
         if refusal is None:  # training.cuda_graphs: auto becomes true or false, as in dmoe-train
             cfg, notes = resolve_cuda_graphs(cfg, device_type == "cuda", world_size, world_size)
-            if notes and not args.in_process:
-                print(f"bench_train: {name}: {notes[0]}", flush=True)
+            for note in (notes if not args.in_process else []):
+                print(f"bench_train: {name}: {note}", flush=True)
         graphs = cfg.training.cuda_graphs is True
         plan.append((name, graphs, cfg, refusal))
     return plan
@@ -348,6 +348,7 @@ def _global_params(model) -> int:
 
 def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     """Train one model (an already checked config) on this process's ranks; every rank calls it."""
+    from megatron_dmoe.config.overlap_rules import resolve_overlap
     from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
     from megatron_dmoe.moe import MoERunState
     from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
@@ -364,12 +365,18 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     seed_everything(cfg.training.seed, env, cuda_graphs=cfg.training.cuda_graphs)
     vocab = vocab_size(args, cfg)
     # moe.expert_wgrad_window: auto decided as dmoe-train decides it, for this GPU's memory
-    cfg = resolve_window(cfg, env, vocab, lambda note: env.is_main and print(f"bench_train: {name}: {note}"))
+    tell = lambda note: env.is_main and print(f"bench_train: {name}: {note}", flush=True)  # noqa: E731
+    cfg = resolve_window(cfg, env, vocab, tell)
+    # parallel.overlap_*: auto too, once the graphs and the window are decided, as in dmoe-train
+    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size)
+    for note in overlap_notes:
+        tell(note)
+    par = cfg.parallel
     run_state = MoERunState()
     run_state.wgrad.use_window(cfg.moe.expert_wgrad_window)
     run_state.metrics.megatron_tracker = False  # as dmoe-train: its loop logs MoE metrics itself
-    model = wrap_for_training(build_gpt_model(cfg, vocab_size=vocab, on_cuda=env.on_cuda,
-                                              run_state=run_state))
+    model = wrap_for_training(build_gpt_model(cfg, vocab_size=vocab, on_cuda=env.on_cuda, run_state=run_state),
+                              overlap_grad_reduce=par.overlap_grad_reduce is True, bucket_size=par.ddp_bucket_size)
     optimizer = build_optimizer(cfg, [model], env.on_cuda)
     gbs = cfg.training.global_batch_size
     micro_batches = gbs // (cfg.training.micro_batch_size * env.world_size)

@@ -71,6 +71,10 @@ def transformer_engine_available() -> bool:
     return _has_module("transformer_engine")
 
 
+def wandb_available() -> bool:
+    return _has_module("wandb")
+
+
 def apex_available() -> bool:
     # The registry's package named `apex` is unrelated; NVIDIA's has apex.normalization, which
     # megatron-core's fused LayerNorm needs.

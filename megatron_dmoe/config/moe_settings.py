@@ -27,6 +27,8 @@ GROUP_SCORES = ("sum", "max")
 # how the router's softmax and top-k run: auto (the fused Triton kernels for fp32 CUDA logits where
 # the options allow them, else torch), fused (always; an error where they cannot), torch
 ROUTER_IMPLS = ("auto", "fused", "torch")
+# the precision the router computes in (megatron-core's moe_router_dtype; its None is the input's)
+ROUTER_DTYPES = ("fp32", "fp64")
 # megatron-core's moe_router_load_balancing_type -> aux_loss_type
 AUX_LOSS_TYPES_MEGATRON = {"aux_loss": "micro_batch", "seq_aux_loss": "sequence", "global_aux_loss": "global"}
 
@@ -113,6 +115,8 @@ MOE_SETTINGS: Tuple[MoESetting, ...] = (
                limits=_AT_LEAST_1, integer=True, default=None),
     MoESetting("moe.router_group_score", "router_group_score", choices=GROUP_SCORES, default="sum"),
     MoESetting("moe.router_impl", "router_impl", choices=ROUTER_IMPLS, default="auto"),
+    MoESetting("moe.router_dtype", "router_dtype", "moe_router_dtype", "--moe-router-dtype", choices=ROUTER_DTYPES,
+               default="fp32"),
     # random router logits (straight-through gradient): evenly loaded experts, for speed measurements
     MoESetting("moe.router_force_load_balancing", "force_load_balancing", "moe_router_force_load_balancing",
                "--moe-router-force-load-balancing", default=False),

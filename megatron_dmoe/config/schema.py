@@ -25,6 +25,7 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = 128
     position_embedding_type: str = "learned_absolute"  # learned_absolute | rope
     rotary_base: int = 10000
+    rotary_percent: float = 1.0  # the share of each head's dimensions RoPE rotates (the rest pass unrotated)
     normalization: str = "LayerNorm"  # LayerNorm | RMSNorm
     norm_epsilon: float = 1e-5  # the epsilon of every LayerNorm / RMSNorm
     # an RMSNorm (LayerNorm) of the queries and of the keys before RoPE: per head (Qwen3-MoE) or over
@@ -120,6 +121,9 @@ class MoEConfig:
     # router_pre_softmax, no groups, no expert bias, <= 256 experts), else torch's ops; fused = always
     # (an error where it cannot); torch = always torch's.
     router_impl: str = "auto"  # auto | fused | torch
+    # The precision of the router's logits, scores, top-k choice and weights (megatron-core's
+    # moe_router_dtype): fp64 for many experts; the experts' combine and the aux losses stay fp32.
+    router_dtype: str = "fp32"  # fp32 | fp64
     # Random router logits with a straight-through gradient (megatron-core's
     # moe_router_force_load_balancing): experts evenly loaded whatever the model has learnt. For
     # speed measurements only: the model does not learn to route.
@@ -143,6 +147,15 @@ class ParallelConfig:
     # Context parallelism is not supported; the key exists so that a Megatron-LM layout is refused
     # clearly instead of being ignored.
     context_parallel_size: int = 1
+    # Data-parallel gradient reduction in buckets during backward, as each bucket's gradients are
+    # complete (megatron-core's DDP overlap_grad_reduce), and with the distributed optimizer the
+    # parameters' all-gather during the next forward (overlap_param_gather). auto = on for CUDA runs
+    # whose gradients cross ranks where it is correct, else off (config/overlap_rules.py; a GPU
+    # run says why), decided at each start (the run's config.yaml keeps auto).
+    overlap_grad_reduce: Union[bool, str] = "auto"  # auto | true | false
+    overlap_param_gather: Union[bool, str] = "auto"  # auto | true | false
+    # elements per bucket when overlapping; None = megatron-core's max(40M, 1M x data-parallel size)
+    ddp_bucket_size: Optional[int] = None
 
 
 @dataclass
@@ -154,8 +167,12 @@ class TrainingConfig:
     lr: float = 1e-3
     min_lr: float = 1e-4
     lr_warmup_iters: int = 10
-    lr_decay_style: str = "cosine"  # cosine | linear | constant
+    lr_decay_style: str = "cosine"  # cosine | linear | constant | WSD
     lr_decay_iters: Optional[int] = None  # None = train_iters
+    # WSD (warmup, stable, decay): lr stays at training.lr until the last lr_wsd_decay_iters of
+    # lr_decay_iters, then falls to min_lr in this style (Megatron-LM's --lr-wsd-decay-*)
+    lr_wsd_decay_style: str = "exponential"  # exponential | linear | cosine | minus_sqrt
+    lr_wsd_decay_iters: Optional[int] = None  # needed with lr_decay_style: WSD
     weight_decay: float = 0.1
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
@@ -215,7 +232,13 @@ class DataConfig:
 class CheckpointConfig:
     save_interval: Optional[int] = None  # None = save only at the end; 0 = never save (benchmarks)
     keep_last: int = 2  # how many checkpoints to keep; 0 keeps all
-    load: Optional[str] = None  # initialise weights from this checkpoint directory
+    # Start from this checkpoint (a run directory, its checkpoints/ folder or one iter_N checkpoint),
+    # as Megatron-LM's --load: the weights, and unless switched off below the optimizer state with
+    # the learning-rate schedule, the RNG states and the step with the data position.
+    load: Optional[str] = None
+    load_optim: bool = True  # false: a fresh optimizer (Megatron-LM's --no-load-optim)
+    load_rng: bool = True  # false: the RNG states from training.seed (--no-load-rng)
+    finetune: bool = False  # true: the weights only, from step 0 (--finetune)
     # Start this MoE run from a dense run (its run directory, checkpoints/ folder or one iter_N
     # checkpoint): every expert a copy of the dense MLP (see moe.upcycle_granularity), the router
     # initialised as usual, all other weights copied. Not used when resuming this run.
@@ -226,6 +249,13 @@ class CheckpointConfig:
 class LoggingConfig:
     log_interval: int = 10
     tensorboard: bool = True
+    tensorboard_dir: Optional[str] = None  # where the TensorBoard events go; None = RUN_DIR/tensorboard
+    # Weights & Biases: the run's scalars, as in TensorBoard, into this project (needs the wandb
+    # package: pip install -e ".[wandb]"); None = no W&B logging
+    wandb_project: Optional[str] = None
+    wandb_exp_name: Optional[str] = None  # the W&B run's name; None = the run directory's name
+    wandb_save_dir: Optional[str] = None  # W&B's local files; None = RUN_DIR/wandb
+    wandb_mode: Optional[str] = None  # None | online | offline: None = wandb's own (WANDB_MODE, else online)
     progress_bar: str = "auto"  # auto | on | off
     plot: bool = True  # draw loss and expert-load plots into the run directory at the end
     peak_tflops: Optional[float] = None  # per-GPU peak for MFU (e.g. a measured bf16 matmul rate)

@@ -16,12 +16,13 @@ from .environment import Environment
 from .errors import ConfigError, ConfigWarning, Problem
 from .resolve import resolve
 from .schema import RunConfig
-from .section_checks import data, fp8, latent_attention, model, moe, parallel, training, upcycle, values
+from .section_checks import data, fp8, latent_attention, logs, model, moe, parallel, training, upcycle, values
 from .section_checks.state import CheckState
 
 # The cross-key checks, in the order their problems are reported (after each key's own checks).
 SECTION_CHECKS = (model.check, latent_attention.check, moe.check, upcycle.check, parallel.check_layout,
-                  parallel.check_world_size, training.check, fp8.check, data.check)
+                  parallel.check_world_size, parallel.check_overlap, training.check, fp8.check, data.check,
+                  logs.check)
 
 
 def validate(cfg: RunConfig, world_size: Optional[int] = None, *,

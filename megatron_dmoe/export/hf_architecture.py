@@ -79,6 +79,8 @@ def _moe_mismatches(cfg: RunConfig, family: families.Family) -> List[str]:
         out.append(f"model.normalization={m.normalization} ({name}: RMSNorm)")
     if m.position_embedding_type != "rope":
         out.append(f"model.position_embedding_type={m.position_embedding_type} ({name}: rope)")
+    if m.rotary_percent != 1.0:
+        out.append(f"model.rotary_percent={m.rotary_percent:g} ({name} rotates whole heads: 1.0)")
     if m.add_bias_linear:
         out.append(f"model.add_bias_linear=true ({name}'s linear layers have no biases: false)")
     if family is families.OLMOE and m.kv_channels not in (None, m.hidden_size // m.num_attention_heads):

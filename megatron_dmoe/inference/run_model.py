@@ -82,6 +82,8 @@ def inference_config(cfg: RunConfig, device: str, expert_parallel: int = 1) -> R
     out.parallel.expert_model_parallel_size = expert_parallel
     out.parallel.expert_tensor_parallel_size = 1
     out.training.use_distributed_optimizer = False  # no optimizer here
+    out.parallel.overlap_grad_reduce = out.parallel.overlap_param_gather = False  # nor gradients
+    out.parallel.ddp_bucket_size = None
     if out.training.device == "cpu":
         if out.moe.ep_exchange in ("symmetric", "nvshmem"):
             out.moe.ep_exchange = "auto"

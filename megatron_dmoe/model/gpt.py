@@ -112,6 +112,7 @@ def build_gpt_model(
         share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
         position_embedding_type=cfg.model.position_embedding_type,
         rotary_base=cfg.model.rotary_base,
+        rotary_percent=cfg.model.rotary_percent,
         triton_cross_entropy=use_triton_cross_entropy(cfg, on_cuda),
         vp_stage=vp_stage,
     )

@@ -49,6 +49,7 @@ class MoEOptions:
     router_group_topk: Optional[int] = None  # ... of which each token picks this many, then top_k inside
     router_group_score: str = "sum"  # sum (of each group's best top_k / group_topk; megatron-core) | max
     router_impl: str = "auto"  # auto | fused | torch: see ROUTER_IMPLS (config/moe_settings.py)
+    router_dtype: str = "fp32"  # fp32 | fp64: the router's logits, scores, choice and weights
     force_load_balancing: bool = False  # random logits instead of the router's (benchmarks only)
 
     def __post_init__(self):
@@ -101,6 +102,8 @@ class MoEOptions:
             aux_loss_type=AUX_LOSS_TYPES_MEGATRON.get(balancing, "micro_batch"),
             router_num_groups=read["router_num_groups"] or None,
             router_group_topk=read["router_group_topk"] or None,
+            # megatron-core's None computes in the input's dtype; ours never goes below fp32
+            router_dtype=read["router_dtype"] or "fp32",
         )
         values.update(overrides)
         return cls(**values)

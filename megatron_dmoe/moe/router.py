@@ -200,6 +200,10 @@ class TopKRouter(torch.nn.Module):
             eps = opts.input_jitter_eps
             x = x.to(torch.promote_types(x.dtype, torch.float32))
             x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
+        # the weights, scores and logits leave in the precision the layer expects (fp32, or fp64 inputs')
+        out_dtype = torch.promote_types(x.dtype, torch.float32)
+        if opts.router_dtype == "fp64":
+            x = x.to(torch.float64)
         logits = router_logits(x, self.weight)
         if opts.force_load_balancing:
             logits = _RandomLogits.apply(logits)
@@ -221,6 +225,8 @@ class TopKRouter(torch.nn.Module):
                 expert_bias=self.expert_bias,
                 groups=self.groups,
             )
+        if logits.dtype != out_dtype:
+            weights, scores, logits = weights.to(out_dtype), scores.to(out_dtype), logits.to(out_dtype)
         counts = None
         if count:
             counts = count_assignments(indices, opts.num_experts, valid)

@@ -227,8 +227,10 @@ def _quiet_loading():
         yield
 
 
-def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=None) -> Progress:
-    """Load a checkpoint directory into the model (and optimizer, scheduler, RNG when given)."""
+def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=None,
+                    rng: Optional[bool] = None) -> Progress:
+    """Load a checkpoint directory into the model (and optimizer, scheduler when given; the RNG
+    states when `rng`, by default with the optimizer, and only at the layout they were saved at)."""
     path = Path(path)
     problem = damage_message(path)  # a file cut off or missing, named with the checkpoint before it
     if problem:
@@ -240,7 +242,8 @@ def load_checkpoint(path: Path, model_chunks: List, optimizer=None, scheduler=No
         common = dist_checkpointing.load_common_state_dict(str(path))
     saved = Progress(**common["progress"])
     same_layout = saved.world_size == dist.get_world_size()
-    rng_template = _rng_state() if (optimizer is not None and same_layout) else None
+    rng = optimizer is not None if rng is None else rng
+    rng_template = _rng_state() if (rng and same_layout) else None
     if optimizer is not None:
         from megatron_dmoe.training.optim import init_empty_adam_states
 

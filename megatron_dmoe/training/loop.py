@@ -23,9 +23,10 @@ from megatron_dmoe.training.cuda_graphs import release_layer_graphs
 from megatron_dmoe.training.flops import mfu, model_flops_per_token
 from megatron_dmoe.training.metrics_log import MetricsLogger, moe_log_values, over_pipeline
 from megatron_dmoe.training.run_dir import RunDirError
-from megatron_dmoe.training.setup import Run, release_after_training, run_loader, set_up_run
+from megatron_dmoe.training.setup import Run, parameters_gathered, release_after_training, run_loader, set_up_run
 from megatron_dmoe.training.step import evaluate, mean_over_data_parallel, train_step
 from megatron_dmoe.training.stops import WRITE_FAILED, PreemptionWatcher, resume_command, time_limit_reached
+from megatron_dmoe.training.wandb_log import wandb_settings
 from megatron_dmoe.training.write_errors import free_space, write_failure
 
 
@@ -130,8 +131,12 @@ def _start_loop(run: Run) -> _Loop:
         progress_bar=cfg.logging.progress_bar,
         total_steps=tr.train_iters,
         start_step=progress.iteration,
+        tensorboard_dir=cfg.logging.tensorboard_dir,
+        wandb=wandb_settings(cfg, run.run_dir),
     )
-    if progress.iteration:
+    if run.started_from is not None:
+        logger.message(f"started from {run.started_from} at step {progress.iteration}")
+    elif progress.iteration:
         logger.message(f"resumed from {checkpoint_dir(run.ckpt_root, progress.iteration)}")
     first_step = progress.iteration + 1
     every = cfg.logging.log_interval
@@ -261,7 +266,7 @@ def _evaluate_if_due(loop: _Loop, step: int, last: bool,
     # read in this process: a worker forked for each evaluation, while the run's threads (gloo's,
     # the checkpoint writer's) are live, can hang in CPython's after-fork cleanup on a lock one of
     # them held (seen once: a 4-process CPU run waited at its last evaluation until killed)
-    with run_loader(cfg, run.data.valid, 0, num_workers=0) as valid:
+    with run_loader(cfg, run.data.valid, 0, num_workers=0) as valid, parameters_gathered(run.model):
         values["val_loss"] = evaluate(run.model, valid, tr.eval_iters, loop.num_micro, run.env.device)
     loop.result.val_loss, loop.result.val_step = values["val_loss"], step
     loop.window.start = time.perf_counter()  # evaluation time is not training throughput
@@ -275,7 +280,8 @@ def _save_if_due(loop: _Loop, step: int, last: bool, stop_signal: Optional[str])
     interval = run.cfg.checkpoint.save_interval
     if (interval and step % interval == 0) or ((last or stop_signal) and interval != 0):
         # older checkpoints are pruned after the line that tells the save, and said so
-        path = save_checkpoint(run.ckpt_root, run.model, run.optimizer, run.scheduler, run.progress, keep_last=0)
+        with parameters_gathered(run.model):
+            path = save_checkpoint(run.ckpt_root, run.model, run.optimizer, run.scheduler, run.progress, keep_last=0)
         loop.logger.message(f"saved checkpoint {path}")
         if run.env.is_main:
             keep_last = run.cfg.checkpoint.keep_last

@@ -41,7 +41,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: PathLike, enabled: bool = True, tensorboard: bool = True,
                  progress_bar: str = "auto", total_steps: Optional[int] = None,
-                 start_step: int = 0):
+                 start_step: int = 0, tensorboard_dir: Optional[PathLike] = None, wandb=None):
         if progress_bar not in PROGRESS_BAR_CHOICES:
             raise ValueError(f"logging.progress_bar={progress_bar!r}: use one of "
                              + ", ".join(repr(c) for c in PROGRESS_BAR_CHOICES))
@@ -53,6 +53,7 @@ class MetricsLogger:
         self.start_step = start_step
         self._file = None
         self._writer = None
+        self._wandb = None
         self._bar = None
         self._postfix: Dict[str, str] = {}  # the bar's latest values, kept across log calls
         self.path = self.run_dir / METRICS_FILE
@@ -62,7 +63,9 @@ class MetricsLogger:
         truncate_metrics(self.path, start_step)
         self._file = open(self.path, "a", encoding="utf-8")
         if tensorboard:
-            self._writer = _summary_writer(self.run_dir / TENSORBOARD_DIR, start_step)
+            self._writer = _summary_writer(Path(tensorboard_dir or self.run_dir / TENSORBOARD_DIR), start_step)
+        if wandb is not None:  # a WandbSettings (training/wandb_log.py)
+            self._wandb = wandb.start(start_step)
         if progress_bar == "on" or (progress_bar == "auto" and _stdout_is_terminal()):
             self._bar = _progress_bar(total_steps, start_step)
 
@@ -86,6 +89,8 @@ class MetricsLogger:
         self._file.flush()
         if self._writer is not None:
             _write_scalars(self._writer, record)
+        if self._wandb is not None:
+            self._wandb.log(scalars(record), step=record["step"])
         if self._bar is not None:
             _update_bar(self._bar, self._postfix, record)
         else:
@@ -118,6 +123,9 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -295,23 +303,30 @@ def _human(value: float) -> str:
     return f"{value:.0f}"
 
 
-def _write_scalars(writer, record: Dict[str, Any]) -> None:
-    """Numbers become scalars under their key; flat lists (one value per MoE layer) become
-    KEY/layer_N, skipping None entries. N is the layer's number in the model as `moe_layers` logs
-    it (the numbers metrics.jsonl and the plots use, counting from 1), else its place from 1."""
-    step = record["step"]
+def scalars(record: Dict[str, Any]) -> Dict[str, float]:
+    """A record's scalars, as TensorBoard and W&B get them: numbers under their key; flat lists (one
+    value per MoE layer) as KEY/layer_N, skipping None entries. N is the layer's number in the model
+    as `moe_layers` logs it (the numbers metrics.jsonl and the plots use, counting from 1), else its
+    place from 1."""
+    out = {}
     for key, value in record.items():
         if key in NOT_SCALARS:
             continue
         if _is_number(value):
-            writer.add_scalar(key, value, step)
+            out[key] = value
         elif isinstance(value, list) and all(_is_number(v) or v is None for v in value):
             numbers = record.get("moe_layers")
             if not (isinstance(numbers, list) and len(numbers) == len(value)):
                 numbers = range(1, len(value) + 1)
             for layer, v in zip(numbers, value):
                 if v is not None:
-                    writer.add_scalar(f"{key}/layer_{layer}", v, step)
+                    out[f"{key}/layer_{layer}"] = v
+    return out
+
+
+def _write_scalars(writer, record: Dict[str, Any]) -> None:
+    for key, value in scalars(record).items():
+        writer.add_scalar(key, value, record["step"])
     writer.flush()
 
 

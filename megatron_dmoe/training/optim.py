@@ -257,4 +257,7 @@ def build_scheduler(cfg: RunConfig, optimizer: MegatronOptimizer) -> OptimizerPa
         # only a derived decay length differ (it follows training.train_iters)
         use_checkpoint_opt_param_scheduler=False,
         override_opt_param_scheduler=True,
+        # WSD: the last lr_wsd_decay_iters of the decay fall from lr to min_lr in this style
+        wsd_decay_steps=tr.lr_wsd_decay_iters if tr.lr_decay_style == "WSD" else None,
+        lr_wsd_decay_style=tr.lr_wsd_decay_style,
     )

@@ -29,7 +29,8 @@ CONFIG_FILE = "config.yaml"
 CHECKPOINTS = "checkpoints"
 # Everything a run writes into its directory; a directory holding any of them belongs to a run
 # and is not reused without --resume or --overwrite.
-RUN_FILES = (CONFIG_FILE, CHECKPOINTS, METRICS_FILE, TENSORBOARD_DIR, "loss.png", "expert_load.png")
+WANDB_DIR = "wandb"  # W&B's local files unless logging.wandb_save_dir names another folder
+RUN_FILES = (CONFIG_FILE, CHECKPOINTS, METRICS_FILE, TENSORBOARD_DIR, "loss.png", "expert_load.png", WANDB_DIR)
 
 
 class RunDirError(RuntimeError):

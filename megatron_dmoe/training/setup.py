@@ -10,6 +10,7 @@ on rank 0 and writes the resolved config into the run directory.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megatron_dmoe.config import RunConfig
+from megatron_dmoe.config.overlap_rules import resolve_overlap, with_overlap_as_asked
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
 from megatron_dmoe.data.cache_sharing import index_cache_writer
 from megatron_dmoe.data.datasets import sequences_per_pass
@@ -34,6 +36,7 @@ from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
 from megatron_dmoe.training.host_memory import available_host_bytes
+from megatron_dmoe.training.load_source import load_start
 from megatron_dmoe.training.memory_estimate import (
     MemoryCheckError,
     check_host_memory,
@@ -64,6 +67,7 @@ class Run:
     optimizer: Any
     scheduler: Any
     progress: Progress  # where the run stands: step 0, or the loaded checkpoint's
+    started_from: Optional[Path] = None  # checkpoint.load's checkpoint (--load), when the run started from one
     # training.cuda_graphs: auto resolved to capture: graphs whose memory pool would not fit are not kept
     graphs_must_fit: bool = False
 
@@ -80,6 +84,9 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     # training.cuda_graphs: auto becomes true or false here, once; config.yaml records which
     graphs_auto = cfg.training.cuda_graphs == "auto"
     cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size)
+    # parallel.overlap_* are decided below, after the window; config.yaml keeps what was asked, so
+    # that a resumed run decides again for its own layout and devices
+    asked = cfg
     notices = [*notices, *graph_notes]
     tr = cfg.training
 
@@ -111,6 +118,10 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
         memory = memory_line(cfg, env, data.vocab_size)
     if memory:
         say(memory)
+    # parallel.overlap_*: auto becomes true or false once the graphs and the window are decided
+    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size)
+    for note in overlap_notes:
+        say(note)
 
     seed_everything(tr.seed, env, cuda_graphs=tr.cuda_graphs)
     run_state = MoERunState()
@@ -124,27 +135,34 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     finally:
         set_layer_init_seed(None)
     say(f"model: {describe_model(model, cfg, env.device)}")
-    model = wrap_for_training(model, tr.use_distributed_optimizer)
+    par = cfg.parallel
+    model = wrap_for_training(model, tr.use_distributed_optimizer, overlap_grad_reduce=par.overlap_grad_reduce,
+                              overlap_param_gather=par.overlap_param_gather, bucket_size=par.ddp_bucket_size)
     optimizer = build_optimizer(cfg, model, env.on_cuda)
     scheduler = build_scheduler(cfg, optimizer)
 
     progress = Progress(world_size=env.world_size)
+    started_from = None  # checkpoint.load's checkpoint, when this run started from one
+    ck = cfg.checkpoint
     if resume and latest is not None:
-        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), model, optimizer, scheduler)
+        # checkpoint.load_optim / load_rng (--no-load-optim, --no-load-rng) hold on a resume too;
+        # the schedule follows the step either way
+        progress = load_checkpoint(checkpoint_dir(ckpt_root, latest), model,
+                                   optimizer if ck.load_optim else None, scheduler, rng=ck.load_rng)
         progress.world_size = env.world_size
-    elif cfg.checkpoint.load:
-        load_checkpoint(Path(cfg.checkpoint.load), model)
+    elif ck.load:
+        progress, started_from = load_start(cfg, model, optimizer, scheduler, env.world_size)
     elif cfg.checkpoint.upcycle_from:
         from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
 
         upcycle_dense_checkpoint(cfg, model, optimizer)
     dist.barrier()  # every rank has loaded before the run directory changes
     if env.is_main:
-        write_run_config(cfg, run_dir, overwrite, software_versions())
+        write_run_config(with_overlap_as_asked(cfg, asked), run_dir, overwrite, software_versions())
     dist.barrier()
     return Run(cfg=cfg, env=env, run_dir=run_dir, ckpt_root=ckpt_root, data=data, run_state=run_state,
                model=model, optimizer=optimizer, scheduler=scheduler, progress=progress,
-               graphs_must_fit=graphs_auto and cfg.training.cuda_graphs is True)
+               started_from=started_from, graphs_must_fit=graphs_auto and cfg.training.cuda_graphs is True)
 
 
 def resolve_window(cfg: RunConfig, env: DistEnv, vocab_size: int, say) -> RunConfig:
@@ -227,31 +245,64 @@ def run_loader(cfg: RunConfig, dataset, consumed_samples: int = 0, num_workers: 
 # --- the model wrapped for training
 
 
-def _wrap_chunk(model, use_distributed_optimizer: bool, first: bool) -> DistributedDataParallel:
+def _wrap_chunk(model, use_distributed_optimizer: bool, first: bool, overlap_grad_reduce: bool,
+                overlap_param_gather: bool, bucket_size: Optional[int]) -> DistributedDataParallel:
     if model.config.bf16 or model.config.fp16:
         # Megatron-LM's wrapper: 16-bit parameters, fp32 inputs cast on the way in, logits back to fp32.
         model = Float16Module(model.config, model)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=overlap_param_gather,
         use_distributed_optimizer=use_distributed_optimizer,
+        bucket_size=bucket_size,
     )
     # as Megatron-LM's get_model: only the first chunk's buffers are split into buckets
     ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model,
                                   disable_bucketing=not first)
-    # Gradients are reduced from the whole buffer after backward (no overlap), so no parameter needs
-    # its backward hook to fire: kernels may add weight gradients into main_grad outside autograd
-    # (the sparse experts do; see moe/experts/sparse.py).
+    # Reduced from the whole buffer after backward (no overlap), no parameter needs its backward hook
+    # to fire: kernels may then add weight gradients into main_grad outside autograd (the sparse
+    # experts do; see moe/experts/sparse.py). In overlap each hook marks its bucket ready.
     for param in ddp.module.parameters():
         set_main_grad_only(param, not ddp_config.overlap_grad_reduce)
     return ddp
 
 
-def wrap_for_training(model, use_distributed_optimizer: bool = False):
-    """`model`: one module (returns its wrapper) or a list of chunks (returns a list of wrappers)."""
-    if isinstance(model, list):
-        return [_wrap_chunk(chunk, use_distributed_optimizer, first=i == 0) for i, chunk in enumerate(model)]
-    return _wrap_chunk(model, use_distributed_optimizer, first=True)
+def wrap_for_training(model, use_distributed_optimizer: bool = False, *, overlap_grad_reduce: bool = False,
+                      overlap_param_gather: bool = False, bucket_size: Optional[int] = None):
+    """`model`: one module (returns its wrapper) or a list of chunks (returns a list of wrappers).
+
+    With `overlap_grad_reduce` each bucket of `bucket_size` elements is reduced as soon as its
+    gradients are complete in the step's last micro-batch, and with `overlap_param_gather` (the
+    distributed optimizer) each bucket's parameters are gathered in the next forward, as
+    Megatron-LM's --overlap-grad-reduce and --overlap-param-gather: the model config gets the
+    schedules' hooks (no_sync for the earlier micro-batches, a bucket reduction per chunk).
+    """
+    chunks = model if isinstance(model, list) else [model]
+    wrapped = [_wrap_chunk(chunk, use_distributed_optimizer, i == 0, overlap_grad_reduce, overlap_param_gather,
+                           bucket_size) for i, chunk in enumerate(chunks)]
+    if overlap_grad_reduce:
+        config = get_model_config(wrapped[0])
+        # as Megatron-LM's training.py (align_grad_reduce, its default)
+        config.no_sync_func = [c.no_sync for c in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+        config.grad_sync_func = ([c.start_grad_sync for c in wrapped] if len(wrapped) > 1
+                                 else wrapped[0].start_grad_sync)
+    return wrapped if isinstance(model, list) else wrapped[0]
+
+
+@contextlib.contextmanager
+def parameters_gathered(chunks):
+    """The parameters whole on every rank while the block runs (evaluation, a checkpoint save): with
+    overlap_param_gather the optimizer leaves their all-gather to the next forward's hooks, so, as
+    Megatron-LM does, the hooks come off (gathering at once) and go back on after."""
+    hooked = [chunk for chunk in chunks if getattr(chunk, "use_forward_hook", False)]
+    for chunk in hooked:
+        chunk.disable_forward_pre_hook()
+    try:
+        yield
+    finally:
+        for chunk in hooked:
+            chunk.enable_forward_pre_hook()
 
 
 def release_after_training(chunks) -> None:
@@ -259,10 +310,11 @@ def release_after_training(chunks) -> None:
     collector cannot see, so a finished run's model, optimizer and process groups (three gloo
     threads each) are freed: megatron's wrapper keeps each parameter's gradient accumulator, whose
     backward hook holds the wrapper; and the model config's loss-scale hook (set by train_step)
-    holds the optimizer, whose distributed shards are views with autograd history."""
+    holds the optimizer (its overlap hooks, the wrappers), whose distributed shards are views with autograd history."""
     for chunk in chunks:
         chunk.grad_accs.clear()
-        get_model_config(chunk).grad_scale_func = None
+        config = get_model_config(chunk)
+        config.grad_scale_func = config.no_sync_func = config.grad_sync_func = None
 
 
 # --- the first lines of a run: on what device, what data, how big a model

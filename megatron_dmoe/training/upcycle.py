@@ -31,14 +31,12 @@ import torch
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.moe.layer import MoELayer
 from megatron_dmoe.training.checkpoint import (
-    LATEST,
     CheckpointError,
     _unwrap,
-    checkpoint_dir,
-    latest_iteration,
     load_checkpoint,
 )
-from megatron_dmoe.training.run_dir import CHECKPOINTS, CONFIG_FILE
+from megatron_dmoe.training.load_source import named_checkpoint
+from megatron_dmoe.training.run_dir import CONFIG_FILE
 
 KEY = "checkpoint.upcycle_from"
 
@@ -50,16 +48,10 @@ class UpcycleError(CheckpointError):
 def dense_checkpoint_path(source) -> Path:
     """The checkpoint directory `source` names: a run directory, its checkpoints/ folder (newest
     complete checkpoint), or one iter_N checkpoint."""
-    source = Path(source)
-    if (source / "metadata.json").exists():
-        return source
-    for root in (source / CHECKPOINTS, source):
-        if (root / LATEST).exists():
-            return checkpoint_dir(root, latest_iteration(root))
-    raise UpcycleError(
-        f"{KEY}={str(source)!r} holds no checkpoint (no {CHECKPOINTS}/{LATEST} marker, no {LATEST} marker, no "
-        f"metadata.json); give the dense run's directory, its {CHECKPOINTS} folder or one iter_N checkpoint"
-    )
+    try:
+        return named_checkpoint(source, KEY, "the dense run")
+    except CheckpointError as err:
+        raise UpcycleError(str(err)) from None
 
 
 def _dense_config(cfg: RunConfig) -> RunConfig:

@@ -7,7 +7,8 @@ the gradients' operands for the whole run, so `auto` takes the largest window in
 divides the step's micro-batches and whose memory estimate fits under training.memory_check's share
 of the GPU (0.9 where the check is off); else 1, with a note saying why. Runs whose experts do not
 take windows (no MoE, a backend other than the sparse one, moe.expert_wgrad_per_step, CPU) get 1
-without a note: there is nothing for them to decline.
+without a note: there is nothing for them to decline. Asked-for overlapped gradient reduction
+(parallel.overlap_grad_reduce: true) gets 1 with a note; its `auto` is decided after the window.
 """
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ def resolve_wgrad_window(cfg: RunConfig, on_cuda: bool, world_size: int, vocab_s
     if (moe.num_experts == 0 or moe.expert_wgrad_per_step or not on_cuda
             or expert_backend(cfg, on_cuda) != "sparse"):
         return _with_window(cfg, 1), []
+    if cfg.parallel.overlap_grad_reduce is True:
+        return _with_window(cfg, 1), [
+            "note: moe.expert_wgrad_window: auto adds the expert weight gradients per micro-batch here: "
+            "parallel.overlap_grad_reduce: true reduces them during backward, which a window defers"]
     steps = micro_batches_per_step(cfg, world_size)
     candidates = [w for w in AUTO_WINDOWS if steps % w == 0]
     if not candidates:

@@ -11,10 +11,10 @@ OWN = ["--run-dir", "--resume", "-h", "--help"]
 
 
 def test_flags_become_overrides():
-    rest, overrides, problems = flags_to_overrides(
+    rest, overrides, problems, ignored = flags_to_overrides(
         ["tiny", "--micro-batch-size", "4", "--moe-router-topk=2", "--bf16", "--swiglu", "moe.aux_loss_coeff=0.1",
          "--data-path", "0.3", "a", "0.7", "b", "--run-dir", "runs/x", "--resume"], OWN)
-    assert problems == []
+    assert problems == [] and ignored == []
     assert rest == ["tiny", "moe.aux_loss_coeff=0.1", "--run-dir", "runs/x", "--resume"]
     assert overrides == ["training.micro_batch_size=4", "moe.top_k=2", "training.bf16=true",
                          "model.activation=swiglu", 'data.data_path=["0.3", "a", "0.7", "b"]']
@@ -35,7 +35,7 @@ def test_every_mapped_flag_names_a_real_key():
     (["--train-iters"], "--train-iters needs a value (it is training.train_iters)"),
 ])
 def test_flag_problems_name_what_to_type(argv, fragment):
-    _, _, problems = flags_to_overrides(argv, OWN)
+    _, _, problems, _ = flags_to_overrides(argv, OWN)
     assert len(problems) == 1 and fragment in problems[0]
 
 

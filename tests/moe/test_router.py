@@ -248,4 +248,4 @@ def test_forced_load_balancing_is_megatron_lm_s_flag():
     from megatron_dmoe.config.megatron_names import flags_to_overrides
 
     assert flags_to_overrides(["--moe-router-force-load-balancing"], []) == (
-        [], ["moe.router_force_load_balancing=true"], [])
+        [], ["moe.router_force_load_balancing=true"], [], [])

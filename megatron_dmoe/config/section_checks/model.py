@@ -6,6 +6,23 @@ from megatron_dmoe.parallel.layout_rules import TP_KEY, divisors
 from .state import CheckState
 
 
+def _check_rotary_percent(state: CheckState) -> None:
+    """RoPE over a share of each head: only with RoPE, and on an even number of dimensions (pairs)."""
+    v, ok, key = state.v, state.ok, "model.rotary_percent"
+    if not ok(key, "model.position_embedding_type") or v(key) == 1.0:
+        return
+    if v("model.position_embedding_type") != "rope":
+        state.problem(key, f"{v(key)} applies to RoPE only, but model.position_embedding_type is "
+                      f"{v('model.position_embedding_type')}; set it to rope, or {key}: 1.0")
+    elif ok("model.kv_channels", "model.hidden_size", "model.num_attention_heads"):
+        head = v("model.kv_channels") or v("model.hidden_size") // v("model.num_attention_heads")
+        rotated = head * v(key)
+        if rotated != int(rotated) or int(rotated) % 2:
+            example = 2 * max(1, int(rotated) // 2) / head
+            state.problem(key, f"{v(key)} of the heads' {head} dimensions is {rotated:g}: RoPE rotates pairs, so "
+                          f"use a share that gives an even whole number (e.g. {example:g})")
+
+
 def check(state: CheckState) -> None:
     v = state.v
     if state.ok("model.hidden_size", "model.num_attention_heads"):
@@ -26,6 +43,7 @@ def check(state: CheckState) -> None:
             state.problem("model.seq_length", f"{seq} is larger than "
                           f"model.max_position_embeddings ({max_pos}); use a sequence length "
                           f"up to {max_pos} or raise max_position_embeddings")
+    _check_rotary_percent(state)
     release = state.env.megatron_core
     if state.ok("model.qk_layernorm", "model.qk_layernorm_scope") and v("model.qk_layernorm") \
             and v("model.qk_layernorm_scope") == "projection" and release is not None and release >= (0, 19):

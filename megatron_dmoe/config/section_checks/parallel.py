@@ -5,6 +5,7 @@ from megatron_dmoe.parallel import layout_rules
 from megatron_dmoe.parallel.layout_rules import CP_KEY, EP_KEY, ETP_KEY, PP_KEY, SP_KEY, TP_KEY, VPP_KEY
 
 from ..moe_layers import moe_layer_pattern
+from ..overlap_rules import BUCKET_KEY, DISTOPT_KEY, GRAD_KEY, OVERLAP_RULE_KEYS, PARAM_KEY, grad_overlap_refusals
 from .state import CheckState
 
 # The keys the parallel layout's rules read; the checks pass the valid ones.
@@ -40,3 +41,25 @@ def _has_dense_mlp(state: CheckState) -> bool:
     if v("moe.num_experts") == 0:
         return True
     return not all(moe_layer_pattern(v("model.num_layers"), v("moe.layer_freq"), v("moe.first_dense_layers")))
+
+
+def check_overlap(state: CheckState) -> None:
+    """`true` only where overlapping the data-parallel communication is correct
+    (config/overlap_rules.py); `auto` is resolved at start-up, off where it is not."""
+    v, ok = state.v, state.ok
+    if ok(GRAD_KEY) and v(GRAD_KEY) is True:
+        values = {k: v(k) for k in OVERLAP_RULE_KEYS if ok(k)}
+        for why, fix in grad_overlap_refusals(values):
+            state.problem(GRAD_KEY, f"true cannot overlap the gradient reduction: {why}; {fix}, or set "
+                          f"{GRAD_KEY}: false")
+    if ok(PARAM_KEY) and v(PARAM_KEY) is True:
+        # Megatron-LM's rule: the gather of the sharded parameters follows the sharded reduction
+        if ok(DISTOPT_KEY) and not v(DISTOPT_KEY):
+            state.problem(PARAM_KEY, f"true needs {DISTOPT_KEY}: true (only the distributed optimizer "
+                          f"gathers parameters); set it, or set {PARAM_KEY}: false")
+        if ok(GRAD_KEY) and v(GRAD_KEY) is not True:
+            state.problem(PARAM_KEY, f"true needs {GRAD_KEY}: true (as Megatron-LM's "
+                          f"--overlap-param-gather needs --overlap-grad-reduce); set it, or set {PARAM_KEY}: auto")
+    if ok(BUCKET_KEY, GRAD_KEY) and state.raw(BUCKET_KEY) is not None and v(GRAD_KEY) is False:
+        state.problem(BUCKET_KEY, f"is used only when gradients are reduced in overlap ({GRAD_KEY}: true "
+                      f"or auto); set it to null, or {GRAD_KEY}: true")

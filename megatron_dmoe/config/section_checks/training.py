@@ -33,6 +33,7 @@ def check(state: CheckState) -> None:
         elif decay <= warmup:  # a decay that ends within the run must outlast the warmup
             state.problem(decay_key, f"{decay} is not larger than {warmup_key} ({warmup}); use "
                           f"more than {warmup}, or null (= train_iters)")
+    _check_wsd(state)
     if ok("training.bf16", "training.fp16") and v("training.bf16") and v("training.fp16"):
         state.problem("training.fp16", "true together with training.bf16: true; choose one")
     if ok("training.loss_scale", "training.fp16") and not v("training.fp16") \
@@ -59,6 +60,27 @@ def check(state: CheckState) -> None:
                 state.problem(key, "true needs CUDA (megatron-core's mixed-precision optimizer "
                               "keeps fp32 master weights on the GPU); on CPU train in fp32 "
                               "(set it to false)")
+
+
+def _check_wsd(state: CheckState) -> None:
+    """WSD's decay phase: given with WSD only, and inside the decay after the warmup."""
+    v, ok, key = state.v, state.ok, "training.lr_wsd_decay_iters"
+    if not ok(key, "training.lr_decay_style"):
+        return
+    if v("training.lr_decay_style") != "WSD":
+        if state.raw(key) is not None:
+            state.problem(key, f"is used only with training.lr_decay_style: WSD (here "
+                          f"{v('training.lr_decay_style')}); set it to null, or the style to WSD")
+        return
+    if v(key) is None:
+        state.problem(key, "is needed with training.lr_decay_style: WSD: how many of the last steps of the "
+                      "decay fall from training.lr to training.min_lr (e.g. a tenth of training.train_iters)")
+    elif ok("training.lr_decay_iters", "training.lr_warmup_iters") and \
+            v(key) > v("training.lr_decay_iters") - v("training.lr_warmup_iters"):
+        stable = v("training.lr_decay_iters") - v("training.lr_warmup_iters")
+        state.problem(key, f"{v(key)} is longer than the decay after the warmup (training.lr_decay_iters "
+                      f"{v('training.lr_decay_iters')} - training.lr_warmup_iters {v('training.lr_warmup_iters')} "
+                      f"= {stable}); use at most {stable}")
 
 
 def _check_cuda_graphs(state: CheckState) -> None:
