@@ -97,3 +97,29 @@ def test_the_key_takes_auto_or_a_whole_number():
 def test_unresolved_auto_is_estimated_as_one():
     cfg = _cfg("zoo/dmoe_small")
     assert me.estimate_memory(cfg, VOCAB, on_cuda=True) == me.estimate_memory(_with(cfg, 1), VOCAB, on_cuda=True)
+
+
+def test_asked_for_overlap_takes_no_window_and_auto_overlap_declines_one():
+    from megatron_dmoe.config.overlap_rules import resolve_overlap
+
+    asked = _cfg("zoo/dmoe_small", "parallel.overlap_grad_reduce=true")
+    resolved, notes = resolve_wgrad_window(asked, True, 1, VOCAB, H200)
+    assert resolved.moe.expert_wgrad_window == 1 and "parallel.overlap_grad_reduce: true" in notes[0]
+    # auto overlap is decided after the window: with the window auto took, it stays off (2 ranks)
+    windowed, _ = resolve_wgrad_window(_cfg("zoo/dmoe_small", "parallel.expert_model_parallel_size=2"),
+                                       True, 2, VOCAB, H200)
+    assert windowed.moe.expert_wgrad_window == 4
+    overlapped, overlap_notes = resolve_overlap(_with_graphs_off(windowed), True, 2)
+    assert overlapped.parallel.overlap_grad_reduce is False and "moe.expert_wgrad_window" in overlap_notes[0]
+    # an unresolved auto window is no refusal of its own
+    plain, _ = resolve_overlap(_with_graphs_off(_cfg("zoo/dmoe_small", "parallel.expert_model_parallel_size=2")),
+                               True, 2)
+    assert plain.parallel.overlap_grad_reduce is True
+
+
+def _with_graphs_off(cfg):
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.training.cuda_graphs = False
+    return out
