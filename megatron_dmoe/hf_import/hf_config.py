@@ -145,7 +145,6 @@ def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[List
         "moe.shared_expert_ffn_hidden_size": 0,
     }
     defaults = {
-        "model.seq_length": min(fixed["model.max_position_embeddings"], 4096),
         "model.init_method_std": config.get("initializer_range", 0.02),
         "model.attention_dropout": config.get("attention_dropout", 0.0),
         "moe.aux_loss_coeff": config.get("router_aux_loss_coef", 0.01),
