@@ -4,8 +4,10 @@ Our dense GPT (LayerNorm, learned positions, GELU, multi-head attention) is GPT-
 every layer is an MoE of SwiGLU experts with RMSNorm, RoPE, no linear biases and softmax top-k
 routing is one of the MoE families of moe_families.py: Mixtral without a query/key norm (its
 routing weights renormalised over the chosen experts), Qwen3-MoE with a per-head one, OLMoE with one
-over the whole projection. Everything else is refused with the settings that have no equivalent,
-so an export never silently changes what the model computes.
+over the whole projection. Every other model (the quick-start and zoo GPT MoEs: LayerNorm, GELU
+experts, learned positions, biases) is DmoeGptForCausalLM, whose modeling file the export ships
+(dmoe_gpt.py); what that cannot compute either (token dropping) is refused with the settings at
+fault, so an export never silently changes what the model computes.
 """
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ from typing import List
 
 from megatron_dmoe.config import RunConfig
 from megatron_dmoe.export import moe_families as families
+from megatron_dmoe.export.dmoe_gpt import dmoe_gpt_mismatches
 from megatron_dmoe.inference.errors import UsageError
 
 GPT2 = "gpt2"
 MIXTRAL = families.MIXTRAL.key
 QWEN3_MOE = families.QWEN3_MOE.key
 OLMOE = families.OLMOE.key
+DMOE_GPT = "dmoe_gpt"  # ours, with its modeling file (trust_remote_code)
 
 
 def _gpt2_mismatches(cfg: RunConfig) -> List[str]:
@@ -84,16 +88,30 @@ def _moe_mismatches(cfg: RunConfig, family: families.Family) -> List[str]:
     return out
 
 
+def _closest_stock(cfg: RunConfig):
+    """(the stock architecture nearest the run's model, the settings that differ from it)."""
+    if cfg.moe.num_experts == 0:
+        return "GPT-2", _gpt2_mismatches(cfg)
+    family = families.family_of_qk_norm(cfg)
+    return family.title, _moe_mismatches(cfg, family)
+
+
 def hf_architecture(cfg: RunConfig) -> str:
-    """GPT2, MIXTRAL, QWEN3_MOE or OLMOE for a run config (resolved); UsageError naming what has
-    no equivalent. An MoE model's family is the one of its query/key norm (moe_families.py)."""
-    gpt2 = _gpt2_mismatches(cfg)
-    if not gpt2:
+    """GPT2, MIXTRAL, QWEN3_MOE or OLMOE for a run config (resolved) where one computes its model,
+    else DMOE_GPT; UsageError naming what none computes. An MoE model's family is the one of its
+    query/key norm (moe_families.py)."""
+    if not _gpt2_mismatches(cfg):
         return GPT2
     family = families.family_of_qk_norm(cfg)
-    moe = _moe_mismatches(cfg, family)
-    if not moe:
+    if not _moe_mismatches(cfg, family):
         return family.key
-    closest, reasons = ("GPT-2", gpt2) if cfg.moe.num_experts == 0 else (family.title, moe)
-    raise UsageError(f"this model has no transformers equivalent; as {closest} these settings differ: "
-                     + "; ".join(reasons))
+    own = dmoe_gpt_mismatches(cfg)
+    if not own:
+        return DMOE_GPT
+    raise UsageError("this model has no transformers equivalent: " + "; ".join(own))
+
+
+def why_not_stock(cfg: RunConfig) -> str:
+    """For a DMOE_GPT model: the stock architecture nearest it and the settings that differ."""
+    closest, reasons = _closest_stock(cfg)
+    return f"as {closest} these settings differ: " + "; ".join(reasons)
