@@ -54,6 +54,7 @@ def dmoe_gpt_config(cfg, tc, vocab_size: int, eod: int, bos: int) -> dict:
         "norm_eps": tc.layernorm_epsilon,
         "activation": m.activation,
         "add_bias_linear": m.add_bias_linear,
+        "add_qkv_bias": m.add_qkv_bias,
         "qk_layernorm": m.qk_layernorm_scope if m.qk_layernorm else None,
         "moe_layers": [i for i, is_moe in enumerate(pattern) if is_moe],
         "num_experts": moe.num_experts,

@@ -10,8 +10,8 @@ from pathlib import Path
 from megatron_dmoe.export.dmoe_gpt import copy_modeling_file, dmoe_gpt_config
 from megatron_dmoe.export.gpt2 import gpt2_config, gpt2_weights
 from megatron_dmoe.export.hf_architecture import DMOE_GPT, GPT2, hf_architecture
-from megatron_dmoe.export.moe_families import BY_KEY, hf_config
-from megatron_dmoe.export.moe_weights import to_hf
+from megatron_dmoe.export.hf_families import BY_KEY, hf_config
+from megatron_dmoe.export.hf_weights import to_hf
 from megatron_dmoe.export.tokenizer_files import (
     check_exportable_tokenizer,
     copy_tokenizer_folder,

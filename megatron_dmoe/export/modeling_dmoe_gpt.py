@@ -62,7 +62,8 @@ class DmoeGptConfig(PreTrainedConfig):
                  head_dim: Optional[int] = None, intermediate_size: int = 512,
                  max_position_embeddings: int = 128, position_embedding_type: str = "learned_absolute",
                  rotary_base: float = 10000.0, normalization: str = "LayerNorm", norm_eps: float = 1e-5,
-                 activation: str = "gelu", add_bias_linear: bool = True, qk_layernorm: Optional[str] = None,
+                 activation: str = "gelu", add_bias_linear: bool = True, add_qkv_bias: bool = False,
+                 qk_layernorm: Optional[str] = None,
                  moe_layers: Optional[List[int]] = None, num_experts: int = 0, num_experts_per_tok: int = 1,
                  moe_intermediate_size: Optional[int] = None, router_score_function: str = "softmax",
                  router_pre_softmax: bool = True, router_renormalize: bool = False,
@@ -85,6 +86,7 @@ class DmoeGptConfig(PreTrainedConfig):
         self.norm_eps = norm_eps
         self.activation = activation  # gelu | swiglu
         self.add_bias_linear = add_bias_linear
+        self.add_qkv_bias = add_qkv_bias  # biases on linear_qkv whatever add_bias_linear says
         self.qk_layernorm = qk_layernorm  # None | head | projection
         self.moe_layers = list(moe_layers or [])  # the layers (from 0) whose MLP is the MoE
         self.num_experts = num_experts
@@ -141,7 +143,8 @@ class Attention(nn.Module):
         super().__init__()
         self.config, self.layer = config, layer
         heads, groups, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.linear_qkv = nn.Linear(config.hidden_size, (heads + 2 * groups) * hd, bias=config.add_bias_linear)
+        self.linear_qkv = nn.Linear(config.hidden_size, (heads + 2 * groups) * hd,
+                                    bias=config.add_bias_linear or config.add_qkv_bias)
         self.linear_proj = nn.Linear(heads * hd, config.hidden_size, bias=config.add_bias_linear)
         if config.qk_layernorm == "head":
             self.q_layernorm, self.k_layernorm = Norm(hd, config), Norm(hd, config)

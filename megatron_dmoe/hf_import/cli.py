@@ -1,4 +1,4 @@
-"""dmoe-import: a transformers MoE model directory as a run directory to continue training."""
+"""dmoe-import: a transformers model directory as a run directory to continue training."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,8 @@ from megatron_dmoe.inference.cli_common import fail
 PROG = "dmoe-import"
 DESCRIPTION = """\
 Turn a transformers model directory (config.json, *.safetensors, tokenizer files) of
-MixtralForCausalLM, Qwen3MoeForCausalLM or OlmoeForCausalLM into a run directory: the resolved
+MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM or the dense
+LlamaForCausalLM and Qwen3ForCausalLM into a run directory: the resolved
 config.yaml, the checkpoint of step 0 (the model's weights, a fresh optimizer and learning-rate
 schedule) and the tokenizer (RUN_DIR/tokenizer). Then:
 
@@ -23,9 +24,11 @@ schedule) and the tokenizer (RUN_DIR/tokenizer). Then:
                                                imported without data takes data.data_path=PREFIX)
 
 The model's settings come from config.json (shapes, norms and their epsilon, query/key norm, RoPE
-theta, grouped-query attention, routing with or without renormalisation); a field with no
-equivalent here (sliding windows, biases, clipped queries and keys, RoPE scaling, dense layers
-between the MoE layers) is refused before anything is written. Everything else is chosen with
+theta, grouped-query attention, routing with or without renormalisation, Qwen2-MoE's gated shared
+expert and query/key/value biases); a field with no equivalent here (sliding windows, other biases,
+clipped queries and keys, RoPE scaling, dense layers between the MoE layers) is refused before
+anything is written. A dense import upcycles into a dMoE: dmoe-train RUN_DIR/config.yaml --run-dir
+NEW checkpoint.upcycle_from=RUN_DIR moe.num_experts=N ... Everything else is chosen with
 key=value overrides as for dmoe-train, here, because a resumed run keeps them: the data
 (data.data_path: tokenized with this model's tokenizer; without it, the run has no data until it is
 trained), the schedule (training.lr, training.train_iters, ...), the precision (training.bf16) and

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import List
 
 from megatron_dmoe.config import ConfigError, RunConfig, load_config, resolve
-from megatron_dmoe.export.moe_families import Family
-from megatron_dmoe.export.moe_weights import OUTPUT, hf_names
+from megatron_dmoe.export.hf_families import Family
+from megatron_dmoe.export.hf_weights import OUTPUT, hf_names
 from megatron_dmoe.export.tokenizer_files import HF_TOKENIZER_FILES
 from megatron_dmoe.hf_import.fine_tuning import fine_tuning_defaults
 from megatron_dmoe.hf_import.hf_config import family_of, model_keys, read_hf_config
@@ -94,7 +94,7 @@ def plan_import(hf_dir: Path, run_dir: Path, overrides: List[str]) -> ImportPlan
     files = SafetensorsFiles(hf_dir)
     m = cfg.model
     untied = m.untie_embeddings_and_output_weights
-    files.check_names(hf_names(family, m.num_layers, cfg.moe.num_experts, untied), family.architecture,
+    files.check_names(hf_names(family, m.num_layers, cfg.moe.num_experts, untied, m.add_qkv_bias), family.architecture,
                       ignored=() if untied else (OUTPUT[1],))
     return ImportPlan(hf_dir=hf_dir, run_dir=run_dir, family=family, cfg=cfg, files=files,
                       tokenizer_files=tokenizer_files, chosen=chosen)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from megatron_dmoe.compat.optimizer_zero_step import save_zero_step_count
-from megatron_dmoe.export.moe_weights import from_hf
+from megatron_dmoe.export.hf_weights import from_hf
 from megatron_dmoe.export.tokenizer_files import copy_tokenizer_folder
 from megatron_dmoe.hf_import.plan import TOKENIZER_DIR, ImportPlan
 from megatron_dmoe.inference.errors import UsageError

@@ -39,9 +39,9 @@ VARIANTS = {
                       "moe.top_k=4", "moe.router_num_groups=4", "moe.router_group_topk=2",
                       "moe.router_renormalize=true", "moe.router_topk_scaling_factor=2.5"],
     # a softmax over the two chosen logits (router_pre_softmax false), an MoE every second layer,
-    # RMSNorm, no linear biases
+    # RMSNorm, biases on the queries, keys and values only
     "every_second_layer": ["model.num_layers=4", "moe.layer_freq=2", "moe.router_pre_softmax=false",
-                           "model.normalization=RMSNorm", "model.add_bias_linear=false"],
+                           "model.normalization=RMSNorm", "model.add_bias_linear=false", "model.add_qkv_bias=true"],
 }
 if megatron_core_release() < (0, 19):  # the query/key norm over the whole projection: 0.16 builds it
     VARIANTS["projection_qk_norm"] = ["model.normalization=RMSNorm", "model.qk_layernorm=true",

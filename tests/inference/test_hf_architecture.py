@@ -2,7 +2,16 @@
 import pytest
 
 from megatron_dmoe.config import load_config, resolve
-from megatron_dmoe.export.hf_architecture import DMOE_GPT, GPT2, MIXTRAL, hf_architecture, why_not_stock
+from megatron_dmoe.export.hf_architecture import (
+    DMOE_GPT,
+    GPT2,
+    LLAMA,
+    MIXTRAL,
+    QWEN2_MOE,
+    QWEN3,
+    hf_architecture,
+    why_not_stock,
+)
 from megatron_dmoe.inference.errors import UsageError
 
 
@@ -14,6 +23,24 @@ from megatron_dmoe.inference.errors import UsageError
 ])
 def test_shipped_models_export(name, architecture):
     assert hf_architecture(resolve(load_config(name))) == architecture
+
+
+LLAMA_LIKE = ["moe.num_experts=0", "model.activation=swiglu", "model.normalization=RMSNorm",
+              "model.position_embedding_type=rope", "model.add_bias_linear=false"]
+
+
+@pytest.mark.parametrize("name, overrides, architecture", [
+    ("zoo/dense_xs", LLAMA_LIKE, LLAMA),
+    ("zoo/dense_xs", LLAMA_LIKE + ["model.qk_layernorm=true"], QWEN3),
+    ("zoo/dense_xs", LLAMA_LIKE + ["model.add_qkv_bias=true"], DMOE_GPT),
+    ("zoo/mixtral_xs", ["moe.shared_expert_ffn_hidden_size=256", "moe.shared_expert_gate=true"], QWEN2_MOE),
+    ("zoo/mixtral_xs", ["moe.shared_expert_ffn_hidden_size=256", "moe.shared_expert_gate=true",
+                        "model.add_qkv_bias=true", "moe.router_renormalize=false"], QWEN2_MOE),
+    ("zoo/mixtral_xs", ["moe.shared_expert_ffn_hidden_size=256"], DMOE_GPT),  # an ungated shared expert
+    ("zoo/mixtral_xs", ["moe.router_num_groups=4", "moe.router_group_topk=2"], DMOE_GPT),
+])
+def test_models_of_the_dense_and_shared_expert_families(name, overrides, architecture):
+    assert hf_architecture(resolve(load_config(name, overrides))) == architecture
 
 
 @pytest.mark.parametrize("overrides, named", [

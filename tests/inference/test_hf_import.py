@@ -153,7 +153,7 @@ def _refusal(args, capsys):
 
 
 @pytest.mark.parametrize("changes, named", [
-    (dict(architectures=["LlamaForCausalLM"]), "architectures=['LlamaForCausalLM'] is not supported"),
+    (dict(architectures=["PhiForCausalLM"]), "architectures=['PhiForCausalLM'] is not supported"),
     (dict(attention_bias=True), "attention_bias=true is not supported"),
     (dict(use_sliding_window=True), "use_sliding_window=true is not supported"),
     (dict(clip_qkv=8.0), "clip_qkv=8.0 is not supported"),
