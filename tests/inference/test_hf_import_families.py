@@ -98,19 +98,39 @@ def test_an_unsupported_config_is_refused_in_one_line_before_any_work(family, ch
     assert not (tmp_path / "run").exists()
 
 
-@pytest.fixture
-def llama(tmp_path):
-    """(transformers Llama, its run imported without data, data tokenized with its tokenizer)."""
+def _data(tmp_path, tokenizer_dir):
+    """TEXTS tokenized with the tokenizer `tokenizer_dir` (an indexed dataset prefix)."""
     from megatron_dmoe.data import preprocess_data
 
-    hf = save_tiny_model(*FAMILIES["llama"], tmp_path / "hf")
-    assert _import(tmp_path / "hf", tmp_path / "dense") == 0
     (tmp_path / "text").mkdir()
     for i in range(40):
         (tmp_path / "text" / f"f{i}.py").write_text(TEXTS[i % len(TEXTS)] * (1 + i % 3) + f"# {i}\n")
-    preprocess_data([str(tmp_path / "text")], str(tmp_path / "code"), str(tmp_path / "dense" / "tokenizer"),
+    preprocess_data([str(tmp_path / "text")], str(tmp_path / "code"), str(tokenizer_dir),
                     tokenizer_type="HuggingFaceTokenizer", input_format="text", glob="*.py", progress=False)
-    return hf, tmp_path / "dense", str(tmp_path / "code_text_document")
+    return str(tmp_path / "code_text_document")
+
+
+@pytest.fixture
+def llama(tmp_path):
+    """(transformers Llama, its run imported without data, data tokenized with its tokenizer)."""
+    hf = save_tiny_model(*FAMILIES["llama"], tmp_path / "hf")
+    assert _import(tmp_path / "hf", tmp_path / "dense") == 0
+    return hf, tmp_path / "dense", _data(tmp_path, tmp_path / "dense" / "tokenizer")
+
+
+@pytest.mark.slow
+def test_an_imported_qwen2_moe_trains(cli_run, tmp_path):
+    save_tiny_model(*FAMILIES["qwen2_moe"], tmp_path / "hf")
+    data = _data(tmp_path, tmp_path / "hf")
+    assert _import(tmp_path / "hf", tmp_path / "run", f"data.data_path={data}", "training.lr=3e-3",
+                   "training.lr_warmup_iters=0", "training.lr_decay_style=constant", "training.train_iters=6",
+                   "training.micro_batch_size=2", "training.global_batch_size=2", "training.eval_interval=0",
+                   "logging.progress_bar=off", "logging.tensorboard=false", "logging.plot=false",
+                   "logging.log_interval=1") == 0
+    result = cli_run(tmp_path / "run", "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
 
 
 def _upcycle(cli_run, dense, data, run_dir, *overrides):
