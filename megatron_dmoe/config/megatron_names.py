@@ -17,7 +17,7 @@ _SAME_NAME = {
     "model": ["num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
               "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by", "position_embedding_type",
               "rotary_base", "normalization", "kv_channels", "norm_epsilon", "qk_layernorm", "hidden_dropout",
-              "attention_dropout",
+              "attention_dropout", "add_qkv_bias",
               "untie_embeddings_and_output_weights", "transformer_impl", "cross_entropy_loss_fusion",
               "cross_entropy_fusion_impl", "use_cpu_initialization",
               # multi-latent attention (Megatron-LM's mla group and --rope-type)
@@ -51,7 +51,7 @@ MEGATRON_KEYS: Dict[str, str] = {
 }
 # flags that take no value (store_true in Megatron-LM): `--bf16` is training.bf16=true
 SWITCHES = {"untie_embeddings_and_output_weights", "use_cpu_initialization", "cross_entropy_loss_fusion",
-            "qk_layernorm", "multi_latent_attention",
+            "qk_layernorm", "add_qkv_bias", "multi_latent_attention",
             "sequence_parallel", "bf16", "fp16", "use_distributed_optimizer",
             *(flag_name(s.flag) for s in _MOE_FLAGS if s.switch)}
 # switches that set a key to a value: `--swiglu` is model.activation=swiglu
