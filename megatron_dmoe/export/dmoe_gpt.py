@@ -24,6 +24,9 @@ def dmoe_gpt_mismatches(cfg) -> List[str]:
     dropless layers do, from the router's own scores)."""
     moe = cfg.moe
     out = []
+    if cfg.model.multi_latent_attention:
+        out.append("model.multi_latent_attention=true (the modeling file computes the usual attention; "
+                   "DeepSeek-V2/V3 compute multi-latent attention)")
     if moe.num_experts and moe.expert_capacity_factor is not None:
         out.append(f"moe.expert_capacity_factor={moe.expert_capacity_factor} (tokens dropped as each batch fills "
                    "the experts: transformers would compute another model; null)")

@@ -52,6 +52,8 @@ def _gpt2_mismatches(cfg: RunConfig) -> List[str]:
         out.append(f"model.kv_channels={m.kv_channels} (GPT-2: hidden_size / num_attention_heads)")
     if m.qk_layernorm:
         out.append("model.qk_layernorm=true (GPT-2 has no query/key norm)")
+    if m.multi_latent_attention:
+        out.append("model.multi_latent_attention=true (GPT-2: multi-head attention)")
     return out
 
 
@@ -92,6 +94,8 @@ def _family_mismatches(cfg: RunConfig, family: families.Family) -> List[str]:
         elif not family.shared_expert and moe.shared_expert_ffn_hidden_size:
             out.append(f"moe.shared_expert_ffn_hidden_size={moe.shared_expert_ffn_hidden_size} "
                        f"({name} has no shared experts: 0)")
+    if m.multi_latent_attention:
+        out.append(f"model.multi_latent_attention=true ({name}: grouped-query attention)")
     if m.activation != "swiglu":
         out.append(f"model.activation={m.activation} ({name}: swiglu)")
     if m.normalization != "RMSNorm":
