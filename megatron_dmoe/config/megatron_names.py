@@ -20,7 +20,7 @@ _SAME_NAME = {
     "model": ["num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
               "seq_length", "max_position_embeddings", "make_vocab_size_divisible_by", "position_embedding_type",
               "rotary_base", "rotary_percent", "normalization", "kv_channels", "norm_epsilon", "qk_layernorm",
-              "hidden_dropout", "attention_dropout",
+              "hidden_dropout", "attention_dropout", "add_qkv_bias",
               "untie_embeddings_and_output_weights", "transformer_impl", "cross_entropy_loss_fusion",
               "cross_entropy_fusion_impl", "use_cpu_initialization",
               # multi-latent attention (Megatron-LM's mla group and --rope-type)
@@ -59,7 +59,7 @@ MEGATRON_KEYS: Dict[str, str] = {
 FLAG_NAMES = {name for names in _SAME_NAME.values() for name in names} | {flag_name(s.flag) for s in _MOE_FLAGS}
 # flags that take no value (store_true in Megatron-LM): `--bf16` is training.bf16=true
 SWITCHES = {"untie_embeddings_and_output_weights", "use_cpu_initialization", "cross_entropy_loss_fusion",
-            "qk_layernorm", "multi_latent_attention",
+            "qk_layernorm", "add_qkv_bias", "multi_latent_attention",
             "sequence_parallel", "bf16", "fp16", "use_distributed_optimizer", "overlap_grad_reduce",
             "overlap_param_gather", "finetune",
             *(flag_name(s.flag) for s in _MOE_FLAGS if s.switch)}

@@ -35,6 +35,8 @@ class ModelConfig:
     activation: str = "gelu"  # gelu | swiglu, for dense MLPs and experts alike
     # biases in the linear layers (experts never have any); Megatron-LM's --disable-bias-linear sets false
     add_bias_linear: bool = True
+    # biases in the query, key and value projections (Qwen2's), whatever add_bias_linear says
+    add_qkv_bias: bool = False
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     init_method_std: float = 0.02

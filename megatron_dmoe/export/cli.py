@@ -26,12 +26,18 @@ AutoModelForCausalLM.from_pretrained(OUT) and AutoTokenizer.from_pretrained(OUT)
   dense GPT (LayerNorm, learned positions, GELU)            -> GPT2LMHeadModel
   MoE in every layer, SwiGLU experts, RMSNorm, RoPE, no linear biases, softmax top-k routing
   renormalised over the chosen experts                      -> MixtralForCausalLM
-  (with a per-head / whole-projection query/key norm: Qwen3MoeForCausalLM / OlmoeForCausalLM)
+  the same with a query/key norm per head / over the projection
+                                                            -> Qwen3MoeForCausalLM / OlmoeForCausalLM
   multi-latent attention, dense first layers, shared experts, softmax (or sigmoid with expert
   bias) routing, group-limited or not          -> DeepseekV2ForCausalLM (DeepseekV3ForCausalLM)
+  every other model (the quick-start and zoo GPT MoEs: LayerNorm, GELU experts, learned or
+  rotary positions, biases, shared experts, dense layers)  -> DmoeGptForCausalLM, its modeling
+                                                               file modeling_dmoe_gpt.py in OUT:
+  AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)
 
-Other models are refused with the settings that have no equivalent. A checkpoint saved at any
-expert-parallel size exports the same. Runs in one process on the CPU.
+Token-dropping models (moe.expert_capacity_factor) are refused: transformers would route every
+token. A checkpoint saved at any expert-parallel size exports the same. Runs in one process on the
+CPU.
 """
 
 
@@ -51,7 +57,8 @@ def export_main(argv: Optional[List[str]] = None) -> int:
         return fail(PROG, f"--format {ns.format!r} is not supported; use one of: {', '.join(FORMATS)}")
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:
         return fail(PROG, "run dmoe-export as one process (not under torchrun): it loads any checkpoint whole")
-    from megatron_dmoe.export.hf_architecture import hf_architecture
+    from megatron_dmoe.export.dmoe_gpt import ARCHITECTURE, MODELING_FILE
+    from megatron_dmoe.export.hf_architecture import DMOE_GPT, hf_architecture, why_not_stock
     from megatron_dmoe.inference.errors import UsageError
     from megatron_dmoe.inference.run_model import find_checkpoint, load_run, read_run_config
 
@@ -60,7 +67,7 @@ def export_main(argv: Optional[List[str]] = None) -> int:
 
         check_safetensors()
         # everything that can be refused from the run directory alone, before building anything
-        hf_architecture(read_run_config(ns.run_dir))
+        architecture = hf_architecture(read_run_config(ns.run_dir))
         find_checkpoint(ns.run_dir, ns.checkpoint)
         if ns.out.exists() and (not ns.out.is_dir() or any(ns.out.iterdir())):
             raise UsageError(f"{ns.out} exists and is not an empty directory; choose a new output directory")
@@ -81,6 +88,10 @@ def export_main(argv: Optional[List[str]] = None) -> int:
         shutil.rmtree(ns.out.with_name(ns.out.name + ".tmp"), ignore_errors=True)
         return fail(PROG, message)
     print(f"exported checkpoint {run.iteration} of {ns.run_dir} to {path}")
+    if architecture == DMOE_GPT:
+        print(f"no stock transformers architecture computes this model ({why_not_stock(run.cfg)}): it is "
+              f"{ARCHITECTURE} with {MODELING_FILE.name}; load it with "
+              "AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)")
     return 0
 
 

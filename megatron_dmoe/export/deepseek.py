@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import List
 
-from megatron_dmoe.export.moe_families import Family
+from megatron_dmoe.export.hf_families import MLP_NAMES, Family
 
-DEEPSEEK_V2 = Family("deepseek_v2", "DeepseekV2ForCausalLM", "deepseek_v2", "DeepSeek-V2", "mlp",
-                     ("gate_proj", "up_proj", "down_proj"), None, "n_routed_experts")
-DEEPSEEK_V3 = Family("deepseek_v3", "DeepseekV3ForCausalLM", "deepseek_v3", "DeepSeek-V3", "mlp",
-                     ("gate_proj", "up_proj", "down_proj"), None, "n_routed_experts")
+DEEPSEEK_V2 = Family("deepseek_v2", "DeepseekV2ForCausalLM", "deepseek_v2", "DeepSeek-V2", "mlp", MLP_NAMES, None,
+                     "n_routed_experts")
+DEEPSEEK_V3 = Family("deepseek_v3", "DeepseekV3ForCausalLM", "deepseek_v3", "DeepSeek-V3", "mlp", MLP_NAMES, None,
+                     "n_routed_experts")
 DEEPSEEK_FAMILIES = (DEEPSEEK_V2, DEEPSEEK_V3)
 # transformers' DeepSeek latent norms (q_a_layernorm, kv_a_layernorm) are made with this epsilon
 LATENT_NORM_EPS = 1e-6

@@ -7,7 +7,7 @@ rotated query part or its value) are DeepSeek's, row for row. DeepSeek's RoPE ro
 pairs of the rotated part; megatron-core's MLA takes those pairs apart before rotating halves, so
 no permutation is needed either. The other changes of shape:
 - the first dense layers' gate and up projections are megatron's one linear_fc1 (gate rows first);
-- the routed experts are stacked as for the other families (moe_weights.py);
+- the routed experts are stacked as for the other families (hf_weights.py);
 - the shared experts are one SwiGLU MLP (w1, v1, w2 [ffn, hidden]), its down projection transposed;
 - DeepSeek-V3's selection bias (e_score_correction_bias) is the router's expert_bias.
 Neither has DeepSeek-V3's multi-token-prediction layers: an import leaves them out, an export has none.
@@ -18,11 +18,8 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from megatron_dmoe.export.moe_weights import EXPERTS, OUTPUT, TOP_LEVEL
-
-DENSE = ("mlp.linear_fc1.weight", "mlp.linear_fc2.weight")
-SHARED = ("mlp.shared_experts.w1", "mlp.shared_experts.v1", "mlp.shared_experts.w2")
-HF_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+from megatron_dmoe.export.hf_families import MLP_NAMES
+from megatron_dmoe.export.hf_weights import DENSE_MLP, EXPERTS, OUTPUT, SHARED, TOP_LEVEL
 
 
 def _attention_names(m) -> List[Tuple[str, str]]:
@@ -43,7 +40,7 @@ def _layer_names(m, moe, dense: bool) -> List[Tuple[str, str]]:
     names = [("input_layernorm.weight", "input_layernorm.weight"),
              ("pre_mlp_layernorm.weight", "post_attention_layernorm.weight")] + _attention_names(m)
     if dense:
-        return names + [(DENSE[1], "mlp.down_proj.weight")]
+        return names + [(DENSE_MLP[1], "mlp.down_proj.weight")]
     names.append(("mlp.router.weight", "mlp.gate.weight"))
     if moe.router_enable_expert_bias:
         names.append(("mlp.router.expert_bias", "mlp.gate.e_score_correction_bias"))
@@ -69,8 +66,8 @@ def hf_names(m, moe, untied: bool) -> List[str]:
         if dense:
             names += [dst + "mlp.gate_proj.weight", dst + "mlp.up_proj.weight"]
             continue
-        names += [dst + f"mlp.experts.{e}.{p}.weight" for e in range(moe.num_experts) for p in HF_PROJECTIONS]
-        names += [dst + f"mlp.shared_experts.{p}.weight" for p in HF_PROJECTIONS]
+        names += [dst + f"mlp.experts.{e}.{p}.weight" for e in range(moe.num_experts) for p in MLP_NAMES]
+        names += [dst + f"mlp.shared_experts.{p}.weight" for p in MLP_NAMES]
     return names
 
 
@@ -84,7 +81,7 @@ def to_hf(state: Dict[str, torch.Tensor], m, moe) -> Dict[str, torch.Tensor]:
         dense = _is_dense(moe, i)
         out.update({dst + theirs: state[src + ours] for ours, theirs in _layer_names(m, moe, dense)})
         if dense:
-            gate, up = state[src + DENSE[0]].chunk(2, dim=0)
+            gate, up = state[src + DENSE_MLP[0]].chunk(2, dim=0)
             out.update({dst + "mlp.gate_proj.weight": gate, dst + "mlp.up_proj.weight": up})
             continue
         w1, v1, w2 = (state[src + name] for name in EXPERTS)
@@ -108,10 +105,10 @@ def from_hf(read: Callable[[str], torch.Tensor], m, moe) -> Dict[str, torch.Tens
         dense = _is_dense(moe, i)
         out.update({src + ours: read(dst + theirs) for ours, theirs in _layer_names(m, moe, dense)})
         if dense:
-            out[src + DENSE[0]] = torch.cat([read(dst + "mlp.gate_proj.weight"), read(dst + "mlp.up_proj.weight")])
+            out[src + DENSE_MLP[0]] = torch.cat([read(dst + "mlp.gate_proj.weight"), read(dst + "mlp.up_proj.weight")])
             continue
         expert = dst + "mlp.experts.{}.{}.weight"
-        gate, up, down = ([read(expert.format(e, p)) for e in range(moe.num_experts)] for p in HF_PROJECTIONS)
+        gate, up, down = ([read(expert.format(e, p)) for e in range(moe.num_experts)] for p in MLP_NAMES)
         out[src + EXPERTS[0]] = torch.stack(gate)
         out[src + EXPERTS[1]] = torch.stack(up)
         out[src + EXPERTS[2]] = torch.stack([w.t() for w in down])

@@ -1,6 +1,6 @@
 """Write a loaded run as a transformers model directory: config.json, model.safetensors,
-generation_config.json and the tokenizer files (see hf_architecture.py for which models have an
-equivalent)."""
+generation_config.json and the tokenizer files, and for DmoeGptForCausalLM its modeling file (see
+hf_architecture.py for which architecture a model gets)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,11 @@ import shutil
 from pathlib import Path
 
 from megatron_dmoe.export import deepseek, deepseek_weights
+from megatron_dmoe.export.dmoe_gpt import copy_modeling_file, dmoe_gpt_config
 from megatron_dmoe.export.gpt2 import gpt2_config, gpt2_weights
-from megatron_dmoe.export.hf_architecture import GPT2, hf_architecture
-from megatron_dmoe.export.moe_families import BY_KEY, hf_config
-from megatron_dmoe.export.moe_weights import to_hf
+from megatron_dmoe.export.hf_architecture import DMOE_GPT, GPT2, hf_architecture
+from megatron_dmoe.export.hf_families import BY_KEY, hf_config
+from megatron_dmoe.export.hf_weights import to_hf
 from megatron_dmoe.export.tokenizer_files import (
     check_exportable_tokenizer,
     copy_tokenizer_folder,
@@ -63,6 +64,9 @@ def export_hf(run: LoadedRun, out: Path) -> Path:
     elif arch in DEEPSEEK_KEYS:
         config = deepseek.hf_config(DEEPSEEK_KEYS[arch], run.cfg, vocab, tok.eod, _bos(tok))
         tensors = deepseek_weights.to_hf(state, run.cfg.model, run.cfg.moe)
+    elif arch == DMOE_GPT:
+        config = dmoe_gpt_config(run.cfg, tc, vocab, tok.eod, _bos(tok))
+        tensors = state  # the modeling file's names are megatron-core's
     else:
         family = BY_KEY[arch]
         config = hf_config(family, run.cfg, tc, vocab, tok.eod, _bos(tok))
@@ -77,7 +81,11 @@ def export_hf(run: LoadedRun, out: Path) -> Path:
               metadata={"format": "pt"})
     (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     shutil.copymode(staging / "config.json", staging / "model.safetensors")  # safetensors writes 0600
+    if arch == DMOE_GPT:
+        copy_modeling_file(staging)
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": tok.eod}
+    if vocab > run.vocab_size:  # the rows padding added hold no token: generation never picks them, as ours
+        generation["suppress_tokens"] = list(range(run.vocab_size, vocab))
     (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     folder = hf_tokenizer_folder(run.cfg)
     if folder is not None:

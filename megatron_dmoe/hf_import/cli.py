@@ -1,4 +1,4 @@
-"""dmoe-import: a transformers MoE model directory as a run directory to continue training."""
+"""dmoe-import: a transformers model directory as a run directory to continue training."""
 from __future__ import annotations
 
 import argparse
@@ -12,23 +12,30 @@ from megatron_dmoe.inference.cli_common import fail
 PROG = "dmoe-import"
 DESCRIPTION = """\
 Turn a transformers model directory (config.json, *.safetensors, tokenizer files) of
-MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, DeepseekV2ForCausalLM or
-DeepseekV3ForCausalLM into a run directory: the resolved
-config.yaml, the checkpoint of step 0 (the model's weights, a fresh optimizer and learning-rate
-schedule) and the tokenizer (RUN_DIR/tokenizer). Then:
+MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM,
+DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or the dense LlamaForCausalLM and Qwen3ForCausalLM
+into a run directory: the resolved config.yaml, the checkpoint of step 0 (the model's weights, a
+fresh optimizer and learning-rate schedule) and the tokenizer (RUN_DIR/tokenizer). Then:
 
-  dmoe-train --run-dir RUN_DIR --resume       continue training (any layout: parallel.* overrides)
-  dmoe-eval RUN_DIR / dmoe-generate RUN_DIR    evaluate, generate
+  dmoe-generate RUN_DIR                        generate
+  dmoe-eval RUN_DIR [--data-path PREFIX]       evaluate (on given data, for a run without data)
   dmoe-export RUN_DIR OUT                      back to the same transformers architecture
+  dmoe-train --run-dir RUN_DIR --resume        fine-tune (any layout: parallel.* overrides; a run
+                                               imported without data takes data.data_path=PREFIX)
 
 The model's settings come from config.json (shapes, norms and their epsilon, query/key norm, RoPE
-theta, grouped-query attention, routing with or without renormalisation; DeepSeek's multi-latent
-attention, YaRN, dense first layers, shared experts, group-limited routing and selection bias); a
-field with no equivalent here (sliding windows, biases, clipped queries and keys, other RoPE
-scaling, dense layers between the MoE layers) is refused before anything is written. Everything else is chosen with
-key=value overrides as for dmoe-train, here, because a resumed run keeps them: the data
-(data.data_path, required: tokenized with this model's tokenizer), the schedule (training.lr,
-training.train_iters, ...), the precision (training.bf16) and the MoE backend. Runs in one process.
+theta, grouped-query attention, routing with or without renormalisation, Qwen2-MoE's gated shared
+expert and query/key/value biases; DeepSeek's multi-latent attention, YaRN, dense first layers,
+shared experts, group-limited routing and selection bias); a field with no equivalent here (sliding
+windows, other biases, clipped queries and keys, other RoPE scaling, dense layers between the MoE
+layers) is refused before anything is written. A dense import upcycles into a dMoE: dmoe-train
+RUN_DIR/config.yaml --run-dir NEW checkpoint.upcycle_from=RUN_DIR moe.num_experts=N ... Everything
+else is chosen with key=value overrides as for dmoe-train, here, because a resumed run keeps them:
+the data (data.data_path: tokenized with this model's tokenizer; without it, the run has no data
+until it is trained), the schedule (training.lr, training.train_iters, ...), the precision
+(training.bf16) and the MoE backend. The schedule starts from fine-tuning defaults, printed when not set:
+training.lr=1e-05, training.min_lr=1e-06, training.lr_warmup_iters=20 and model.seq_length =
+max_position_embeddings up to 4096. Runs in one process.
 """
 
 
@@ -39,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", type=Path, required=True, metavar="RUN_DIR",
                         help="the run directory to create (new, or without a previous run's files)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="config overrides, as for dmoe-train (data.data_path=PREFIX is required)")
+                        help="config overrides, as for dmoe-train (data.data_path=PREFIX: the data to fine-tune on)")
     return parser
 
 
@@ -52,6 +59,7 @@ def import_main(argv: Optional[List[str]] = None) -> int:
     from megatron_dmoe.hf_import.plan import plan_import
     from megatron_dmoe.hf_import.write_run import write_run
     from megatron_dmoe.inference.errors import UsageError
+    from megatron_dmoe.inference.no_data import has_no_data
     from megatron_dmoe.training.checkpoint import CheckpointError
     from megatron_dmoe.training.run_dir import RunDirError
 
@@ -59,11 +67,14 @@ def import_main(argv: Optional[List[str]] = None) -> int:
     try:
         with held_warnings():  # the config's warnings once every check has passed
             plan = plan_import(ns.hf_dir, ns.run_dir, ns.overrides)  # every check; nothing written
+        if plan.chosen:
+            print(f"fine-tuning defaults: {' '.join(plan.chosen)} (set any of them as key=value)", flush=True)
         path = write_run(plan)
     except (UsageError, DataError, CheckpointError, RunDirError) as err:
         return fail(PROG, str(err))
+    data = " data.data_path=PREFIX" if has_no_data(plan.cfg) else ""
     print(f"imported {ns.hf_dir} ({plan.family.architecture}) into {ns.run_dir} as {path.name}; "
-          f"continue with: dmoe-train --run-dir {ns.run_dir} --resume")
+          f"fine-tune with: dmoe-train --run-dir {ns.run_dir} --resume{data}")
     return 0
 
 

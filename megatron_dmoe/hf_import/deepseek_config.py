@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Tuple
 
 from megatron_dmoe.export.deepseek import DEEPSEEK_V2, LATENT_NORM_EPS, V3_GROUP_BEST
-from megatron_dmoe.export.moe_families import Family
+from megatron_dmoe.export.hf_families import Family
 from megatron_dmoe.inference.errors import UsageError
 
 _POSITIVE = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "moe_intermediate_size",
@@ -163,7 +163,6 @@ def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[Dict
         "moe.input_jitter_eps": None,
     }
     defaults = {
-        "model.seq_length": min(fixed["model.max_position_embeddings"], 4096),
         "model.init_method_std": config.get("initializer_range", 0.02),
         "model.attention_dropout": config.get("attention_dropout", 0.0),
         # DeepSeek's own config.json (transformers keeps no training settings): a sequence-wise loss

@@ -1,5 +1,6 @@
-"""A transformers config.json of Mixtral, Qwen3-MoE, OLMoE, DeepSeek-V2 or DeepSeek-V3 as our config
-keys, or one line saying which field has no equivalent here (DeepSeek's fields: deepseek_config.py).
+"""A transformers config.json of a family of hf_families.py (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE,
+Llama, Qwen3) or of DeepSeek-V2 / DeepSeek-V3 as our config keys, or one line saying which field has
+no equivalent here (DeepSeek's fields: deepseek_config.py).
 
 `model_keys` gives two lists of `key=value` overrides: the ones that fix what the model computes
 (its shapes, norms, routing: a user may not set them), and defaults a user may change (training
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from megatron_dmoe.export.deepseek import DEEPSEEK_FAMILIES
-from megatron_dmoe.export.moe_families import BY_ARCHITECTURE, MIXTRAL, QWEN3_MOE, Family
+from megatron_dmoe.export.hf_families import BY_ARCHITECTURE, MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE, Family
 from megatron_dmoe.hf_import import deepseek_config
 from megatron_dmoe.inference.errors import UsageError
 
@@ -79,21 +80,27 @@ def _refuse_unsupported(config: Dict[str, Any], family: Family, path: Path) -> N
     for field in ("attention_bias", "mlp_bias"):
         if config.get(field):
             refuse(field, "linear layers without biases only: false")
+    if family.qkv_bias_field is None and config.get("qkv_bias"):
+        refuse("qkv_bias", "query/key/value biases are Qwen2-MoE's here; false only")
     if family is MIXTRAL and config.get("sliding_window") is not None:
         refuse("sliding_window", "sliding-window attention; null only")
     if config.get("use_sliding_window"):
         refuse("use_sliding_window", "sliding-window attention; false only")
     if config.get("clip_qkv") is not None:
         refuse("clip_qkv", "clipped queries, keys and values; null only")
-    if config.get("shared_expert_intermediate_size"):
+    if not family.shared_expert and config.get("shared_expert_intermediate_size"):
         refuse("shared_expert_intermediate_size", "a gated shared expert of another kind; 0 only")
-    if family is QWEN3_MOE:
+    if family in (QWEN3_MOE, QWEN2_MOE):
         if config.get("decoder_sparse_step", 1) != 1:
             refuse("decoder_sparse_step", "dense MLP layers between the MoE layers; 1 only")
         if config.get("mlp_only_layers"):
             refuse("mlp_only_layers", "dense MLP layers; [] only")
-    for field in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-                  "num_experts_per_tok", _experts_field(config, family)):
+    needed = ["num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"]
+    if family.moe:
+        needed += ["num_experts_per_tok", _experts_field(config, family)]
+    if family.shared_expert:
+        needed.append("shared_expert_intermediate_size")
+    for field in needed:
         value = config.get(field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             refuse(field, "a positive integer is needed")
@@ -113,7 +120,7 @@ def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[List
         raise UsageError(f"{path}: head_dim={head_dim} with hidden_size={hidden} and num_attention_heads={heads} "
                          "is not supported: OLMoE's query norm spans hidden_size, so heads must be hidden_size / "
                          "num_attention_heads wide")
-    ffn = config["moe_intermediate_size"] if family is QWEN3_MOE else config["intermediate_size"]
+    ffn = config["moe_intermediate_size"] if family in (QWEN3_MOE, QWEN2_MOE) else config["intermediate_size"]
     vocab = config["vocab_size"]
     # the model's rows are exactly config.json's: padded to a multiple of 1 x the tensor-parallel
     # size, so a checkpoint saved at one TP size loads at another that divides the vocabulary
@@ -132,27 +139,35 @@ def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[List
         "model.position_embedding_type": "rope",
         "model.rotary_base": int(theta),
         "model.normalization": "RMSNorm",
-        "model.norm_epsilon": float(config.get("rms_norm_eps", 1e-6 if family is QWEN3_MOE else 1e-5)),
+        "model.norm_epsilon": float(config.get("rms_norm_eps", 1e-5 if family in (MIXTRAL, OLMOE) else 1e-6)),
         "model.activation": "swiglu",
         "model.add_bias_linear": False,
+        "model.add_qkv_bias": bool(config.get(family.qkv_bias_field)) if family.qkv_bias_field else False,
         "model.untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False),
         "model.qk_layernorm": family.qk_norm is not None,
         "model.qk_layernorm_scope": family.qk_norm or "head",
-        "moe.num_experts": config[_experts_field(config, family)],
-        "moe.top_k": config["num_experts_per_tok"],
-        "moe.ffn_hidden_size": ffn,
-        "moe.layer_freq": 1,
-        "moe.first_dense_layers": 0,
-        "moe.router_score_function": "softmax",
-        "moe.router_pre_softmax": True,
-        "moe.router_renormalize": renormalize,
-        "moe.router_topk_scaling_factor": 1.0,
-        "moe.router_enable_expert_bias": False,
-        "moe.expert_capacity_factor": None,
-        "moe.shared_expert_ffn_hidden_size": 0,
     }
+    shared = config["shared_expert_intermediate_size"] if family.shared_expert else 0
+    if family.moe is None:
+        # experts as wide as the dense MLP: what upcycling it (checkpoint.upcycle_from) makes
+        fixed.update({"moe.num_experts": 0, "moe.ffn_hidden_size": config["intermediate_size"]})
+    else:
+        fixed.update({
+            "moe.num_experts": config[_experts_field(config, family)],
+            "moe.top_k": config["num_experts_per_tok"],
+            "moe.ffn_hidden_size": ffn,
+            "moe.layer_freq": 1,
+            "moe.first_dense_layers": 0,
+            "moe.router_score_function": "softmax",
+            "moe.router_pre_softmax": True,
+            "moe.router_renormalize": renormalize,
+            "moe.router_topk_scaling_factor": 1.0,
+            "moe.router_enable_expert_bias": False,
+            "moe.expert_capacity_factor": None,
+            "moe.shared_expert_ffn_hidden_size": shared,
+            "moe.shared_expert_gate": family.shared_expert,
+        })
     defaults = {
-        "model.seq_length": min(fixed["model.max_position_embeddings"], 4096),
         "model.init_method_std": config.get("initializer_range", 0.02),
         "model.attention_dropout": config.get("attention_dropout", 0.0),
         "moe.aux_loss_coeff": config.get("router_aux_loss_coef", 0.01),

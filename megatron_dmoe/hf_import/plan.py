@@ -1,21 +1,25 @@
 """Everything dmoe-import checks before it writes anything: the model directory's config.json,
 weights and tokenizer files, the user's overrides, the resolved and validated run config, and the
-run directory. Each refusal is one line (UsageError)."""
+run directory. Each refusal is one line (UsageError). Without data.data_path the run is one without
+data (inference/no_data.py): generated from, evaluated on given data and exported, and given its
+data when it is trained."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List
 
-from megatron_dmoe.config import ConfigError, RunConfig, load_config, resolve, validate
+from megatron_dmoe.config import ConfigError, RunConfig, load_config, resolve
 from megatron_dmoe.export import deepseek_weights
 from megatron_dmoe.export.deepseek import DEEPSEEK_FAMILIES
-from megatron_dmoe.export.moe_families import Family
-from megatron_dmoe.export.moe_weights import OUTPUT, hf_names
+from megatron_dmoe.export.hf_families import Family
+from megatron_dmoe.export.hf_weights import OUTPUT, hf_names
 from megatron_dmoe.export.tokenizer_files import HF_TOKENIZER_FILES
+from megatron_dmoe.hf_import.fine_tuning import fine_tuning_defaults
 from megatron_dmoe.hf_import.hf_config import family_of, model_keys, read_hf_config
 from megatron_dmoe.hf_import.safetensors_files import SafetensorsFiles
 from megatron_dmoe.inference.errors import UsageError
+from megatron_dmoe.inference.no_data import validate_without_data
 
 TOKENIZER_DIR = "tokenizer"  # the run directory's copy of the model's tokenizer files
 # keys dmoe-import sets for the tokenizer it copies
@@ -30,6 +34,7 @@ class ImportPlan:
     cfg: RunConfig  # resolved and validated
     files: SafetensorsFiles
     tokenizer_files: List[str]
+    chosen: List[str]  # the fine-tuning defaults (fine_tuning.py) the user left, as key=value
 
 
 def _user_keys(overrides: List[str]) -> List[str]:
@@ -68,9 +73,6 @@ def plan_import(hf_dir: Path, run_dir: Path, overrides: List[str]) -> ImportPlan
         raise UsageError("training.use_distributed_optimizer: the imported checkpoint is written with the plain "
                          "optimizer; switch it on when training (dmoe-train --run-dir RUN_DIR --resume "
                          "training.use_distributed_optimizer=true)")
-    if "data.data_path" not in _user_keys(overrides):
-        raise UsageError("give data.data_path=PREFIX: data tokenized with this model's tokenizer "
-                         f"(tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer --tokenizer-model {hf_dir})")
 
     previous = previous_run_files(run_dir)
     if previous or (run_dir / TOKENIZER_DIR).exists():
@@ -82,9 +84,12 @@ def plan_import(hf_dir: Path, run_dir: Path, overrides: List[str]) -> ImportPlan
 
     tokenizer = ["data.tokenizer_type=HuggingFaceTokenizer",
                  f"data.tokenizer_model={(run_dir / TOKENIZER_DIR).absolute()}"]
+    user_keys = set(_user_keys(overrides))
+    starting = fine_tuning_defaults(config.get("max_position_embeddings", 4096))
+    chosen = [f"{key}={value}" for key, value in starting.items() if key not in user_keys]
     try:
-        cfg = resolve(load_config(None, defaults + list(overrides) + fixed + tokenizer))
-        validate(cfg, world_size=1)
+        cfg = resolve(load_config(None, defaults + chosen + list(overrides) + fixed + tokenizer))
+        validate_without_data(cfg, world_size=1)
     except ConfigError as err:
         raise UsageError(str(err)) from None
 
@@ -97,7 +102,7 @@ def plan_import(hf_dir: Path, run_dir: Path, overrides: List[str]) -> ImportPlan
         ignored += deepseek_weights.prediction_layer_names(files.where, m.num_layers,
                                                            config.get("num_nextn_predict_layers") or 0)
     else:
-        names = hf_names(family, m.num_layers, cfg.moe.num_experts, untied)
+        names = hf_names(family, m.num_layers, cfg.moe.num_experts, untied, m.add_qkv_bias)
     files.check_names(names, family.architecture, ignored=ignored)
     return ImportPlan(hf_dir=hf_dir, run_dir=run_dir, family=family, cfg=cfg, files=files,
-                      tokenizer_files=tokenizer_files)
+                      tokenizer_files=tokenizer_files, chosen=chosen)

@@ -74,11 +74,12 @@ def _read_prompts(ns) -> List[str]:
 
 def _encode(cfg, prompts: List[str]) -> List[List[int]]:
     """Token ids of the prompts with the run's tokenizer; each must fit the model's context."""
-    from megatron_dmoe.data import DataError, build_tokenizer
+    from megatron_dmoe.data import DataError
     from megatron_dmoe.inference.errors import UsageError
+    from megatron_dmoe.inference.no_data import build_run_tokenizer
 
     try:
-        tok = build_tokenizer(cfg)
+        tok = build_run_tokenizer(cfg)
     except DataError as err:
         raise UsageError(str(err)) from None
     context = cfg.model.max_position_embeddings

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
-from megatron_dmoe.config import ConfigError, ConfigWarning, RunConfig, load_config, resolve, validate
+from megatron_dmoe.config import ConfigError, ConfigWarning, RunConfig, load_config, resolve
 from megatron_dmoe.inference.errors import UsageError
+from megatron_dmoe.inference.no_data import build_run_tokenizer, has_no_data, validate_without_data
 from megatron_dmoe.training.checkpoint import CheckpointError, checkpoint_dir, latest_iteration
 from megatron_dmoe.training.run_dir import CONFIG_FILE, checkpoint_root
 
@@ -101,14 +102,15 @@ def check_inference_config(cfg: RunConfig) -> None:
     """validate() for this process group's size; problems become one UsageError.
 
     bf16/fp16 are checked as fp32: validation refuses them on a CPU for the sake of training's
-    mixed-precision optimizer, which inference does not build; the model itself runs in them."""
+    mixed-precision optimizer, which inference does not build; the model itself runs in them. A
+    run without data (no_data.py) is checked without its data paths."""
     probe = copy.deepcopy(cfg)
     probe.training.bf16 = probe.training.fp16 = False
     probe.training.loss_scale = None
     try:
         with warnings.catch_warnings():  # about training (the run showed them): not for inference
             warnings.simplefilter("ignore", ConfigWarning)
-            validate(probe, world_size=_world_size())
+            validate_without_data(probe, _world_size())
     except ConfigError as err:
         raise UsageError(f"the run's config cannot be used here: {err}") from None
 
@@ -121,11 +123,14 @@ def load_run(run_dir: Path, *, device: str = "auto", checkpoint: Optional[int] =
     without torchrun); the caller ends it with parallel.distributed.destroy_distributed.
     with_data: also build the run's datasets (returned as .data, a training.setup.RunData).
     """
-    from megatron_dmoe.data import DataError, build_tokenizer
+    from megatron_dmoe.data import DataError
 
     cfg = inference_config(read_run_config(run_dir), device, expert_parallel)
     path = find_checkpoint(run_dir, checkpoint)
     check_inference_config(cfg)
+    if with_data and has_no_data(cfg):
+        raise UsageError(f"{run_dir} has no data of its own (imported without data.data_path); give data "
+                         "tokenized with its tokenizer (--data-path PREFIX)")
 
     from megatron.core.transformer.module import Float16Module
 
@@ -137,7 +142,7 @@ def load_run(run_dir: Path, *, device: str = "auto", checkpoint: Optional[int] =
     env = init_distributed(cfg.training.device, 1, 1, expert_parallel)
     try:
         data = prepare_run_data(cfg, env) if with_data else None
-        tokenizer = data.tokenizer if data is not None else build_tokenizer(cfg)
+        tokenizer = data.tokenizer if data is not None else build_run_tokenizer(cfg)
     except DataError as err:
         raise UsageError(str(err)) from None
     vocab_size = cfg.model.vocab_size or tokenizer.vocab_size

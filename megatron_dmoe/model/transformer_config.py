@@ -65,6 +65,7 @@ def to_transformer_config(cfg: RunConfig, on_cuda: bool) -> TransformerConfig:
         qk_layernorm=m.qk_layernorm and m.qk_layernorm_scope == "head",
         ffn_hidden_size=m.ffn_hidden_size,
         add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,

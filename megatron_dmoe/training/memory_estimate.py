@@ -108,7 +108,7 @@ def attention_params(cfg: RunConfig) -> int:
     h, d = m.hidden_size, _head_dim(cfg)
     qkv_out = (m.num_attention_heads + 2 * _query_groups(cfg)) * d // tp
     proj_in = m.num_attention_heads * d // tp
-    bias = qkv_out + h if m.add_bias_linear else 0
+    bias = (qkv_out if m.add_bias_linear or m.add_qkv_bias else 0) + (h if m.add_bias_linear else 0)
     qk_norms = 0
     if m.qk_layernorm and m.qk_layernorm_scope == "projection":  # RMSNorms over this rank's heads
         qk_norms = (m.num_attention_heads + _query_groups(cfg)) * d // tp

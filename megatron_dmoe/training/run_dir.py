@@ -161,6 +161,10 @@ MAY_CHANGE = {
     "training.memory_check", "data.cache_dir", "data.num_workers",
 }
 
+# What a run saved without data (its own tokenizer, no data.data_path: dmoe-import's) is given at
+# its first resume; its checkpoint has read no data yet
+DATA_GIVEN_LATER = {"data.data_path", "data.valid_data_path", "data.split"}
+
 Mismatch = Tuple[str, Any, Any]  # (dotted key, saved value, requested value)
 
 
@@ -178,8 +182,10 @@ def _follows_its_sources(dotted: str, saved: RunConfig, requested: RunConfig) ->
 
 def resume_mismatches(saved: RunConfig, requested: RunConfig) -> List[Mismatch]:
     """Keys the run's checkpoints depend on whose values differ; both configs resolved."""
+    without_data = not saved.data.data_path and bool(saved.data.tokenizer_type or saved.data.tokenizer_model)
     return [(dotted, old, new) for dotted, old, new in _differences(saved, requested)
             if dotted.split(".")[0] not in MAY_CHANGE_SECTIONS and dotted not in MAY_CHANGE
+            and not (without_data and dotted in DATA_GIVEN_LATER)
             and not _follows_its_sources(dotted, saved, requested)]
 
 

@@ -77,7 +77,7 @@ def _check_dense_run_config(source: Path, cfg: RunConfig) -> None:
         return
     ours = resolve(cfg)
     keys = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-            "normalization", "activation", "add_bias_linear", "position_embedding_type",
+            "normalization", "activation", "add_bias_linear", "add_qkv_bias", "position_embedding_type",
             "untie_embeddings_and_output_weights")
     differ = [f"model.{k} is {getattr(dense.model, k)!r} there, {getattr(ours.model, k)!r} here"
               for k in keys if getattr(dense.model, k) != getattr(ours.model, k)]

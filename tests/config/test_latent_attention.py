@@ -41,6 +41,7 @@ def test_rope_type_defaults_as_megatron_lm_chooses():
     (["model.position_embedding_type=learned_absolute"], "model.position_embedding_type", "use rope"),
     (["model.num_query_groups=2"], "model.num_query_groups", "no grouped-query attention"),
     (["model.kv_channels=16"], "model.kv_channels", "model.qk_head_dim"),
+    (["model.add_qkv_bias=true"], "model.add_qkv_bias", "without biases"),
     (["model.qk_pos_emb_head_dim=5"], "model.qk_pos_emb_head_dim", "even"),
     (["model.qk_layernorm=true", "model.qk_layernorm_scope=projection"], "model.qk_layernorm_scope", "latents"),
     (["model.transformer_impl=transformer_engine"], "model.transformer_impl", "local modules"),

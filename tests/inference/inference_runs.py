@@ -34,9 +34,10 @@ MIXTRAL = [
 ]
 
 
-def make_untrained_run(run_dir, overrides):
+def make_untrained_run(run_dir, overrides, perturb=False):
     """A run directory as dmoe-train leaves it (config.yaml, a checkpoint at step 2), written in this
-    process from the model's initial weights: no training, no subprocess."""
+    process from the model's initial weights: no training, no subprocess. perturb: norms, biases and
+    the expert bias drawn away from their initial ones and zeros, so that each is seen to be used."""
     from megatron_dmoe.config import load_config, resolve, save_config
     from megatron_dmoe.data import build_tokenizer
     from megatron_dmoe.model.gpt import build_gpt_model
@@ -50,6 +51,20 @@ def make_untrained_run(run_dir, overrides):
     try:
         seed_everything(cfg.training.seed, env)
         model = build_gpt_model(cfg, vocab_size=build_tokenizer(cfg).vocab_size, on_cuda=False)
+        if perturb:
+            _perturb(model)
         save_checkpoint(checkpoint_root(run_dir), [model], None, None, Progress(iteration=2), keep_last=2)
     finally:
         destroy_distributed()
+
+
+def _perturb(model):
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if "layernorm" in name and name.endswith("weight"):
+                tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
+            elif name.endswith(("bias", "expert_bias")):
+                tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.1)

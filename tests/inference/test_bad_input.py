@@ -51,15 +51,15 @@ def test_an_unknown_format_is_refused(runs, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_an_architecture_without_equivalent_is_refused_naming_its_settings(runs, tmp_path, capsys):
-    run_dir = tmp_path / "gelu_moe"
+def test_a_model_without_equivalent_is_refused_naming_its_settings(runs, tmp_path, capsys):
+    run_dir = tmp_path / "capacity_moe"
     run_dir.mkdir()
     text = (runs["mixtral"] / "config.yaml").read_text()
-    (run_dir / "config.yaml").write_text(text.replace("activation: swiglu", "activation: gelu")
-                                         .replace("normalization: RMSNorm", "normalization: LayerNorm"))
+    assert "expert_capacity_factor: null" in text
+    (run_dir / "config.yaml").write_text(text.replace("expert_capacity_factor: null", "expert_capacity_factor: 1.0"))
     assert export_main([str(run_dir), str(tmp_path / "out")]) == 2
-    _one_error_line(capsys, "dmoe-export", "Mixtral", "model.activation=gelu", "model.normalization=LayerNorm")
-    assert "position_embedding_type" not in capsys.readouterr().err
+    _one_error_line(capsys, "dmoe-export", "no transformers equivalent", "moe.expert_capacity_factor=1.0")
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_or_weighted_datasets_are_refused(runs, tmp_path, capsys):

@@ -204,7 +204,8 @@ def test_an_unsupported_deepseek_config_is_refused_in_one_line(family, changes, 
 
 def test_export_refuses_a_latent_attention_model_without_a_deepseek_equivalent():
     from megatron_dmoe.config import load_config, resolve
-    from megatron_dmoe.export.hf_architecture import hf_architecture
+    from megatron_dmoe.export.dmoe_gpt import dmoe_gpt_mismatches
+    from megatron_dmoe.export.hf_architecture import DMOE_GPT, hf_architecture
     from megatron_dmoe.inference.errors import UsageError
 
     mla = ["model.multi_latent_attention=true", "model.position_embedding_type=rope", "model.normalization=RMSNorm",
@@ -220,6 +221,13 @@ def test_export_refuses_a_latent_attention_model_without_a_deepseek_equivalent()
     with pytest.raises(UsageError, match=r"moe.shared_expert_ffn_hidden_size=0 .*model.norm_epsilon=1e-05"):
         hf_architecture(resolve(load_config(None, mla + ["moe.shared_expert_ffn_hidden_size=0",
                                                          "model.norm_epsilon=1e-5"])))
+    # a latent-attention model that Mixtral would compute but for its attention is refused as DeepSeek's
+    mixtral_like = mla[:5] + ["moe.num_experts=8", "moe.top_k=2", "moe.router_renormalize=true"]
+    with pytest.raises(UsageError, match="as DeepSeek-V2 these settings differ: moe.router_pre_softmax"):
+        hf_architecture(resolve(load_config(None, mixtral_like)))
+    # our own modeling file has no multi-latent attention: the same model without it is ours
+    assert dmoe_gpt_mismatches(resolve(load_config(None, mla)))[0].startswith("model.multi_latent_attention=true")
+    assert hf_architecture(resolve(load_config(None, mla[1:]))) == DMOE_GPT
 
 
 @pytest.mark.gpu

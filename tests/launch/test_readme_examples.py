@@ -53,6 +53,8 @@ NOT_RUNNABLE = {
     "dmoe-train CONFIG checkpoint.upcycle_from=DENSE_RUN_DIR [moe.upcycle_granularity=N]",
     # the form of a resume hint (DIR a placeholder); tests/training/test_failure_lines.py checks the hints
     "dmoe-train --nproc-per-node 2 --run-dir DIR --resume",
+    # an import of the user's own model; tests/inference/test_hf_import_families.py upcycles a tiny Llama
+    "dmoe-train runs/llama/config.yaml --run-dir runs/llama-moe checkpoint.upcycle_from=runs/llama \\",
 }
 
 

@@ -17,8 +17,12 @@ def _check_tokenizer(state: CheckState) -> None:
         return
     kind = v(key)
     if not v("data.data_path"):
+        # a run imported without data (dmoe-import) meets this when it is first trained
+        model = v("data.tokenizer_model") if ok("data.tokenizer_model") else None
+        how = f" (tools/preprocess_data.py --tokenizer-type {kind} --tokenizer-model {model})" if model else ""
         state.problem(key, f"{kind} names the tokenizer of your data, but data.data_path is empty (the "
-                      f"built-in corpus has its own tokenizer); set data.data_path or unset {key}")
+                      f"built-in corpus has its own tokenizer); set data.data_path=PREFIX to data tokenized "
+                      f"with it{how}, or unset {key}")
         return
     missing = [f"data.{name} ({tokenizers.FLAGS[name]})" for name in tokenizers.REQUIRED_KEYS[kind]
                if ok(f"data.{name}") and v(f"data.{name}") in (None, "")]

@@ -27,6 +27,9 @@ def check(state: CheckState) -> None:
     if raw("model.kv_channels") is not None:
         state.problem("model.kv_channels", "is not used by multi-latent attention, whose heads' widths are "
                       "model.qk_head_dim, model.qk_pos_emb_head_dim and model.v_head_dim; leave it unset")
+    if state.ok("model.add_qkv_bias") and v("model.add_qkv_bias"):
+        state.problem("model.add_qkv_bias", "true: megatron-core's multi-latent attention builds its projections "
+                      "without biases; leave it false")
     if state.ok("model.qk_pos_emb_head_dim") and v("model.qk_pos_emb_head_dim") % 2:
         state.problem("model.qk_pos_emb_head_dim", f"{v('model.qk_pos_emb_head_dim')}: RoPE rotates pairs of "
                       "dimensions; use an even width")
