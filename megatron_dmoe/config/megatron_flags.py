@@ -97,8 +97,6 @@ REFUSED: Dict[str, Tuple[str, str]] = {
     "use_megatron_fsdp": ("FSDP is not supported", "use --use-distributed-optimizer (sharded optimizer state)"),
     "fp8_format": ("fp8 training is not supported", "use --bf16"),
     "apply_layernorm_1p": ("zero-centred norm weights are not supported", "leave it out (plain LayerNorm/RMSNorm)"),
-    "add_qkv_bias": ("biases on the QKV projection alone are not supported",
-                     "leave it out, or keep biases on every linear (leave --disable-bias-linear out)"),
     "rotary_seq_len_interpolation_factor": ("RoPE scaling is not supported", "leave it out"),
     "use_rope_scaling": ("RoPE scaling is not supported", "leave it out"),
     "use_checkpoint_args": ("a run's settings come from its config.yaml", "use --load with the run directory "
@@ -111,7 +109,7 @@ REFUSED: Dict[str, Tuple[str, str]] = {
 }
 # refused flags that take a value (the others are switches)
 REFUSED_SWITCHES = {"mock_data", "moe_layer_recompute", "moe_pad_expert_input_to_capacity", "moe_use_upcycling",
-                    "moe_extended_tp", "use_torch_fsdp2", "use_megatron_fsdp", "apply_layernorm_1p", "add_qkv_bias",
+                    "moe_extended_tp", "use_torch_fsdp2", "use_megatron_fsdp", "apply_layernorm_1p",
                     "use_rope_scaling", "use_checkpoint_args"}
 
 

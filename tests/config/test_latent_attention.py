@@ -22,8 +22,8 @@ def test_megatron_lm_flags_become_the_keys():
     argv = ["--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16", "--qk-head-dim", "8",
             "--qk-pos-emb-head-dim", "4", "--v-head-dim", "12", "--rope-type", "yarn", "--rotary-scaling-factor",
             "40", "--mscale", "0.707", "--mscale-all-dim", "0.707"]
-    rest, overrides, problems = flags_to_overrides(argv, [])
-    assert rest == [] and problems == []
+    rest, overrides, problems, ignored = flags_to_overrides(argv, [])
+    assert rest == [] and problems == [] and ignored == []
     assert overrides == ["model.multi_latent_attention=true", "model.q_lora_rank=24", "model.kv_lora_rank=16",
                          "model.qk_head_dim=8", "model.qk_pos_emb_head_dim=4", "model.v_head_dim=12",
                          "model.rope_type=yarn", "model.rotary_scaling_factor=40", "model.mscale=0.707",
