@@ -54,7 +54,7 @@ def plan_runs(spec: SweepSpec, runs_dir: os.PathLike,
 
 # settings whose `auto` is resolved when a run starts (its config.yaml records the outcome): `auto`
 # asks for whatever the earlier run resolved it to
-RESOLVED_AT_START = {("training", "cuda_graphs")}
+RESOLVED_AT_START = {("training", "cuda_graphs"), ("moe", "expert_wgrad_window")}
 
 
 def _existing_config_problems(run: PlannedRun) -> List[Problem]:

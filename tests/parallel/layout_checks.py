@@ -71,14 +71,22 @@ def one_process_overrides(kind, global_batch_size, cache_dir):
         f"data.cache_dir={cache_dir}"]
 
 
+# Keys of the parallel section that say how gradients travel, not how the model splits: each is
+# trained against its own reference elsewhere (tests/parallel/test_overlap_grad_reduce.py).
+NOT_LAYOUT = {"parallel.overlap_grad_reduce", "parallel.overlap_param_gather", "parallel.ddp_bucket_size"}
+
+
 def parallel_space(world_size):
-    """{key: candidate values} for every key of the parallel section, from its schema's types."""
+    """{key: candidate values} for every key of the parallel section but NOT_LAYOUT, from its
+    schema's types."""
     hints = typing.get_type_hints(ParallelConfig)
     sizes = tuple(range(1, world_size + 1))
     space = {}
     for field in dataclasses.fields(ParallelConfig):
         kind = hints[field.name]
         key = f"parallel.{field.name}"
+        if key in NOT_LAYOUT:
+            continue
         if kind is bool:
             space[key] = (False, True)
         elif kind is int:
