@@ -69,7 +69,8 @@ def test_read_only_run_directory_and_parent_are_refused_before_anything_runs(cli
 def test_read_only_checkpoints_keep_latest(cli_run, finished_run, corpus_cache, monkeypatch):
     ckpts = finished_run / "checkpoints"
     before = snapshot(ckpts)
-    args = small_args(corpus_cache, 2, "checkpoint.save_interval=1")
+    # the saved schedule kept (no warning of the rate jumping back up): the error is the one line
+    args = small_args(corpus_cache, 2, "checkpoint.save_interval=1", "training.lr_decay_iters=1")
     with read_only(ckpts):
         refused = cli_run(finished_run, *args, "--resume")
         _one_line(refused, f"cannot write to {ckpts} (its checkpoints): a read-only file system")
