@@ -17,6 +17,9 @@
 - megatron-core's logged notice, when layers are captured as CUDA graphs without Transformer Engine,
   that TE's weak references would let graphs share their input and output buffers: the memory
   estimate and the measured peaks count the buffers as they are; only installing TE changes it.
+- megatron-core 0.19's UserWarning that it cannot tell the rank (from torch.distributed, RANK or
+  SLURM_PROCID) and takes rank 0: its logging helpers ask before a command has a process group (a
+  single process, the launcher's parent), where rank 0 is right.
 - torch's warning that an AccumulateGrad node's stream differs from its gradient's: megatron-core's
   DDP keeps every parameter's AccumulateGrad node from when it wraps the model (on the default
   stream), and captured layers run on a stream of their own; upstream would have to take the nodes
@@ -31,6 +34,7 @@ _ALWAYS = (
     (r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated", FutureWarning),
     (r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed", UserWarning),
     (r"MimoModelConfig is experimental", UserWarning),
+    (r"Could not determine rank from torch\.distributed, RANK, or SLURM_PROCID", UserWarning),
     (r"Using a large number of experts \(e\.g\. >=32\) without fp32 routing\. Consider enabling "
      r"moe_router_dtype", UserWarning),
     (r"The pad token id in the tokenizer collides with another special token id\..*As such, the training flow "

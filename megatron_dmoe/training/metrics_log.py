@@ -126,6 +126,11 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+            import wandb
+
+            # stop wandb's service process now: left to its exit hook, a process that ran training
+            # in-process (the tests, a notebook) prints a traceback when the service has gone first
+            wandb.teardown()
         if self._file is not None:
             self._file.close()
             self._file = None
