@@ -58,3 +58,14 @@ def exported(runs, tmp_path_factory):
         assert export_main([str(run_dir), str(root / name)]) == 0
         out[name] = root / name
     return out
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_cache):
+    """(data prefix, tokenizer) of the built-in corpus with a 4096-token vocabulary: the HF import
+    tests' tokenizer and evaluation data."""
+    from megatron_dmoe.data.builtin import prepare_builtin_corpus
+    from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
+
+    prefix, model = prepare_builtin_corpus(4096, corpus_cache)
+    return prefix, load_tokenizer(model)

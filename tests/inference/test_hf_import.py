@@ -45,15 +45,6 @@ def _our_logits(run, tokens):
         return run.model(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None).float()
 
 
-@pytest.fixture(scope="module")
-def corpus(corpus_cache):
-    from megatron_dmoe.data.builtin import prepare_builtin_corpus
-    from megatron_dmoe.data.sentencepiece_tokenizer import load_tokenizer
-
-    prefix, model = prepare_builtin_corpus(4096, corpus_cache)
-    return prefix, load_tokenizer(model)
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def imported(request, corpus, tmp_path_factory):
     """(family, transformers model, its directory, the imported run directory)."""
