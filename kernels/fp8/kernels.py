@@ -10,10 +10,10 @@
 import triton
 import triton.language as tl
 
-E4M3_MAX: tl.constexpr = 448.0  # as reference.E4M3_MAX
-AMAX_FLOOR: tl.constexpr = 7.888609052210118e-31  # 2^-100, as reference.AMAX_FLOOR
+E4M3_MAX = tl.constexpr(448.0)  # as reference.E4M3_MAX
+AMAX_FLOOR = tl.constexpr(7.888609052210118e-31)  # 2^-100, as reference.AMAX_FLOOR
 # Adding and subtracting 1.5 * 2^23 rounds an fp32 |t| < 2^22 to an integer, ties to even.
-ROUNDER: tl.constexpr = 12582912.0
+ROUNDER = tl.constexpr(12582912.0)
 
 
 @triton.jit

@@ -12,10 +12,11 @@ micro-batch (the product kernel returns at once until the window is full).
                          that made it stored it into `data_slot` already (the activation's
                          backward does: activations/ops.py)
 
-The product adds its tiles into out through pointers (`epilogue="pointers"`, the default) or by the
-tensor-memory accelerator's reduce (`"tma_reduce"`, Hopper's bulk reduce-add: the program does not
-wait for out's old values). The second is built and compiled for sm_90, not yet timed against the
-first (`tools/bench_wgrad_window.py` does); the interpreter cannot run it.
+The product adds its tiles into out by the tensor-memory accelerator's reduce (`epilogue=
+"tma_reduce"`, Hopper's bulk reduce-add: the program goes on to its next tile without waiting for
+out's old values) or through pointers (`"pointers"`: load, add, store). The default takes the TMA
+reduce on GPUs with TMA (compute capability 9 or newer): it adds the same sums bit for bit and was
+measured faster (docs/kernels.md); the interpreter and older GPUs take pointers.
 """
 from __future__ import annotations
 
@@ -32,12 +33,19 @@ from ..launch import (
 )
 from .kernels import dsdt_window as _window_module
 from .topology import Topology
-from .tuning import dsd_config
+from .tuning import DsdConfig, dsd_config
 
 _COPY_BLOCK = 4096
 _COPY_PROGRAMS_PER_SM = 4
 EPILOGUES = ("pointers", "tma_reduce")
 _REDUCE_STRIP = 64  # columns of out per TMA reduce: an fp32 [128, 64] staging block, 32 KB
+
+
+def default_epilogue(device: torch.device) -> str:
+    """The TMA reduce where the kernel is compiled for a GPU with TMA, else pointers."""
+    if interpreted(_window_module.dsdt_window_kernel) or device.type != "cuda":
+        return "pointers"
+    return "tma_reduce" if torch.cuda.get_device_capability(device)[0] >= 9 else "pointers"
 
 
 class WindowSlots:
@@ -48,15 +56,18 @@ class WindowSlots:
     bounds (a training run's micro-batches all do)."""
 
     def __init__(self, window: int, data: torch.Tensor, topology: Topology, b: torch.Tensor,
-                 epilogue: str = "pointers"):
+                 epilogue: str | None = None, config: DsdConfig | None = None):
         if window < 1:
             raise ValueError(f"window={window} must be at least 1")
+        if epilogue is None:
+            epilogue = default_epilogue(b.device)
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue={epilogue!r}: use one of {', '.join(EPILOGUES)}")
         if epilogue == "tma_reduce" and interpreted(_window_module.dsdt_window_kernel):
             raise ValueError("epilogue='tma_reduce' needs a GPU with TMA (Hopper or newer): Triton's interpreter "
                              "has no TMA reduce; use epilogue='pointers'")
         self.epilogue = epilogue
+        self.config = config  # None: dsd_config's choice for the shapes (tools/bench_wgrad_window.py sweeps others)
         if not topology.blocks_per_row or topology.expert_offsets is None:
             raise ValueError("WindowSlots takes dMoE topologies (Topology.for_experts)")
         self.window = window
@@ -110,7 +121,7 @@ class WindowSlots:
         kernel = _window_module.dsdt_window_kernel
         check_launchable(kernel, out.device)
         bs, W, n = self.block_size, self.window, self.b.shape[-1]
-        cfg = dsd_config(bs, n, True, out.device, True, self.b.dtype)
+        cfg = self.config or dsd_config(bs, n, True, out.device, True, self.b.dtype)
         num_experts = self.offsets.shape[1] - 1
         s_rows = self.data[0].numel() // bs  # one slot's rows of the data viewed [-1, bs]
         b_rows = self.b.shape[1]

@@ -16,9 +16,10 @@ def test_bench_wgrad_window_toy_writes_its_rows(tmp_path, capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "window.json"
-    assert bench.main(["--toy", "--out", str(out)]) == 0
+    assert bench.main(["--toy", "--configs", "16x16x2x4x1,32x8x2x4x2", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["equal"] is True
-    assert [r["epilogue"].split()[0] for r in result["rows"]] == ["pointers", "torch.bmm"]
+    assert [r["epilogue"].split()[0] for r in result["rows"]] == ["pointers"] * 3 + ["torch.bmm"]
+    assert [r.get("agrees") for r in result["rows"][1:3]] == [True, True]
     assert all(r["ms"] > 0 for r in result["rows"])
     assert "epilogues equal bit for bit: True" in capsys.readouterr().out

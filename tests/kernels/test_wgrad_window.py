@@ -78,6 +78,9 @@ def test_the_epilogue_is_checked_before_any_work(device):
     data, topo, b = _micro_batch([5, 0, 40, 17], 70, torch.float32, device)
     with pytest.raises(ValueError, match="use one of pointers, tma_reduce"):
         WindowSlots(2, data, topo, b, epilogue="atomic")
+    # the default: the TMA reduce on Hopper's CUDA kernels, pointers through the interpreter
+    expected = "pointers" if device.type == "cpu" or torch.cuda.get_device_capability()[0] < 9 else "tma_reduce"
+    assert WindowSlots(2, data, topo, b).epilogue == expected
     if device.type == "cpu":  # the interpreter has no TMA reduce
         with pytest.raises(ValueError, match="Triton's interpreter has no TMA reduce; use epilogue='pointers'"):
             WindowSlots(2, data, topo, b, epilogue="tma_reduce")
