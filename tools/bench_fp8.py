@@ -147,6 +147,7 @@ def _scaled_mm_calls(kind, aq, sa, bq, sb, out_dtype):
     a's 1 x 128 ones outer-dim-major ([M, K/128], strides (1, M)) and b's as b^T's, transposed:
     1 x 128 ones [K/128, N] row-major; 128 x 128 ones [K/128, N/128] with strides (1, L), L being
     ceil(K/128) rounded up to 4 (cuBLAS's documented layout; torch's newer checks) or not (older)."""
+    aq, bq = aq.contiguous(), bq.t().contiguous().t()  # no copies for ops' operands
     scale_a = sa.t().contiguous().t()
     if kind == "wgrad":
         layouts = {"1x128 x 1x128": sb.contiguous()}
@@ -167,8 +168,10 @@ def _first_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {lines[0][:160] if lines else ''}"
 
 
-def _pick_scaled_mm(kind, fp8_operands, out_dtype):
-    """(layout, call, its result) for the first layout this torch runs, or (None, None, why not)."""
+def _pick_scaled_mm(kind, fp8_operands, out_dtype, exact):
+    """(layout, call, its result) for the first layout this torch runs and reads right (one it
+    accepts may still be read otherwise by cuBLAS: torch 2.11 takes padded 128 x 128 scale rows
+    and reads them unpadded), or (None, None, why not)."""
     if not hasattr(torch, "_scaled_mm"):
         return None, None, "this torch has no torch._scaled_mm"
     errors = []
@@ -176,7 +179,10 @@ def _pick_scaled_mm(kind, fp8_operands, out_dtype):
         try:
             c = call()
             torch.cuda.synchronize()
-            return layout, call, c
+            err = _rel_error(c, exact)
+            if err <= MAX_REL_ERROR:
+                return layout, call, c
+            errors.append(f"scales {layout}: wrong result ({err:.1e})")
         except Exception as exc:  # an older torch, a cuBLAS without block scales, another layout
             errors.append(_first_line(exc))
     return None, None, " | ".join(dict.fromkeys(errors))
@@ -220,7 +226,7 @@ def main(argv=None) -> int:
         calls = {"fp8": lambda: ops.matmul(*fp8_operands, **fp8_kw), "fp8+quant": lambda: with_quant(**fp8_kw)}
         notes = {}
         if not args.toy:
-            layout, call, result = _pick_scaled_mm(kind, fp8_operands, dtype)
+            layout, call, result = _pick_scaled_mm(kind, fp8_operands, dtype, exact)
             if call is None:
                 notes["scaled_mm"] = f"not supported here: {result}"
             else:

@@ -8,6 +8,8 @@ one note naming the reason where a GPU run with data-parallel ranks keeps it off
 from __future__ import annotations
 
 import copy
+import os
+import re
 from typing import Any, List, Mapping, Optional, Tuple
 
 GRAD_KEY = "parallel.overlap_grad_reduce"
@@ -45,14 +47,28 @@ def data_parallel_sizes(world_size: int, tp: int, pp: int, ep: int, etp: int) ->
     return max(world_size // (tp * pp), 1), max(world_size // (ep * etp * pp), 1)
 
 
-def resolve_overlap(cfg, cuda: bool, world_size: int) -> Tuple[Any, List[str]]:
-    """``cfg`` with `auto` replaced by true or false in both keys, and the note saying why overlap
-    stays off on a GPU run whose gradients cross ranks. `cfg` is resolved and valid, and its
-    training.cuda_graphs already true or false.
+def ranks_per_host(world_size: int) -> int:
+    """Processes on this host: torchrun's LOCAL_WORLD_SIZE, else SLURM's tasks per node ("4" or
+    "4(x2)"), else all of them (one host)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local and local.isdigit():
+        return int(local)
+    match = re.match(r"\d+", os.environ.get("SLURM_NTASKS_PER_NODE", ""))
+    return int(match.group()) if match else world_size
 
-    auto is on for CUDA runs whose gradients are reduced over more than one rank (dense or expert
-    data-parallel), where the rules allow it; the parameter gather with it where the distributed
-    optimizer shards the parameters. CPU runs keep both off: gloo reduces on the CPU cores the
+
+def resolve_overlap(cfg, cuda: bool, world_size: int, local_world_size: Optional[int] = None
+                    ) -> Tuple[Any, List[str]]:
+    """``cfg`` with `auto` replaced by true or false in both keys, and the note saying why overlap
+    stays off on a GPU run whose gradients cross hosts. `cfg` is resolved and valid, and its
+    training.cuda_graphs already true or false. local_world_size: processes per host (None: all
+    of them, one host).
+
+    auto is on for CUDA runs on more than one host whose gradients are reduced over more than one
+    rank (dense or expert data-parallel), where the rules allow it; the parameter gather with it
+    where the distributed optimizer shards the parameters. On one host the reduction after backward
+    costs little over NVLink and the buckets' overlap measured slower (docs/performance.md), so
+    auto keeps it off there, quietly. CPU runs keep both off: gloo reduces on the CPU cores the
     backward computes on, so there is nothing to overlap with.
     """
     par = cfg.parallel
@@ -70,13 +86,15 @@ def resolve_overlap(cfg, cuda: bool, world_size: int) -> Tuple[Any, List[str]]:
             why = "a CPU run"
         elif dense_dp == 1 and (cfg.moe.num_experts == 0 or expert_dp == 1):
             why = "no gradient is reduced over ranks"
+        elif (local_world_size or world_size) >= world_size:
+            why = "one host"
         elif refusals:
             why = refusals[0][0]
         out.parallel.overlap_grad_reduce = why is None
     if par.overlap_param_gather == "auto":
         out.parallel.overlap_param_gather = bool(out.parallel.overlap_grad_reduce is True
                                                  and cfg.training.use_distributed_optimizer)
-    quiet = not on_cuda or why == "no gradient is reduced over ranks"
+    quiet = not on_cuda or why in ("no gradient is reduced over ranks", "one host")
     notes = [] if why is None or quiet else [
         f"note: {GRAD_KEY}: auto reduces the gradients after backward here: {why} ({GRAD_KEY}=false)"]
     return out, notes

@@ -152,8 +152,8 @@ class ParallelConfig:
     # Data-parallel gradient reduction in buckets during backward, as each bucket's gradients are
     # complete (megatron-core's DDP overlap_grad_reduce), and with the distributed optimizer the
     # parameters' all-gather during the next forward (overlap_param_gather). auto = on for CUDA runs
-    # whose gradients cross ranks where it is correct, else off (config/overlap_rules.py; a GPU
-    # run says why), decided at each start (the run's config.yaml keeps auto).
+    # over several hosts whose gradients cross ranks where it is correct, else off
+    # (config/overlap_rules.py; a GPU run says why), decided at each start (config.yaml keeps auto).
     overlap_grad_reduce: Union[bool, str] = "auto"  # auto | true | false
     overlap_param_gather: Union[bool, str] = "auto"  # auto | true | false
     # elements per bucket when overlapping; None = megatron-core's max(40M, 1M x data-parallel size)

@@ -11,7 +11,6 @@ on rank 0 and writes the resolved config into the run directory.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -24,7 +23,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megatron_dmoe.config import RunConfig
-from megatron_dmoe.config.overlap_rules import resolve_overlap, with_overlap_as_asked
+from megatron_dmoe.config.overlap_rules import ranks_per_host, resolve_overlap, with_overlap_as_asked
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
 from megatron_dmoe.data.cache_sharing import index_cache_writer
 from megatron_dmoe.data.datasets import sequences_per_pass
@@ -119,7 +118,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     if memory:
         say(memory)
     # parallel.overlap_*: auto becomes true or false once the graphs and the window are decided
-    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size)
+    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size, ranks_per_host(env.world_size))
     for note in overlap_notes:
         say(note)
 
@@ -179,7 +178,7 @@ def memory_line(cfg: RunConfig, env: DistEnv, vocab_size: int) -> Optional[str]:
     this machine would need more than its available memory is refused too (MemoryCheckError)."""
     try:
         if not env.on_cuda:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+            local = ranks_per_host(env.world_size)
             check_host_memory(cfg, vocab_size, env.world_size, local, available_host_bytes())
             return None
         total = torch.cuda.get_device_properties(env.device).total_memory

@@ -33,23 +33,41 @@ def test_overlap_on_request_validates(make):
         validate(make({GRAD: False, PARAM: True, "training.use_distributed_optimizer": True}), world_size=2, env=GPU)
 
 
-@pytest.mark.parametrize("changes, cuda, world, grad, param, note", [
-    ({}, True, 2, True, False, None),
-    ({"training.use_distributed_optimizer": True}, True, 2, True, True, None),
-    ({}, True, 1, False, False, None),  # nothing crosses ranks: no note
-    ({"parallel.expert_model_parallel_size": 2}, True, 2, True, False, None),  # dense DP 2
-    ({"parallel.tensor_model_parallel_size": 2, "moe.num_experts": 0}, True, 2, False, False, None),
-    ({}, False, 2, False, False, None),  # CPU: off, quietly
-    ({"training.cuda_graphs": True}, True, 2, False, False, "captured layers"),
-    ({"moe.expert_wgrad_per_step": True}, True, 2, False, False, "expert_wgrad_per_step"),
-    ({GRAD: False, "training.use_distributed_optimizer": True}, True, 2, False, False, None),
+@pytest.mark.parametrize("changes, cuda, world, local, grad, param, note", [
+    ({}, True, 2, 1, True, False, None),  # two hosts
+    ({"training.use_distributed_optimizer": True}, True, 2, 1, True, True, None),
+    ({}, True, 2, 2, False, False, None),  # one host: off, quietly
+    ({}, True, 4, None, False, False, None),  # no host count given: one host
+    ({}, True, 1, 1, False, False, None),  # nothing crosses ranks: no note
+    ({"parallel.expert_model_parallel_size": 2}, True, 2, 1, True, False, None),  # dense DP 2
+    ({"parallel.tensor_model_parallel_size": 2, "moe.num_experts": 0}, True, 2, 1, False, False, None),
+    ({}, False, 2, 1, False, False, None),  # CPU: off, quietly
+    ({"training.cuda_graphs": True}, True, 2, 1, False, False, "captured layers"),
+    ({"moe.expert_wgrad_per_step": True}, True, 2, 1, False, False, "expert_wgrad_per_step"),
+    ({GRAD: False, "training.use_distributed_optimizer": True}, True, 2, 1, False, False, None),
 ])
-def test_auto_resolves_once(make, changes, cuda, world, grad, param, note):
+def test_auto_resolves_once(make, changes, cuda, world, local, grad, param, note):
     cfg = resolve(make({"training.cuda_graphs": False, **changes}))
-    out, notes = resolve_overlap(cfg, cuda=cuda, world_size=world)
+    out, notes = resolve_overlap(cfg, cuda=cuda, world_size=world, local_world_size=local)
     assert (out.parallel.overlap_grad_reduce, out.parallel.overlap_param_gather) == (grad, param)
     assert cfg.parallel.overlap_grad_reduce == changes.get(GRAD, "auto")  # the caller's config is kept
     if note is None:
         assert notes == []
     else:
         assert len(notes) == 1 and note in notes[0] and notes[0].startswith(f"note: {GRAD}: auto")
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"LOCAL_WORLD_SIZE": "4"}, 4),
+    ({"SLURM_NTASKS_PER_NODE": "2(x3)"}, 2),
+    ({"SLURM_NTASKS_PER_NODE": "8"}, 8),
+    ({}, 16),  # neither launcher says: one host
+])
+def test_ranks_per_host_reads_the_launcher(monkeypatch, env, expected):
+    from megatron_dmoe.config.overlap_rules import ranks_per_host
+
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert ranks_per_host(16) == expected

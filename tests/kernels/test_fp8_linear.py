@@ -108,8 +108,9 @@ def test_fp8_linear_refuses_bad_arguments(device):
 def test_fp8_linear_kernels_match_the_reference_on_gpu(seeded_by_name):
     """The Triton path against the pure-torch one on a GPU at a training shape: the same fp8
     operands, so only the accumulation differs (Hopper's within each 128 of K, then fp32, against
-    fp32 throughout) and the bf16 outputs' rounding; a scale 1 % off would show. Both a few
-    percent off bf16's linear."""
+    fp32 throughout) and the bf16 outputs' rounding: 5.1e-3 apart on an H200 (one or two bf16
+    steps of an element). A scale 1 % off moves them 1e-2 apart. Both a few percent off bf16's
+    linear."""
     x = torch.randn(8, 512, 2048, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = (torch.randn(4096, 2048, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(8, 512, 4096, device="cuda", dtype=torch.bfloat16)
@@ -119,7 +120,7 @@ def test_fp8_linear_kernels_match_the_reference_on_gpu(seeded_by_name):
         linear(xi, wi, impl=impl).backward(dy)
         results[impl] = (xi.grad.float(), wi.grad.float())
     for got, expected in zip(results["triton"], results["torch"]):
-        assert float((got - expected).norm() / expected.norm()) < 5e-3
+        assert float((got - expected).norm() / expected.norm()) < 8e-3
     F.linear(x, weight).backward(dy)
     for got, plain in zip(results["triton"], (x.grad.float(), weight.grad.float())):
         assert float((got - plain).norm() / plain.norm()) < 0.08

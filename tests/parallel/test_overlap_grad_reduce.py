@@ -6,9 +6,12 @@ checkpoint saved in between continues as the run it came from). Buckets small en
 step issues several reductions during backward (overlap_checks.py shows they start there). The
 gathered checkpoint's weights alone (dmoe-eval) give the loss of the run without overlap's.
 
-Grad norms: identical at DP 2. The distributed optimizer shards each bucket over the ranks, so the
-norm's sum of squares is added up in another order with other buckets (1e-7 relative); clipping
-would carry that into the update, so that layout trains unclipped and compares norms to 1e-6."""
+Grad norms: identical at DP 2 on CPU. The distributed optimizer shards each bucket over the ranks,
+so the norm's sum of squares is added up in another order with other buckets (1e-7 relative);
+clipping would carry that into the update, so that layout trains unclipped and compares norms to
+1e-6. On GPUs the norm's sum of squares runs per bucket (megatron-core's multi-tensor kernels over
+each bucket's gradients), so the overlapped run's smaller buckets group it otherwise at DP 2 too:
+losses stay identical, norms are compared to 1e-6 (two H200s: 3e-7 apart)."""
 import json
 import shutil
 
@@ -97,4 +100,4 @@ def test_two_gpu_overlapped_reduction_gives_the_same_run(tmp_path, corpus_cache,
                  "moe.backend=sparse")
     train(2, tmp_path / "off", *args, *OFF, device="cuda")
     train(2, tmp_path / "on", *args, *ON, device="cuda")
-    _assert_identical(records(tmp_path / "off"), records(tmp_path / "on"), 0.0 if layout == "dp2" else 1e-6)
+    _assert_identical(records(tmp_path / "off"), records(tmp_path / "on"), 1e-6)

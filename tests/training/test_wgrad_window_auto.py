@@ -109,11 +109,11 @@ def test_asked_for_overlap_takes_no_window_and_auto_overlap_declines_one():
     windowed, _ = resolve_wgrad_window(_cfg("zoo/dmoe_small", "parallel.expert_model_parallel_size=2"),
                                        True, 2, VOCAB, H200)
     assert windowed.moe.expert_wgrad_window == 4
-    overlapped, overlap_notes = resolve_overlap(_with_graphs_off(windowed), True, 2)
+    overlapped, overlap_notes = resolve_overlap(_with_graphs_off(windowed), True, 2, local_world_size=1)
     assert overlapped.parallel.overlap_grad_reduce is False and "moe.expert_wgrad_window" in overlap_notes[0]
     # an unresolved auto window is no refusal of its own
     plain, _ = resolve_overlap(_with_graphs_off(_cfg("zoo/dmoe_small", "parallel.expert_model_parallel_size=2")),
-                               True, 2)
+                               True, 2, local_world_size=1)  # two hosts
     assert plain.parallel.overlap_grad_reduce is True
 
 
