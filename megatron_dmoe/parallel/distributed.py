@@ -18,6 +18,15 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 
+def barrier(group=None) -> None:
+    """dist.barrier; under NCCL on this process's current GPU, which torch would otherwise guess
+    from the rank, warning twice (a Python UserWarning and a C++ log line) at every call."""
+    if dist.get_backend(group) == "nccl":
+        dist.barrier(group=group, device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier(group=group)
+
+
 @dataclass(frozen=True)
 class DistEnv:
     rank: int
@@ -80,7 +89,7 @@ def init_distributed(
     elif ps.model_parallel_is_initialized():
         # the groups are built again: no rank may tear the old gloo groups down while a slower rank
         # is still connecting their pairs (gloo then fails there, "Connection closed by peer")
-        dist.barrier()
+        barrier()
     _forget_group_state()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tensor_model_parallel_size,

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from megatron_dmoe.compat import mcore as mcore_compat
 from megatron_dmoe.compat.distopt_empty_step import share_step_with_empty_parts
 from megatron_dmoe.compat.distopt_state import fix_reshardable_offsets
+from megatron_dmoe.parallel.distributed import barrier
 from megatron_dmoe.training.checkpoint_damage import damage_message, iteration_of, newest_whole_before
 from megatron_dmoe.training.checkpoint_writer import InProcessSaveStrategy
 from megatron_dmoe.training.optimizer_switch import load_switched_optimizer_state, saved_with_distributed_optimizer
@@ -167,11 +168,11 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
             for stale in root.glob("iter_*.tmp"):  # left by a save that was killed
                 shutil.rmtree(stale, ignore_errors=True)
             staging.mkdir()
-        dist.barrier()
+        barrier()
         state = _state_dict(model_chunks, optimizer, scheduler, _rank0_progress(progress), _rng_state(),
                             is_loading=False)
         dist_checkpointing.save(state, str(staging), sharded_strategy=InProcessSaveStrategy())
-        dist.barrier()
+        barrier()
         if dist.get_rank() == 0:
             if final.exists():
                 shutil.rmtree(final)
@@ -199,7 +200,7 @@ def save_checkpoint(root: Path, model_chunks: List, optimizer, scheduler, progre
             f"continue with: {resume_command(root.parent)}") from err
     if dist.get_rank() == 0:
         prune_checkpoints(root, keep_last, keep=progress.iteration)
-    dist.barrier()
+    barrier()
     return final
 
 

@@ -31,7 +31,7 @@ from megatron_dmoe.model.cuda_graphs_auto import resolve_cuda_graphs
 from megatron_dmoe.model.gpt import build_model_chunks
 from megatron_dmoe.model.layer_seed import set_layer_init_seed
 from megatron_dmoe.moe import MoERunState
-from megatron_dmoe.parallel.distributed import DistEnv, seed_everything
+from megatron_dmoe.parallel.distributed import DistEnv, barrier, seed_everything
 from megatron_dmoe.parallel.param_roles import is_expert_parallel, is_tensor_parallel, set_main_grad_only
 from megatron_dmoe.training.checkpoint import Progress, checkpoint_dir, latest_iteration, load_checkpoint
 from megatron_dmoe.training.host_memory import available_host_bytes
@@ -155,10 +155,10 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
         from megatron_dmoe.training.upcycle import upcycle_dense_checkpoint
 
         upcycle_dense_checkpoint(cfg, model, optimizer)
-    dist.barrier()  # every rank has loaded before the run directory changes
+    barrier()  # every rank has loaded before the run directory changes
     if env.is_main:
         write_run_config(with_overlap_as_asked(cfg, asked), run_dir, overwrite, software_versions())
-    dist.barrier()
+    barrier()
     return Run(cfg=cfg, env=env, run_dir=run_dir, ckpt_root=ckpt_root, data=data, run_state=run_state,
                model=model, optimizer=optimizer, scheduler=scheduler, progress=progress,
                started_from=started_from, graphs_must_fit=graphs_auto and cfg.training.cuda_graphs is True)
@@ -208,7 +208,7 @@ def prepare_run_data(cfg: RunConfig, env: DistEnv) -> RunData:
     """
     writer = index_cache_writer(cfg)  # before rank 0 goes first: every rank takes part
     if not env.is_main:
-        dist.barrier()
+        barrier()
     tokenizer = build_tokenizer(cfg)
     tr = cfg.training
     # Every evaluation reads the same first eval_iters batches, so validation curves compare
@@ -222,7 +222,7 @@ def prepare_run_data(cfg: RunConfig, env: DistEnv) -> RunData:
         writer=writer,
     )
     if env.is_main:
-        dist.barrier()
+        barrier()
     vocab_size = cfg.model.vocab_size or tokenizer.vocab_size
     return RunData(tokenizer=tokenizer, vocab_size=vocab_size, train=train, valid=valid)
 

@@ -9,9 +9,10 @@ gathered checkpoint's weights alone (dmoe-eval) give the loss of the run without
 Grad norms: identical at DP 2 on CPU. The distributed optimizer shards each bucket over the ranks,
 so the norm's sum of squares is added up in another order with other buckets (1e-7 relative);
 clipping would carry that into the update, so that layout trains unclipped and compares norms to
-1e-6. On GPUs the norm's sum of squares runs per bucket (megatron-core's multi-tensor kernels over
-each bucket's gradients), so the overlapped run's smaller buckets group it otherwise at DP 2 too:
-losses stay identical, norms are compared to 1e-6 (two H200s: 3e-7 apart)."""
+1e-6. On GPUs (NCCL) the overlapped run is not bit-identical: on two H200s its losses moved by up
+to 6e-8 relative from step 2 or 3 and its norms by 3e-7, while two runs without overlap gave the
+same losses to the last bit; the small buckets are reduced and their norms summed in other
+groupings. The GPU test compares losses, validation losses and norms within 1e-6."""
 import json
 import shutil
 
@@ -78,7 +79,12 @@ def test_overlapped_reduction_gives_the_same_run(tmp_path, corpus_cache, capsys,
     train(2, tmp_path / "off", *args, *OFF, *saves)
     train(2, tmp_path / "on", *args, *ON, *saves)
     assert "overlap_param_gather: true" in (tmp_path / "on" / "config.yaml").read_text()
-    _assert_identical(records(tmp_path / "off"), records(tmp_path / "on"), 1e-6)
+    off, on = records(tmp_path / "off"), records(tmp_path / "on")
+    assert sorted(off) == sorted(on) == STEPS
+    for step in STEPS:
+        for key in ("loss", "val_loss", "grad_norm"):
+            a, b = off[step].get(key), on[step].get(key)
+            assert (a is None) == (b is None) and (a is None or abs(a - b) <= 1e-6 * abs(a)), (step, key, a, b)
     assert _checkpoint_loss(tmp_path / "on", 5, capsys) == _checkpoint_loss(tmp_path / "off", 5, capsys)
     resumed = tmp_path / "resumed"
     shutil.copytree(checkpoint_dir(tmp_path / "on" / "checkpoints", 5), checkpoint_dir(resumed / "checkpoints", 5))
@@ -100,4 +106,9 @@ def test_two_gpu_overlapped_reduction_gives_the_same_run(tmp_path, corpus_cache,
                  "moe.backend=sparse")
     train(2, tmp_path / "off", *args, *OFF, device="cuda")
     train(2, tmp_path / "on", *args, *ON, device="cuda")
-    _assert_identical(records(tmp_path / "off"), records(tmp_path / "on"), 1e-6)
+    off, on = records(tmp_path / "off"), records(tmp_path / "on")
+    assert sorted(off) == sorted(on) == STEPS
+    for step in STEPS:
+        for key in ("loss", "val_loss", "grad_norm"):
+            a, b = off[step].get(key), on[step].get(key)
+            assert (a is None) == (b is None) and (a is None or abs(a - b) <= 1e-6 * abs(a)), (step, key, a, b)

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_dmoe.config.nvshmem_rows import row_bytes_problem, send_rows
+from megatron_dmoe.parallel.distributed import barrier
 
 from .buffers import built_on_every_rank, grown_capacity
 
@@ -94,7 +95,7 @@ class NvshmemExchange:
             return buf
         if buf is not None:
             torch.cuda.current_stream(self.device).synchronize()
-            dist.barrier(group=self.group)  # no peer still writes into the old buffer
+            barrier(group=self.group)  # no peer still writes into the old buffer
             del self.buffers[key], buf
         self.buffers[key] = buf = self._symmetric((capacity, hidden), dtype)
         return buf
