@@ -9,11 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from megatron_dmoe.training.checkpoint import LATEST, checkpoint_dir
 from process_group import NCCL_ENV
 from train_helpers import SMALL, train_command
 
 EP_KEY = "parallel.expert_model_parallel_size"
+# fp32 training with the block-sparse kernels (SMALL's expert width 128 is a multiple of tiny's block
+# 64), eager unless a test captures: training.cuda_graphs: auto would capture where it can
+GPU_TRAINING = ["moe.backend=sparse", "training.bf16=false", "training.cuda_graphs=false"]
+
+
+def needs_gpus(count):
+    return pytest.mark.skipif(torch.cuda.device_count() < count,
+                              reason=f"needs {count} CUDA GPUs (one per process), found {torch.cuda.device_count()}")
 
 
 def train(nproc, run_dir, *args, device=None):

@@ -3,7 +3,7 @@ the same global batch and seed give one GPU's per-step losses and grad norms, fo
 parallelism with sequence parallelism, pipeline parallelism (also interleaved), expert parallelism
 with the distributed optimizer, and experts split by expert tensor parallelism; fp32 within 1e-4,
 bf16 within 2e-2. With `training.cuda_graphs: true` the captured run matches its eager one (losses
-within 1e-5, grad norms within 1e-4, as test_ep_nccl's graph test)."""
+within 1e-5, grad norms within 1e-4, as test_ep_nccl_graphs.py's tests)."""
 import pytest
 import torch
 
