@@ -3,7 +3,7 @@
 # and JSON in OUT_DIR: with one GPU the host cost of a launch, GELU fused into the products, the MoE
 # layer (both router paths, balanced and skewed routing, eager and as CUDA graphs) and whole-model
 # training throughput (dense, dMoE, capacity factor, eager and graphs; micro-batch 16 and 32; the zoo's
-# Small models as shipped); with
+# Small models as shipped; fp8 products against bf16); with
 # two or more, the gpu-marked expert-parallel tests, the exchange and layer at EP 1 and 2 (with a
 # shared expert), the exchange beside the experts' products, and training at EP 2 (and EP 4 with four GPUs) against data-parallel dense.
 # Usage: scripts/gpu_bench.sh OUT_DIR [GPUS]    (GPUS: 1 (default), 2 or 4)
@@ -48,6 +48,8 @@ else
     # the weight-gradient window's product at the zoo's one-GPU shapes, both epilogues
     step bench_wgrad_window python3 tools/bench_wgrad_window.py --out "$out/bench_wgrad_window.json"
     step bench_wgrad_window_skew python3 tools/bench_wgrad_window.py --skew --out "$out/bench_wgrad_window_skew.json"
+    # block-scaled fp8 products (Triton, cuBLAS's torch._scaled_mm) against bf16, each checked first
+    step bench_fp8 python3 tools/bench_fp8.py --out "$out/bench_fp8.json"
     for router in torch fused; do
         step "bench_moe_$router" python3 tools/bench_moe.py --graph --skew 2 --router "$router" \
             --out "$out/bench_moe_$router.json"
