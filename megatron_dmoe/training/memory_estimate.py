@@ -224,9 +224,10 @@ def sparse_rows(cfg: RunConfig, tokens: int) -> int:
     return tokens * cfg.moe.top_k + experts * (block - 1)
 
 
-def moe_mlp_activations(cfg: RunConfig, on_cuda: bool) -> Tuple[int, int]:
+def moe_mlp_activations(cfg: RunConfig, on_cuda: bool, world_size: int = 1) -> Tuple[int, int]:
     """(bytes an MoE layer's MLP keeps for backward beyond its input, its backward's transient) for
-    one micro-batch."""
+    one micro-batch; world_size sets the micro-batches per data-parallel rank whose operands
+    moe.expert_wgrad_per_step keeps until the step's end."""
     moe, e = cfg.moe, _elem(cfg)
     h = cfg.model.hidden_size
     _, tokens = _tokens(cfg)
@@ -257,7 +258,7 @@ def moe_mlp_activations(cfg: RunConfig, on_cuda: bool) -> Tuple[int, int]:
     transient = (2 * rows * h + 2 * rows * width) * e
     if moe.expert_wgrad_per_step:
         # every micro-batch's weight-gradient operands until the step's end
-        kept += (2 * rows * h + 2 * rows * width) * e * micro_batches_per_step(cfg)
+        kept += (2 * rows * h + 2 * rows * width) * e * micro_batches_per_step(cfg, world_size)
     return kept, transient
 
 
@@ -302,7 +303,7 @@ def wgrad_window_bytes(cfg: RunConfig, pp_rank: int, on_cuda: bool) -> int:
     return layers * weights * window * rows * (width + cfg.model.hidden_size) * _elem(cfg)
 
 
-def layer_activations(cfg: RunConfig, moe: bool, on_cuda: bool) -> Tuple[int, int]:
+def layer_activations(cfg: RunConfig, moe: bool, on_cuda: bool, world_size: int = 1) -> Tuple[int, int]:
     """(bytes one layer keeps for backward for one micro-batch, its backward's transient)."""
     m, e, tp = cfg.model, _elem(cfg), cfg.parallel.tensor_model_parallel_size
     h = m.hidden_size
@@ -315,7 +316,7 @@ def layer_activations(cfg: RunConfig, moe: bool, on_cuda: bool) -> Tuple[int, in
     norms = 2 * 2 * tokens * 4  # each norm's fp32 mean and inverse deviation
     attention = (ATTENTION_HIDDEN_COPIES * tokens * h + full * qkv) * e + norms
     if moe:
-        mlp, transient = moe_mlp_activations(cfg, on_cuda)
+        mlp, transient = moe_mlp_activations(cfg, on_cuda, world_size)
     else:
         f = m.ffn_hidden_size // tp
         mlp = full * f * (_glu(cfg) + 1) * e  # the up-projection(s) and the activation
@@ -359,7 +360,7 @@ def rank_activations(cfg: RunConfig, vocab_size: int, pp_rank: int, world_size: 
     tokens, _ = _tokens(cfg)
     chunks = rank_layers(cfg, pp_rank)
     layers = [moe for chunk in chunks for moe in chunk]
-    sizes = [layer_activations(cfg, moe, on_cuda) for moe in layers]
+    sizes = [layer_activations(cfg, moe, on_cuda, world_size) for moe in layers]
     flight = _in_flight(cfg, pp_rank, world_size)
     per_chunk = max(1, len(chunks))
     if cfg.training.recompute_granularity == "full":

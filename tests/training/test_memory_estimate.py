@@ -215,3 +215,19 @@ def test_a_window_keeps_no_activation():
     kept_memopt, _ = me.moe_mlp_activations(_cfg(*cfg, "moe.memory_optimized=true"), on_cuda=True)
     rows = me.sparse_rows(_cfg(*cfg), 2 * 32)
     assert kept - kept_window == rows * 128 * 4 and kept_window == kept_memopt
+
+
+def test_per_step_weight_gradients_keep_the_micro_batches_of_one_data_parallel_rank():
+    """moe.expert_wgrad_per_step keeps every micro-batch's weight-gradient operands until the step's
+    end: at data-parallel 2 each rank runs half the step's micro-batches, so it keeps half of them."""
+    cfg = _cfg(*TINY, "moe.backend=sparse", "training.global_batch_size=16", "training.micro_batch_size=2")
+    per_step = _cfg(*TINY, "moe.backend=sparse", "training.global_batch_size=16", "training.micro_batch_size=2",
+                    "moe.expert_wgrad_per_step=true")
+    plain, _ = me.moe_mlp_activations(cfg, on_cuda=True)
+    one = me.moe_mlp_activations(per_step, on_cuda=True, world_size=1)[0] - plain
+    two = me.moe_mlp_activations(per_step, on_cuda=True, world_size=2)[0] - plain
+    assert me.micro_batches_per_step(per_step, 1) == 8 and me.micro_batches_per_step(per_step, 2) == 4
+    assert one == 2 * two > 0
+    # the rank's whole estimate follows
+    assert (me.rank_activations(per_step, 4096, 0, 2, True)[1]
+            < me.rank_activations(per_step, 4096, 0, 1, True)[1])
