@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks on one CUDA machine: the gpu-marked tests, then short bf16 training runs of the default
-# config and of the Small zoo models (dMoE and dense). Logs and each run's metrics.jsonl go to
-# OUT_DIR; the run directories themselves (checkpoints, events) stay in RUNS_DIR (default /tmp).
+# config (which must print no raw warning) and of the Small zoo models (dMoE and dense). Logs and
+# each run's metrics.jsonl go to OUT_DIR; the run directories themselves (checkpoints, events) stay in RUNS_DIR (default /tmp).
 # Usage: scripts/gpu_checks.sh OUT_DIR [STEPS]
 set -u
 out=${1:?usage: scripts/gpu_checks.sh OUT_DIR [STEPS]}
@@ -18,9 +18,12 @@ step() {  # step NAME COMMAND...: run one check, keep going, remember failures
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-step gpu_tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/moe tests/model tests/kernels
+step gpu_tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/moe tests/model tests/kernels tests/inference
 common=(training.bf16=true moe.backend=grouped logging.progress_bar=off logging.log_interval=10)
 step train_tiny python3 -m megatron_dmoe "${common[@]}" --run-dir "$runs/tiny"
+# the default run captures its layers on a GPU: nothing in its output may be a raw Python warning
+# ("file.py:N: SomeWarning: ...") or a C++ one ("[W...]"); ours print as "dmoe-train: warning: ..."
+step no_raw_warnings bash -c "! grep -nE '^[^ ]+\.py:[0-9]+: [A-Za-z]*Warning|\[W[0-9]' '$out/train_tiny.log'"
 small=("${common[@]}" "training.train_iters=$steps" training.lr_warmup_iters=20 training.global_batch_size=64
        training.eval_interval=50 training.eval_iters=2 checkpoint.save_interval=0 data.builtin_vocab_size=8192)
 step train_dmoe_small python3 -m megatron_dmoe zoo/dmoe_small "${small[@]}" --run-dir "$runs/dmoe_small"
