@@ -26,10 +26,12 @@ import argparse
 import json
 import os
 import re
-import statistics
-import time
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_moe, beside this file
+from bench_moe import time_ms  # noqa: E402
 
 # name: (M, N, K, kind). forward: x [M, K] @ W^T with W [N, K]; wgrad: dy^T [M, K] @ x [K, N],
 # W's gradient (M = ffn, N = model width, K = tokens).
@@ -89,21 +91,6 @@ def parse_args(argv=None):
     except ValueError as exc:
         p.error(f"--shapes: {exc} is neither a named shape ({', '.join(SHAPES)}) nor MxNxK[:wgrad]")
     return args
-
-
-def _do_bench(fn, rep_ms: float) -> float:
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
-
-
-def _cpu_median_ms(fn, rep_ms: float) -> float:
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def _operands(kind, m, n, k, dev, dtype, ops):
@@ -214,7 +201,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     dev = torch.device("cpu" if args.toy else "cuda")
     dtype = torch.float32 if args.toy else torch.bfloat16  # the interpreter's bf16 products are wrong
-    bench = _cpu_median_ms if args.toy else _do_bench
+    def bench(fn, rep_ms):  # do_bench's median on a GPU, the median of 3 calls on the CPU
+        return time_ms(fn, (), dev, rep_ms)
     fp8_kw = {"out_dtype": dtype, "precise": args.precise}
 
     rows = []

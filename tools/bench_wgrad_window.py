@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_moe, beside this file
+from bench_moe import time_ms  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -69,21 +71,6 @@ def _loads(args):
     counts = torch.floor(shares * args.rows).long()
     counts[torch.argmax(counts)] += args.rows - int(counts.sum())
     return counts
-
-
-def _do_bench(fn, rep_ms: float) -> float:
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=50, rep=rep_ms, return_mode="median"))
-
-
-def _cpu_median_ms(fn, rep_ms: float) -> float:
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def _config_row(cfg, W, micro, reference, flops, bench, rep_ms):
@@ -126,7 +113,8 @@ def main(argv=None) -> int:
     dev = torch.device("cpu" if args.toy else "cuda")
     bf = torch.float32 if args.toy else torch.bfloat16  # the interpreter's bf16 products are wrong
     epilogues = ("pointers",) if args.toy else EPILOGUES
-    bench = _cpu_median_ms if args.toy else _do_bench
+    def bench(fn, rep_ms):  # do_bench's median on a GPU, the median of 3 calls on the CPU
+        return time_ms(fn, (), dev, rep_ms)
     W, E, f, d, bs = args.window, args.experts, args.width, args.hidden, args.block_size
     micro = []
     for _ in range(W):
