@@ -348,7 +348,7 @@ def _global_params(model) -> int:
 
 def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     """Train one model (an already checked config) on this process's ranks; every rank calls it."""
-    from megatron_dmoe.config.overlap_rules import ranks_per_host, resolve_overlap
+    from megatron_dmoe.config.overlap_rules import resolve_overlap
     from megatron_dmoe.model.gpt import build_gpt_model, padded_vocab_size
     from megatron_dmoe.moe import MoERunState
     from megatron_dmoe.parallel.distributed import init_distributed, seed_everything
@@ -368,7 +368,7 @@ def bench_model(name: str, args, cfg, cuda_graphs: bool = False) -> dict:
     tell = lambda note: env.is_main and print(f"bench_train: {name}: {note}", flush=True)  # noqa: E731
     cfg = resolve_window(cfg, env, vocab, tell)
     # parallel.overlap_*: auto too, once the graphs and the window are decided, as in dmoe-train
-    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size, ranks_per_host(env.world_size))
+    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size, env.local_world_size)
     for note in overlap_notes:
         tell(note)
     par = cfg.parallel

@@ -8,8 +8,6 @@ one note naming the reason where a GPU run with data-parallel ranks keeps it off
 from __future__ import annotations
 
 import copy
-import os
-import re
 from typing import Any, List, Mapping, Optional, Tuple
 
 GRAD_KEY = "parallel.overlap_grad_reduce"
@@ -45,16 +43,6 @@ def grad_overlap_refusals(values: Mapping[str, Any]) -> List[Tuple[str, str]]:
 def data_parallel_sizes(world_size: int, tp: int, pp: int, ep: int, etp: int) -> Tuple[int, int]:
     """(data-parallel size of the dense parameters, of the expert parameters)."""
     return max(world_size // (tp * pp), 1), max(world_size // (ep * etp * pp), 1)
-
-
-def ranks_per_host(world_size: int) -> int:
-    """Processes on this host: torchrun's LOCAL_WORLD_SIZE, else SLURM's tasks per node ("4" or
-    "4(x2)"), else all of them (one host)."""
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if local and local.isdigit():
-        return int(local)
-    match = re.match(r"\d+", os.environ.get("SLURM_NTASKS_PER_NODE", ""))
-    return int(match.group()) if match else world_size
 
 
 def resolve_overlap(cfg, cuda: bool, world_size: int, local_world_size: Optional[int] = None

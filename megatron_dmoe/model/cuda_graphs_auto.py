@@ -11,6 +11,7 @@ from megatron_dmoe.config.cuda_graphs_rules import RULE_KEYS, capture_refusals
 from megatron_dmoe.config.environment import transformer_engine_available
 from megatron_dmoe.model.transformer_config import params_dtype
 from megatron_dmoe.moe.experts.backends import resolve_backend
+from megatron_dmoe.parallel.distributed import ranks_per_host
 from megatron_dmoe.parallel.layout_rules import ffn_shards_per_expert
 
 
@@ -21,8 +22,7 @@ def resolve_cuda_graphs(cfg: RunConfig, cuda: bool, world_size: Optional[int] = 
     if cfg.training.cuda_graphs != "auto":
         return cfg, []
     world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
-    local_world_size = local_world_size if local_world_size is not None else \
-        int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    local_world_size = local_world_size if local_world_size is not None else ranks_per_host(world_size)
     values = {key: _value(cfg, key) for key in RULE_KEYS}
     refusals = capture_refusals(values, cuda, transformer_engine_available())
     why = refusals[0][0] if refusals else (_auto_only_refusal(cfg, world_size, local_world_size))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,12 +28,23 @@ def barrier(group=None) -> None:
         dist.barrier(group=group)
 
 
+def ranks_per_host(world_size: int) -> int:
+    """Processes on this host: torchrun's LOCAL_WORLD_SIZE, else SLURM's tasks per node ("4" or
+    "4(x2)"), else all of them (one host)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local and local.isdigit():
+        return int(local)
+    match = re.match(r"\d+", os.environ.get("SLURM_NTASKS_PER_NODE", ""))
+    return int(match.group()) if match else world_size
+
+
 @dataclass(frozen=True)
 class DistEnv:
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    local_world_size: int  # processes on this host
 
     @property
     def on_cuda(self) -> bool:
@@ -99,7 +111,9 @@ def init_distributed(
         # megatron's default (None) is the tensor-parallel size; our experts are whole (1) unless asked
         expert_tensor_parallel_size=expert_tensor_parallel_size,
     )
-    return DistEnv(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=torch_device)
+    world = dist.get_world_size()
+    return DistEnv(rank=dist.get_rank(), world_size=world, local_rank=local_rank, device=torch_device,
+                   local_world_size=ranks_per_host(world))
 
 
 def _forget_group_state() -> None:

@@ -23,7 +23,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megatron_dmoe.config import RunConfig
-from megatron_dmoe.config.overlap_rules import ranks_per_host, resolve_overlap, with_overlap_as_asked
+from megatron_dmoe.config.overlap_rules import resolve_overlap, with_overlap_as_asked
 from megatron_dmoe.data import build_datasets, build_loader, build_tokenizer
 from megatron_dmoe.data.cache_sharing import index_cache_writer
 from megatron_dmoe.data.datasets import sequences_per_pass
@@ -82,7 +82,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     run_dir = Path(run_dir)
     # training.cuda_graphs: auto becomes true or false here, once; config.yaml records which
     graphs_auto = cfg.training.cuda_graphs == "auto"
-    cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size)
+    cfg, graph_notes = resolve_cuda_graphs(cfg, env.on_cuda, env.world_size, env.local_world_size)
     # parallel.overlap_* are decided below, after the window; config.yaml keeps what was asked, so
     # that a resumed run decides again for its own layout and devices
     asked = cfg
@@ -118,7 +118,7 @@ def set_up_run(cfg: RunConfig, env: DistEnv, run_dir: Path, resume: bool, overwr
     if memory:
         say(memory)
     # parallel.overlap_*: auto becomes true or false once the graphs and the window are decided
-    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size, ranks_per_host(env.world_size))
+    cfg, overlap_notes = resolve_overlap(cfg, env.on_cuda, env.world_size, env.local_world_size)
     for note in overlap_notes:
         say(note)
 
@@ -178,8 +178,7 @@ def memory_line(cfg: RunConfig, env: DistEnv, vocab_size: int) -> Optional[str]:
     this machine would need more than its available memory is refused too (MemoryCheckError)."""
     try:
         if not env.on_cuda:
-            local = ranks_per_host(env.world_size)
-            check_host_memory(cfg, vocab_size, env.world_size, local, available_host_bytes())
+            check_host_memory(cfg, vocab_size, env.world_size, env.local_world_size, available_host_bytes())
             return None
         total = torch.cuda.get_device_properties(env.device).total_memory
         return check_memory(cfg, vocab_size, env.world_size, total)

@@ -64,7 +64,7 @@ def test_auto_resolves_once(make, changes, cuda, world, local, grad, param, note
     ({}, 16),  # neither launcher says: one host
 ])
 def test_ranks_per_host_reads_the_launcher(monkeypatch, env, expected):
-    from megatron_dmoe.config.overlap_rules import ranks_per_host
+    from megatron_dmoe.parallel.distributed import ranks_per_host
 
     for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         monkeypatch.delenv(key, raising=False)
