@@ -72,13 +72,13 @@ def assert_same_steps(expected, actual, steps, keys=("loss", "grad_norm"), rel=1
             assert abs(a - b) <= rel * abs(a), (step, key, a, b)
 
 
-def assert_captured_run_matches_eager(tmp_path, args):
-    """Two GPUs: 5 steps with `args` (fp32) eagerly and with training.cuda_graphs=true give the same
+def assert_captured_run_matches_eager(tmp_path, args, nproc=2):
+    """`nproc` GPUs: 5 steps with `args` (fp32) eagerly and with training.cuda_graphs=true give the same
     losses and grad norms to 1e-5 and 1e-4: the graphs run the same kernels, and a wrong saved
     activation shows at once (a chunk's first layer reading its input buffer after megatron-core 0.16
     had handed it on put grad norms 0.2-1.4 % off while losses matched)."""
-    train(2, tmp_path / "eager", *args, device="cuda")
-    train(2, tmp_path / "graphs", *args, "training.cuda_graphs=true", device="cuda")
+    train(nproc, tmp_path / "eager", *args, device="cuda")
+    train(nproc, tmp_path / "graphs", *args, "training.cuda_graphs=true", device="cuda")
     eager, graphs = records(tmp_path / "eager"), records(tmp_path / "graphs")
     assert sorted(eager) == sorted(graphs) == [1, 2, 3, 4, 5]
     assert_same_steps(eager, graphs, eager, keys=("loss",), rel=1e-5)

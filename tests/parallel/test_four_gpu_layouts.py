@@ -8,7 +8,7 @@ and matches its eager run."""
 import pytest
 import torch
 
-from ep_runs import EP_KEY, records, train
+from ep_runs import EP_KEY, assert_captured_run_matches_eager, records, train
 from train_helpers import small_args
 
 pytestmark = pytest.mark.gpu
@@ -60,11 +60,4 @@ def test_four_gpu_layouts_train_like_one_gpu(tmp_path, corpus_cache):
 def test_four_gpu_layout_captured_matches_eager(tmp_path, corpus_cache):
     _needs_four_gpus()
     args = small_args(corpus_cache, 5, *BASE, *LAYOUTS["tp2-sp-dp2-ep2-distopt"])
-    train(4, tmp_path / "eager", *args, device="cuda")
-    train(4, tmp_path / "graphs", *args, "training.cuda_graphs=true", device="cuda")
-    eager, graphs = records(tmp_path / "eager"), records(tmp_path / "graphs")
-    assert sorted(eager) == sorted(graphs) == [1, 2, 3, 4, 5]
-    for step in eager:
-        for key, rel in (("loss", 1e-5), ("grad_norm", 1e-4)):
-            a, b = eager[step][key], graphs[step][key]
-            assert abs(a - b) <= rel * abs(a), (step, key, a, b)
+    assert_captured_run_matches_eager(tmp_path, args, nproc=4)
