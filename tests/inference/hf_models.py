@@ -52,4 +52,31 @@ def logits(model, tokens):
 
 def our_logits(run, tokens):
     with torch.no_grad():
-        return run.model(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None).float()
+        return run.model(tokens, torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens), None).float()
+
+
+def check_resumed_run_trains_and_exports(imported_run, tmp_path, cli_run, tokens):
+    """A copy of an imported run (at step 0) resumed for its 5 steps lowers the loss; exported, the
+    fine-tuned model computes in transformers what ours does. Returns the export's directory."""
+    import json
+    import shutil
+
+    from megatron_dmoe.export.cli import export_main
+    from megatron_dmoe.inference.run_model import load_run
+    from megatron_dmoe.parallel.distributed import destroy_distributed
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(imported_run, run_dir)  # the caller's run stays at step 0
+    result = cli_run(run_dir, "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 5 and losses[-1] < losses[0], losses
+    assert export_main([str(run_dir), str(tmp_path / "out")]) == 0
+    run = load_run(run_dir, device="cpu")
+    try:
+        ours = our_logits(run, tokens)
+    finally:
+        destroy_distributed()
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    torch.testing.assert_close(logits(back, tokens), ours, rtol=0, atol=1e-5)
+    return tmp_path / "out"

@@ -1,7 +1,8 @@
 """dmoe-import: a tiny random Mixtral, Qwen3-MoE and OLMoE built with transformers becomes a run that
 computes their logits, trains on, and exports back to the same weights."""
 import json
-import shutil
+import os
+import sys
 
 import pytest
 import safetensors.torch
@@ -12,6 +13,12 @@ from megatron_dmoe.config.environment import megatron_core_release
 from megatron_dmoe.hf_import.cli import import_main
 from megatron_dmoe.inference.run_model import load_run
 from megatron_dmoe.parallel.distributed import destroy_distributed
+
+# importlib import mode: this folder's helper module is imported by name
+if os.path.dirname(__file__) not in sys.path:
+    sys.path.insert(0, os.path.dirname(__file__))
+
+from hf_models import check_resumed_run_trains_and_exports, logits, our_logits  # noqa: E402
 
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=128, initializer_range=0.1)
@@ -33,16 +40,6 @@ TRAIN = ["model.seq_length=32", "training.train_iters=5", "training.micro_batch_
          "training.global_batch_size=4", "training.lr=3e-3", "training.lr_warmup_iters=0",
          "training.lr_decay_style=constant", "training.eval_interval=0", "training.device=cpu",
          "logging.log_interval=1", "logging.progress_bar=off", "logging.tensorboard=false", "logging.plot=false"]
-
-
-def _logits(model, tokens):
-    with torch.no_grad():
-        return model(tokens).logits.float()
-
-
-def _our_logits(run, tokens):
-    with torch.no_grad():
-        return run.model(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None).float()
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -80,10 +77,10 @@ def test_imported_run_computes_the_models_logits(imported, tokens):
     _, hf, _, run_dir = imported
     run = load_run(run_dir, device="cpu")
     try:
-        ours = _our_logits(run, tokens)
+        ours = our_logits(run, tokens)
     finally:
         destroy_distributed()
-    theirs = _logits(hf, tokens)
+    theirs = logits(hf, tokens)
     assert ours.shape == theirs.shape
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
@@ -102,27 +99,12 @@ def test_export_gives_back_the_same_weights_and_logits(imported, tokens, tmp_pat
     assert config["architectures"] == json.loads((hf_dir / "config.json").read_text())["architectures"]
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(back) is type(hf)
-    assert torch.equal(_logits(back, tokens), _logits(hf, tokens))
+    assert torch.equal(logits(back, tokens), logits(hf, tokens))
 
 
 def test_resumed_run_trains_and_exports(imported, tokens, cli_run, tmp_path):
-    from megatron_dmoe.export.cli import export_main
-
-    run_dir = tmp_path / "run"
-    shutil.copytree(imported[3], run_dir)  # the module's run stays at step 0
-    result = cli_run(run_dir, "--resume")
-    assert result.returncode == 0, result.stderr[-2000:]
-    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert len(losses) == 5 and losses[-1] < losses[0], losses
     # fine-tuned here, the model goes back out and computes what ours does
-    assert export_main([str(run_dir), str(tmp_path / "out")]) == 0
-    run = load_run(run_dir, device="cpu")
-    try:
-        ours = _our_logits(run, tokens)
-    finally:
-        destroy_distributed()
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    torch.testing.assert_close(_logits(back, tokens), ours, rtol=0, atol=1e-5)
+    check_resumed_run_trains_and_exports(imported[3], tmp_path, cli_run, tokens)
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@ transformers (multi-latent attention, dense first layers, shared experts, group-
 V2 with YaRN and no query latent, V3 with sigmoid scores and a selection bias) become runs that
 compute their logits, generate their greedy tokens, train on, and export back to the same tensors."""
 import json
-import shutil
+import os
+import sys
 
 import pytest
 import safetensors.torch
@@ -14,6 +15,12 @@ from megatron_dmoe.hf_import.cli import import_main
 from megatron_dmoe.inference.generate import generate
 from megatron_dmoe.inference.run_model import load_run
 from megatron_dmoe.parallel.distributed import destroy_distributed
+
+# importlib import mode: this folder's helper module is imported by name
+if os.path.dirname(__file__) not in sys.path:
+    sys.path.insert(0, os.path.dirname(__file__))
+
+from hf_models import check_resumed_run_trains_and_exports, logits, our_logits  # noqa: E402
 
 COMMON = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
               first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
@@ -38,16 +45,6 @@ TRAIN = ["model.seq_length=32", "training.train_iters=5", "training.micro_batch_
          "training.global_batch_size=4", "training.lr=3e-3", "training.lr_warmup_iters=0",
          "training.lr_decay_style=constant", "training.eval_interval=0", "training.device=cpu",
          "logging.log_interval=1", "logging.progress_bar=off", "logging.tensorboard=false", "logging.plot=false"]
-
-
-def _logits(model, tokens):
-    with torch.no_grad():
-        return model(tokens).logits.float()
-
-
-def _our_logits(run, tokens):
-    with torch.no_grad():
-        return run.model(tokens, torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens), None).float()
 
 
 def tiny_deepseek(family, vocab_size, eod):
@@ -97,13 +94,13 @@ def test_imported_run_computes_the_models_logits_and_greedy_tokens(imported, tok
     tokenizer = corpus[1]
     run = load_run(run_dir, device="cpu")
     try:
-        ours = _our_logits(run, tokens)
+        ours = our_logits(run, tokens)
         prompt = tokens[0, :12].tolist()
         generated = generate(run.model, prompt, max_new_tokens=16, context_length=128, eod=tokenizer.eod,
                              vocab_size=tokenizer.vocab_size).tokens
     finally:
         destroy_distributed()
-    theirs = _logits(hf, tokens)
+    theirs = logits(hf, tokens)
     assert ours.shape == theirs.shape
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     with torch.no_grad():
@@ -127,30 +124,15 @@ def test_export_gives_back_the_same_tensors_and_logits(imported, tokens, tmp_pat
     assert config["architectures"] == json.loads((hf_dir / "config.json").read_text())["architectures"]
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(back) is type(hf)
-    assert torch.equal(_logits(back, tokens), _logits(hf, tokens))
+    assert torch.equal(logits(back, tokens), logits(hf, tokens))
 
 
 def test_resumed_run_trains_and_exports(imported, tokens, cli_run, tmp_path):
-    from megatron_dmoe.export.cli import export_main
-
-    family, _, hf_dir, _ = imported
-    run_dir = tmp_path / "run"
-    shutil.copytree(imported[3], run_dir)  # the module's run stays at step 0
-    result = cli_run(run_dir, "--resume")
-    assert result.returncode == 0, result.stderr[-2000:]
-    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert len(losses) == 5 and losses[-1] < losses[0], losses
-    assert export_main([str(run_dir), str(tmp_path / "out")]) == 0
-    run = load_run(run_dir, device="cpu")
-    try:
-        ours = _our_logits(run, tokens)
-    finally:
-        destroy_distributed()
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    torch.testing.assert_close(_logits(back, tokens), ours, rtol=0, atol=1e-5)
+    family, _, hf_dir, run_dir = imported
+    out = check_resumed_run_trains_and_exports(run_dir, tmp_path, cli_run, tokens)
     if family == "deepseek_v3":  # the selection bias moved with the load, and went out with the weights
         before = safetensors.torch.load_file(hf_dir / "model.safetensors")
-        after = safetensors.torch.load_file(tmp_path / "out" / "model.safetensors")
+        after = safetensors.torch.load_file(out / "model.safetensors")
         bias = "model.layers.1.mlp.gate.e_score_correction_bias"
         assert not torch.equal(after[bias], before[bias])
 
@@ -243,12 +225,12 @@ def test_on_a_gpu_the_import_computes_the_models_logits_generates_trains_and_exp
     prompt = tokens[0, :12].tolist()
     run = load_run(tmp_path / "run", device="cuda")
     try:
-        ours = _our_logits(run, tokens)
+        ours = our_logits(run, tokens)
         generated = generate(run.model, prompt, max_new_tokens=16, context_length=128, eod=tokenizer.eod,
                              vocab_size=tokenizer.vocab_size).tokens
     finally:
         destroy_distributed()
-    torch.testing.assert_close(ours, _logits(hf, tokens), rtol=0, atol=1e-4)
+    torch.testing.assert_close(ours, logits(hf, tokens), rtol=0, atol=1e-4)
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]).cuda(), max_new_tokens=16, do_sample=False)[0, len(prompt):]
     out = out.tolist()
@@ -261,8 +243,8 @@ def test_on_a_gpu_the_import_computes_the_models_logits_generates_trains_and_exp
     assert export_main([str(tmp_path / "run"), str(tmp_path / "out")]) == 0
     run = load_run(tmp_path / "run", device="cuda")
     try:
-        ours = _our_logits(run, tokens)
+        ours = our_logits(run, tokens)
     finally:
         destroy_distributed()
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval().cuda()
-    torch.testing.assert_close(_logits(back, tokens), ours, rtol=0, atol=1e-4)
+    torch.testing.assert_close(logits(back, tokens), ours, rtol=0, atol=1e-4)
