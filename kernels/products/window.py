@@ -7,8 +7,9 @@ are read by the kernels on the device, so a captured backward launches the same 
 micro-batch (the product kernel returns at once until the window is full).
 
   WindowSlots            the stacked slot buffers of one weight, and its counter
-  WindowSlots.add        stash one micro-batch's (data, topology, b), add the window's sum into
-                         out when it is full, move the counter on; data=None when the kernel
+  WindowSlots.add        stash one micro-batch's (data, topology, b) and its expert offsets
+                         (ordering the experts by their work when the window fills), add the
+                         window's sum into out when it is full, move the counter on; data=None when the kernel
                          that made it stored it into `data_slot` already (the activation's
                          backward does: activations/ops.py)
 
@@ -39,6 +40,7 @@ _COPY_BLOCK = 4096
 _COPY_PROGRAMS_PER_SM = 4
 EPILOGUES = ("pointers", "tma_reduce")
 _REDUCE_STRIP = 64  # columns of out per TMA reduce: an fp32 [128, 64] staging block, 32 KB
+_ORDER_BLOCK = 64  # experts compared at once when ordering them ([64, 64] comparisons)
 
 
 def default_epilogue(device: torch.device) -> str:
@@ -78,6 +80,8 @@ class WindowSlots:
         self.data = torch.zeros((window, *data.shape), dtype=data.dtype, device=dev)
         self.b = torch.zeros((window, *b.shape), dtype=b.dtype, device=dev)
         self.offsets = torch.zeros((window, topology.expert_offsets.numel()), dtype=torch.int32, device=dev)
+        # the experts by their steps over the window, most first: the product's tile order
+        self.order = torch.arange(topology.expert_offsets.numel() - 1, dtype=torch.int32, device=dev)
         self.counter = torch.zeros(1, dtype=torch.int32, device=dev)
         self.block_size = topology.block_size
         self.blocks_per_row = topology.blocks_per_row
@@ -112,17 +116,22 @@ class WindowSlots:
         for src, dst, count, scale in copies:
             copy[(programs,)](src, dst, self.counter, count, 0, dst[0].numel(), programs,
                               COUNT_SCALE=scale, HAS_COUNT=True, BLOCK=_COPY_BLOCK)
-        copy[(1,)](offsets, self.offsets, self.counter, self.counter, offsets.numel(), offsets.numel(), 1,
-                   COUNT_SCALE=1, HAS_COUNT=False, BLOCK=_COPY_BLOCK)
+        bs = self.block_size
+        direct(_window_module.window_offsets_kernel)[(1,)](
+            offsets, self.offsets, self.counter, self.order, self.order.numel(),
+            W=self.window, BS=bs, KSTEPS=bs // self._config(dev).block_k, BLOCK_E=_ORDER_BLOCK)
         self._product(out)
         self.counter.add_(1).remainder_(self.window)
+
+    def _config(self, device: torch.device) -> DsdConfig:
+        return self.config or dsd_config(self.block_size, self.b.shape[-1], True, device, True, self.b.dtype)
 
     def _product(self, out: torch.Tensor) -> None:
         kernel = _window_module.dsdt_window_kernel
         check_launchable(kernel, out.device)
         bs, W, n = self.block_size, self.window, self.b.shape[-1]
-        cfg = self.config or dsd_config(bs, n, True, out.device, True, self.b.dtype)
-        num_experts = self.offsets.shape[1] - 1
+        cfg = self._config(out.device)
+        num_experts = self.order.numel()
         s_rows = self.data[0].numel() // bs  # one slot's rows of the data viewed [-1, bs]
         b_rows = self.b.shape[1]
         tiles = num_experts * self.blocks_per_row * -(-n // cfg.block_n)
@@ -132,7 +141,7 @@ class WindowSlots:
         direct(kernel)[(grid,)](
             tma_descriptor(self.data.view(-1, bs), [cfg.block_k, bs]),
             tma_descriptor(self.b.view(-1, n), [cfg.block_k, cfg.block_n]),
-            self.offsets, self.counter, out, out.stride(0),
+            self.offsets, self.order, self.counter, out, out.stride(0),
             n, num_experts, grid, s_rows, b_rows, W * s_rows, W * b_rows,
             F=self.blocks_per_row, W=W, BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             DOT_PRECISION=dot_precision(self.b.dtype, out.device), COUNT_CHUNK=64,

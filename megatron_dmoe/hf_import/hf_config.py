@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from megatron_dmoe.config.moe_settings import BLOCK_SIZES
 from megatron_dmoe.export.deepseek import DEEPSEEK_FAMILIES
 from megatron_dmoe.export.hf_families import BY_ARCHITECTURE, MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE, Family
 from megatron_dmoe.hf_import import deepseek_config
@@ -110,7 +111,7 @@ def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[List
     """(fixed, defaults): `key=value` overrides for our config; UsageError for what has no equivalent."""
     if family in DEEPSEEK_FAMILIES:
         fixed, defaults = deepseek_config.model_keys(config, family, path)
-        return _texts(fixed), _texts(defaults)
+        return _texts(fixed), _texts({**defaults, **_block_keys(fixed["moe.ffn_hidden_size"])})
     _refuse_unsupported(config, family, path)
     theta = _rope(config, path)
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
@@ -172,8 +173,16 @@ def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[List
         "model.attention_dropout": config.get("attention_dropout", 0.0),
         "moe.aux_loss_coeff": config.get("router_aux_loss_coef", 0.01),
         "moe.input_jitter_eps": config.get("router_jitter_noise") or None,
+        **_block_keys(fixed["moe.ffn_hidden_size"]),
     }
     return _texts(fixed), _texts(defaults)
+
+
+def _block_keys(expert_width: int) -> Dict[str, Any]:
+    """The sparse backend's block size for the imported experts' width: the largest that divides
+    it (the base config's own block size need not); the grouped backend where none does."""
+    block = next((b for b in sorted(BLOCK_SIZES, reverse=True) if expert_width % b == 0), None)
+    return {"moe.block_size": block} if block else {"moe.backend": "grouped"}
 
 
 def _texts(values: Dict[str, Any]) -> List[str]:

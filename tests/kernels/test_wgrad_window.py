@@ -62,6 +62,26 @@ def test_restart_starts_a_new_window(device):
     assert float((out.double() - expected).norm() / expected.norm()) < 1e-5
 
 
+def test_tiles_go_longest_first_and_any_order_sums_the_same(device, seeded_by_name):
+    """When a window fills, the experts are ordered by their steps over it (blocks x K steps, an
+    empty expert one step a slot), most first, ties by number; the product's sums do not depend
+    on that order: the same window summed in reverse order is equal bit for bit."""
+    loads = [[5, 0, 40, 17], [0, 33, 0, 16], [16, 17, 16, 0]]
+    micro = [_micro_batch(counts, 70, torch.float32, device) for counts in loads]
+    slots = WindowSlots(3, *micro[0])
+    out = torch.zeros(E * F_WIDTH, N, device=device)
+    for data, topo, b in micro:
+        slots.add(data, topo, b, out)
+    ksteps = BS // slots._config(device).block_k
+    steps = [sum(max(-(-counts[e] // BS) * ksteps, 1) for counts in loads) for e in range(E)]
+    assert slots.order.tolist() == sorted(range(E), key=lambda e: (-steps[e], e))
+    again = torch.zeros_like(out)
+    slots.order.copy_(slots.order.flip(0))
+    slots.counter.fill_(2)  # the window full again: the product sums its slots
+    slots._product(again)
+    assert torch.equal(again, out)
+
+
 def test_micro_batches_of_other_bounds_are_refused(device):
     data, topo, b = _micro_batch([5, 0, 40, 17], 70, torch.float32, device)
     slots = WindowSlots(2, data, topo, b)

@@ -20,7 +20,7 @@ from dmoe_kernels.products.kernels import dsdt_window as m
 reduce = sys.argv[1] == "tma_reduce"
 BS, BN, BK = 128, 256, 64  # the H200 config of dsd_config(128, 768, transpose=True, regular=True)
 sig = {"s_desc": f"tensordesc<bf16[{BK}, {BS}]>", "b_desc": f"tensordesc<bf16[{BK}, {BN}]>",
-       "offsets_ptr": "*i32", "counter_ptr": "*i32", "c_ptr": "*fp32", "stride_cm": "i32",
+       "offsets_ptr": "*i32", "order_ptr": "*i32", "counter_ptr": "*i32", "c_ptr": "*fp32", "stride_cm": "i32",
        "N": "i32", "num_experts": "i32", "num_programs": "i32", "slot_s_rows": "i32",
        "slot_b_rows": "i32", "s_rows": "i32", "b_rows": "i32",
        "c_desc": "tensordesc<fp32[128, 64]>" if reduce else "constexpr"}
@@ -32,6 +32,12 @@ sig.update({k: "constexpr" for k in const})
 k = triton.compile(ASTSource(m.dsdt_window_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": 8, "num_stages": 3})
 ptx = k.asm["ptx"]
+# the one-program kernel that orders the experts for it
+osig = {"new_ptr": "*i32", "offsets_ptr": "*i32", "counter_ptr": "*i32", "order_ptr": "*i32", "num_experts": "i32"}
+oconst = {"W": 4, "BS": BS, "KSTEPS": BS // BK, "BLOCK_E": 64}
+osig.update({k: "constexpr" for k in oconst})
+triton.compile(ASTSource(m.window_offsets_kernel, osig, oconst), target=GPUTarget("cuda", 90, 32),
+               options={"num_warps": 4})
 print(json.dumps({"shared": k.metadata.shared, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
                   "wgmma": ptx.count("wgmma.mma_async")}))
 """

@@ -14,8 +14,15 @@ tile is added to C (C += acc, read and written once) at its last segment's last 
 traffic is paid once per window instead of once per micro-batch.
 
 counter_ptr gates the launch: the product runs only when the window is full (counter == W - 1);
-otherwise every program does no step and returns. A captured backward can then launch it at every
+otherwise every program returns at once. A captured backward can then launch it at every
 micro-batch.
+
+Tiles go to programs longest first: a tile's steps are its expert's blocks over the window, so
+under skewed loads round-robin tiles leave some programs with far more steps than others. The
+experts' order by steps (`order_ptr`, most first; written by window_offsets_kernel as the window
+fills) lists the tiles, expert after expert, and the programs take them in snake order (round k:
+program p takes tile k * P + p for even k, k * P + P - 1 - p for odd k), which evens the programs'
+totals. Each tile is still summed by one program in the same order, so C is the same bit for bit.
 
 TMA_REDUCE: a finished tile is added to C by the tensor-memory accelerator's reduce (c_desc, fp32
 blocks [BS, STRIP]: C += tile in L2, issued without waiting) instead of loading C's tile through
@@ -50,39 +57,86 @@ def _reduce_tile(c_desc, row0, col0, acc, BS: tl.constexpr, BLOCK_N: tl.constexp
         c_desc.atomic_add([row0, col0 + 3 * STRIP], r1)
 
 
+@triton.jit
+def _snake_tile(k, pid, num_programs):
+    """The tile a program takes in round k (a scalar or a tensor of rounds): forward in even
+    rounds, backward in odd ones."""
+    return k * num_programs + tl.where(k % 2 == 0, pid, num_programs - 1 - pid)
+
+
+@triton.jit
+def _window_steps(new_ptr, offsets_ptr, e, num_experts, W: tl.constexpr, BS: tl.constexpr, KSTEPS: tl.constexpr):
+    """The product's steps for experts e over a window whose last slot's offsets are at new_ptr and
+    the others in slots 0 .. W - 2 of offsets_ptr; -1 for e past the experts."""
+    valid = e < num_experts
+    steps = tl.zeros(e.shape, tl.int32)
+    for w in tl.static_range(W):
+        src = new_ptr if w == W - 1 else offsets_ptr + w * (num_experts + 1)
+        lo = tl.load(src + e, mask=valid, other=0)
+        hi = tl.load(src + e + 1, mask=valid, other=0)
+        steps += tl.maximum((hi - lo) // BS * KSTEPS, 1)
+    return tl.where(valid, steps, -1)
+
+
+@triton.jit(do_not_specialize=["num_experts"])
+def window_offsets_kernel(new_ptr, offsets_ptr, counter_ptr, order_ptr, num_experts,
+                          W: tl.constexpr, BS: tl.constexpr, KSTEPS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One program: slot `counter` of offsets_ptr [W, E + 1] = new_ptr's E + 1 padded expert offsets;
+    when they complete the window (counter == W - 1), order_ptr [E] = the experts by their steps
+    over the window, most first, ties by expert number (the product's tile order)."""
+    slot = tl.load(counter_ptr)
+    stride = num_experts + 1
+    for base in range(0, stride, BLOCK_E):
+        i = base + tl.arange(0, BLOCK_E)
+        tl.store(offsets_ptr + slot * stride + i, tl.load(new_ptr + i, mask=i < stride), mask=i < stride)
+    if slot == W - 1:
+        for base in range(0, num_experts, BLOCK_E):
+            e = base + tl.arange(0, BLOCK_E)
+            mine = _window_steps(new_ptr, offsets_ptr, e, num_experts, W, BS, KSTEPS)
+            rank = tl.zeros([BLOCK_E], tl.int32)
+            for other_base in range(0, num_experts, BLOCK_E):
+                other = other_base + tl.arange(0, BLOCK_E)
+                theirs = _window_steps(new_ptr, offsets_ptr, other, num_experts, W, BS, KSTEPS)
+                ahead = (theirs[None, :] > mine[:, None]) | ((theirs[None, :] == mine[:, None])
+                                                             & (other[None, :] < e[:, None]))
+                rank += tl.sum(ahead.to(tl.int32), axis=1)
+            tl.store(order_ptr + rank, e, mask=e < num_experts)
+
+
 @triton.jit(do_not_specialize=["N", "num_experts", "num_programs", "slot_s_rows", "slot_b_rows",
                                "s_rows", "b_rows"])
 def dsdt_window_kernel(
-    s_desc, b_desc, offsets_ptr, counter_ptr, c_ptr, stride_cm,
+    s_desc, b_desc, offsets_ptr, order_ptr, counter_ptr, c_ptr, stride_cm,
     N, num_experts, num_programs, slot_s_rows, slot_b_rows, s_rows, b_rows,
     F: tl.constexpr, W: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr, COUNT_CHUNK: tl.constexpr,
     c_desc=None, TMA_REDUCE: tl.constexpr = False, STRIP: tl.constexpr = 64,
 ):
     pid = tl.program_id(0)
+    if tl.load(counter_ptr) != W - 1:
+        return
     KSTEPS: tl.constexpr = BS // BLOCK_K
     num_n = tl.cdiv(N, BLOCK_N)
-    out_block_rows = num_experts * F
-    num_tiles = out_block_rows * num_n
-    my_tiles = tl.cdiv(tl.maximum(num_tiles - pid, 0), num_programs)
+    tiles_per_expert = F * num_n
+    num_tiles = num_experts * tiles_per_expert
+    rounds = tl.cdiv(num_tiles, num_programs)
     stride_w = num_experts + 1
 
-    # Pass 1: total steps of this program (each segment at least one); none unless the window is full.
+    # Pass 1: total steps of this program (each segment at least one).
     total = 0
-    for base in range(0, my_tiles, COUNT_CHUNK):
-        j = base + tl.arange(0, COUNT_CHUNK)
-        valid = j < my_tiles
-        t = pid + j * num_programs
-        t_m, _ = grouped_tile(t, out_block_rows, num_n, GROUP_M, PAST_END=True)
-        e = t_m // F
+    for base in range(0, rounds, COUNT_CHUNK):
+        k = base + tl.arange(0, COUNT_CHUNK)
+        t = _snake_tile(k, pid, num_programs)
+        valid = (k < rounds) & (t < num_tiles)
+        e = tl.load(order_ptr + t // tiles_per_expert, mask=valid, other=0)
         for w in tl.static_range(W):
             lo = tl.load(offsets_ptr + w * stride_w + e, mask=valid, other=0)
             hi = tl.load(offsets_ptr + w * stride_w + e + 1, mask=valid, other=0)
             total += tl.sum(tl.where(valid, tl.maximum((hi - lo) // BS * KSTEPS, 1), 0))
-    total = tl.where(tl.load(counter_ptr) == W - 1, total, 0)
 
-    # Pass 2: one loop over every step of every segment of this program.
-    tile = pid - num_programs
+    # Pass 2: one loop over every step of every segment of this program (its last round's tile,
+    # past the end for some programs, is never reached: pass 1 did not count it).
+    k = -1
     w = W - 1
     ki = -1
     steps = 0
@@ -96,13 +150,15 @@ def dsdt_window_kernel(
         ki = tl.where(ki == steps - 1, 0, ki + 1)
         if ki == 0:
             w = tl.where(w == W - 1, 0, w + 1)
-            tile = tl.where(w == 0, tile + num_programs, tile)
-            tm, tn = grouped_tile(tile, out_block_rows, num_n, GROUP_M, PAST_END=True)
-            e = tm // F
+            k = tl.where(w == 0, k + 1, k)
+            t = _snake_tile(k, pid, num_programs)
+            e = tl.load(order_ptr + t // tiles_per_expert)
+            j, tn = grouped_tile(t % tiles_per_expert, F, num_n, GROUP_M)
+            tm = e * F + j
             lo = tl.load(offsets_ptr + w * stride_w + e) // BS
             hi = tl.load(offsets_ptr + w * stride_w + e + 1) // BS
             first = w * slot_b_rows + lo * BS
-            blk0 = w * slot_s_rows + (lo * F + tm % F) * BS
+            blk0 = w * slot_s_rows + (lo * F + j) * BS
             live_steps = (hi - lo) * KSTEPS
             steps = tl.maximum(live_steps, 1)
         live = ki < live_steps
