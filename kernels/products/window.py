@@ -83,6 +83,9 @@ class WindowSlots:
         # the experts by their steps over the window, most first: the product's tile order
         self.order = torch.arange(topology.expert_offsets.numel() - 1, dtype=torch.int32, device=dev)
         self.counter = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._slot_values = torch.arange(window, dtype=torch.int32, device=dev)  # slot w read from [w]
+        self._host_slot: int | None = 0  # the counter's value as the host knows it; None once captured
+        self._captured = False
         self.block_size = topology.block_size
         self.blocks_per_row = topology.blocks_per_row
 
@@ -98,13 +101,28 @@ class WindowSlots:
     def restart(self) -> None:
         """The next micro-batch fills slot 0 (a new training step; slots need no clearing)."""
         self.counter.zero_()
+        self._host_slot = None if self._captured else 0
 
     def add(self, data, topology: Topology, b: torch.Tensor, out: torch.Tensor) -> None:
         """Stash this micro-batch's operands; when they complete the window, out += the sum over its
         slots of S_w^T @ b_w (out: fp32 [E * F * bs, n], row-major). Then the counter moves on.
-        data None: S's used blocks are in slot `counter` already (see data_slot)."""
+        data None: S's used blocks are in slot `counter` already (see data_slot).
+
+        Run eagerly, the host knows the slot (it counts the adds since the last restart): the
+        kernels read it from a constant, the offsets' launch moves the device counter on, and the
+        product is launched only when the window is full, three launches fewer per micro-batch.
+        Captured, and for good once an add was captured (replays move the counter without the
+        host), every launch reads the device counter and the product returns at once while the
+        window is not full."""
         self._check(data, topology, b, out)
         dev = b.device
+        host_slot = self._host_slot
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # replays move the counter without the host, for good: eager adds between them must
+            # read the device counter too
+            self._captured = True
+            host_slot = self._host_slot = None
+        slot = self.counter if host_slot is None else self._slot_values[host_slot:host_slot + 1]
         programs = persistent_programs(dev, _COPY_PROGRAMS_PER_SM)
         copy = direct(_window_module.copy_to_slot_kernel)
         bs2 = self.block_size * self.block_size
@@ -114,19 +132,26 @@ class WindowSlots:
         if data is not None:
             copies.append((data, self.data, topology.nnz, bs2))
         for src, dst, count, scale in copies:
-            copy[(programs,)](src, dst, self.counter, count, 0, dst[0].numel(), programs,
+            copy[(programs,)](src, dst, slot, count, 0, dst[0].numel(), programs,
                               COUNT_SCALE=scale, HAS_COUNT=True, BLOCK=_COPY_BLOCK)
         bs = self.block_size
         direct(_window_module.window_offsets_kernel)[(1,)](
-            offsets, self.offsets, self.counter, self.order, self.order.numel(),
-            W=self.window, BS=bs, KSTEPS=bs // self._config(dev).block_k, BLOCK_E=_ORDER_BLOCK)
-        self._product(out)
-        self.counter.add_(1).remainder_(self.window)
+            offsets, self.offsets, slot, self.order, self.order.numel(), self.counter,
+            W=self.window, BS=bs, KSTEPS=bs // self._config(dev).block_k, BLOCK_E=_ORDER_BLOCK,
+            ADVANCE=host_slot is not None)
+        if host_slot is None:
+            self._product(out)
+            self.counter.add_(1).remainder_(self.window)
+            return
+        if host_slot == self.window - 1:
+            self._product(out, slot)
+        self._host_slot = (host_slot + 1) % self.window
 
     def _config(self, device: torch.device) -> DsdConfig:
         return self.config or dsd_config(self.block_size, self.b.shape[-1], True, device, True, self.b.dtype)
 
-    def _product(self, out: torch.Tensor) -> None:
+    def _product(self, out: torch.Tensor, slot: torch.Tensor | None = None) -> None:
+        """out += the window's sum if the slot (default: the device counter) is the last one."""
         kernel = _window_module.dsdt_window_kernel
         check_launchable(kernel, out.device)
         bs, W, n = self.block_size, self.window, self.b.shape[-1]
@@ -141,7 +166,7 @@ class WindowSlots:
         direct(kernel)[(grid,)](
             tma_descriptor(self.data.view(-1, bs), [cfg.block_k, bs]),
             tma_descriptor(self.b.view(-1, n), [cfg.block_k, cfg.block_n]),
-            self.offsets, self.order, self.counter, out, out.stride(0),
+            self.offsets, self.order, self.counter if slot is None else slot, out, out.stride(0),
             n, num_experts, grid, s_rows, b_rows, W * s_rows, W * b_rows,
             F=self.blocks_per_row, W=W, BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             DOT_PRECISION=dot_precision(self.b.dtype, out.device), COUNT_CHUNK=64,

@@ -85,18 +85,45 @@ def _rng_state() -> dict:
         "random": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "tracker": get_cuda_rng_tracker().get_states(),
+        "tracker": portable_tracker_states(get_cuda_rng_tracker().get_states()),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
+def _state_tensor(state):
+    return state.get_state() if isinstance(state, torch.Generator) else state
+
+
+def portable_tracker_states(states: dict) -> dict:
+    """The named RNG streams as state tensors: a captured run's tracker keeps graph-safe
+    generators, an eager run's keeps tensors; saved as tensors, either run resumes the other's."""
+    return {name: _state_tensor(state) for name, state in states.items()}
+
+
+def restore_tracker_states(tracker, saved: dict) -> None:
+    """Set the tracker's streams to the saved states (tensors or generators), in the tracker's own
+    kind: a graph-safe generator is kept and its state set, since the CUDA graphs register that
+    very object; a tensor state is replaced."""
+    current = tracker.get_states()
+    states = {}
+    for name, state in saved.items():
+        state = _state_tensor(state)
+        mine = current.get(name)
+        if isinstance(mine, torch.Generator):
+            mine.set_state(state)
+            states[name] = mine
+        else:
+            states[name] = state
+    tracker.set_states(states)
+
+
 def _set_rng_state(state: dict) -> None:
     random.setstate(state["random"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    get_cuda_rng_tracker().set_states(state["tracker"])
+    restore_tracker_states(get_cuda_rng_tracker(), state["tracker"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 

@@ -33,8 +33,9 @@ k = triton.compile(ASTSource(m.dsdt_window_kernel, sig, const), target=GPUTarget
                    options={"num_warps": 8, "num_stages": 3})
 ptx = k.asm["ptx"]
 # the one-program kernel that orders the experts for it
-osig = {"new_ptr": "*i32", "offsets_ptr": "*i32", "counter_ptr": "*i32", "order_ptr": "*i32", "num_experts": "i32"}
-oconst = {"W": 4, "BS": BS, "KSTEPS": BS // BK, "BLOCK_E": 64}
+osig = {"new_ptr": "*i32", "offsets_ptr": "*i32", "counter_ptr": "*i32", "order_ptr": "*i32", "num_experts": "i32",
+        "next_counter_ptr": "*i32"}
+oconst = {"W": 4, "BS": BS, "KSTEPS": BS // BK, "BLOCK_E": 64, "ADVANCE": True}
 osig.update({k: "constexpr" for k in oconst})
 triton.compile(ASTSource(m.window_offsets_kernel, osig, oconst), target=GPUTarget("cuda", 90, 32),
                options={"num_warps": 4})

@@ -79,12 +79,17 @@ def _window_steps(new_ptr, offsets_ptr, e, num_experts, W: tl.constexpr, BS: tl.
 
 
 @triton.jit(do_not_specialize=["num_experts"])
-def window_offsets_kernel(new_ptr, offsets_ptr, counter_ptr, order_ptr, num_experts,
-                          W: tl.constexpr, BS: tl.constexpr, KSTEPS: tl.constexpr, BLOCK_E: tl.constexpr):
+def window_offsets_kernel(new_ptr, offsets_ptr, counter_ptr, order_ptr, num_experts, next_counter_ptr,
+                          W: tl.constexpr, BS: tl.constexpr, KSTEPS: tl.constexpr, BLOCK_E: tl.constexpr,
+                          ADVANCE: tl.constexpr = False):
     """One program: slot `counter` of offsets_ptr [W, E + 1] = new_ptr's E + 1 padded expert offsets;
     when they complete the window (counter == W - 1), order_ptr [E] = the experts by their steps
-    over the window, most first, ties by expert number (the product's tile order)."""
+    over the window, most first, ties by expert number (the product's tile order). ADVANCE: also
+    next_counter = (counter + 1) % W (counter_ptr is then another tensor holding the slot, which
+    the launches after this one read)."""
     slot = tl.load(counter_ptr)
+    if ADVANCE:
+        tl.store(next_counter_ptr, (slot + 1) % W)
     stride = num_experts + 1
     for base in range(0, stride, BLOCK_E):
         i = base + tl.arange(0, BLOCK_E)
