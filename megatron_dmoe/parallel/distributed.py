@@ -97,9 +97,11 @@ def init_distributed(
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(minutes=timeout_minutes),
-            # the GPU bound to the group: barriers anywhere (megatron-core's checkpointing too) use
-            # it instead of guessing one from the rank, with a warning at every call
-            device_id=torch_device if device == "cuda" else None,
+            # one process: its GPU bound to the group, so that barriers anywhere (megatron-core's
+            # checkpointing too) use it instead of guessing one from the rank, with a warning at
+            # every call. Not for several: a bound group creates every NCCL group's communicator
+            # eagerly, and our own barriers name the GPU (barrier below)
+            device_id=torch_device if device == "cuda" and world_size == 1 else None,
         )
     elif ps.model_parallel_is_initialized():
         # the groups are built again: no rank may tear the old gloo groups down while a slower rank
