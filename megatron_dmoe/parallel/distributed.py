@@ -79,6 +79,9 @@ def init_distributed(
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device == "cuda":
+        from megatron_dmoe.compat.cpu import leave_host
+
+        leave_host()  # a CPU run earlier in this process left its patches: they pass through now
         torch.cuda.set_device(local_rank)
         torch_device = torch.device("cuda", local_rank)
     else:

@@ -1,8 +1,11 @@
 """megatron-core on a machine without CUDA: its CUDA-minded code paths that our CPU runs reach,
-redirected to the host. `apply_cpu_compat()` applies them all; init_distributed calls it only
-when a run has no CUDA. Each module says which releases need it and what upstream would change.
+redirected to the host. `apply_cpu_compat()` applies them all; init_distributed calls it when a
+run is on the CPU and `leave_host()` when a run is on CUDA: the patches act only while the
+process's run is on the host, so that a CUDA run after a CPU one in the same process (a notebook,
+an export then a GPU evaluation) gets megatron-core unchanged. Each module says which releases need
+it and what upstream would change.
 
-devices.py          the wrappers the others apply (not a patch itself)
+devices.py          the wrappers the others apply, and the switch (not a patch itself)
 allocations.py      global memory buffer, DDP gradient buffers, RoPE table, default causal mask
 grad_sync.py        DDP's gradient sync without a CUDA stream (0.19)
 checkpoint_save.py  dist_checkpointing's torch_dist save finished on the host
@@ -13,12 +16,21 @@ tensor_parallel.py  tensor- and sequence-parallel mappings and linears on gloo
 """
 from __future__ import annotations
 
+from megatron_dmoe.compat.cpu.devices import set_on_host
+
 _applied = False
 
 
+def leave_host() -> None:
+    """The process's next run is on CUDA: the patches, if applied, pass every call through."""
+    set_on_host(False)
+
+
 def apply_cpu_compat() -> None:
-    """Make megatron-core's CUDA assumptions hold on CPU (idempotent)."""
+    """Make megatron-core's CUDA assumptions hold on CPU, from now until leave_host() (the
+    patches are applied once; later calls turn them back on)."""
     global _applied
+    set_on_host(True)
     if _applied:
         return
     from megatron_dmoe.compat.cpu.allocations import allocate_on_host

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron_dmoe.compat.cpu.devices import run_on_cpu
+from megatron_dmoe.compat.cpu.devices import host_only, run_on_cpu
 
 
 def _cpu_causal_mask(sq: int) -> torch.Tensor:
@@ -36,5 +36,5 @@ def allocate_on_host() -> None:
     yarn.get_emb = run_on_cpu(yarn.get_emb)
     mla = multi_latent_attention.MultiLatentAttention
     mla.__init__ = run_on_cpu(mla.__init__)
-    transformer_utils.get_default_causal_mask = _cpu_causal_mask
-    fused_softmax.get_default_causal_mask = _cpu_causal_mask
+    for module in (transformer_utils, fused_softmax):
+        module.get_default_causal_mask = host_only(_cpu_causal_mask, module.get_default_causal_mask)

@@ -9,7 +9,7 @@ device and makes the flag on the process group's device.
 from __future__ import annotations
 
 from megatron_dmoe.compat import mcore as mcore_compat
-from megatron_dmoe.compat.cpu.devices import run_on_cpu
+from megatron_dmoe.compat.cpu.devices import host_only, run_on_cpu
 
 
 def save_on_host() -> None:
@@ -19,6 +19,7 @@ def save_on_host() -> None:
     writer = filesystem_async.FileSystemWriterAsync
     preload = writer.preload_tensors
     # non_blocking=False: host tensors need no device synchronisation.
-    writer.preload_tensors = staticmethod(lambda buckets, non_blocking=True: preload(buckets, False))
+    writer.preload_tensors = staticmethod(host_only(lambda buckets, non_blocking=True: preload(buckets, False),
+                                                    preload))
     for home in mcore_compat.checkpoint_finalize_homes():  # where this megatron-core looks it up
         home.save_state_dict_async_finalize = run_on_cpu(home.save_state_dict_async_finalize)

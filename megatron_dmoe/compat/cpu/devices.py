@@ -2,7 +2,8 @@
 
 Not a patch itself: the wrappers and stand-ins the patch modules apply. Each swaps a torch
 attribute only while the wrapped megatron-core call runs (compat/patching.py), so nothing outside
-megatron-core sees a changed torch.
+megatron-core sees a changed torch, and only while the process's run is on the host (`on_host`):
+otherwise every wrapper calls what it wraps unchanged.
 """
 from __future__ import annotations
 
@@ -14,12 +15,35 @@ import torch
 
 from megatron_dmoe.compat.patching import patched
 
+_on_host = False
+
+
+def on_host() -> bool:
+    """Whether the process's current run is on the CPU (the patches act only then)."""
+    return _on_host
+
+
+def set_on_host(value: bool) -> None:
+    global _on_host
+    _on_host = value
+
+
+def host_only(replacement, original):
+    """`replacement` while the run is on the host, `original` otherwise (same arguments)."""
+    @functools.wraps(original)
+    def either(*args, **kwargs):
+        return (replacement if _on_host else original)(*args, **kwargs)
+
+    return either
+
 
 def run_on_cpu(method):
     """`method` with `torch.cuda.current_device()` answering 'cpu' while it runs: the buffers it
     allocates on the current device are made on the host."""
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
+        if not _on_host:
+            return method(*args, **kwargs)
         with patched(torch.cuda, "current_device", lambda: "cpu"):
             return method(*args, **kwargs)
 
@@ -29,6 +53,9 @@ def run_on_cpu(method):
 @contextlib.contextmanager
 def tensor_cuda_is_identity() -> Iterator[None]:
     """`tensor.cuda()` returns the tensor itself (a CPU run has no device to move to)."""
+    if not _on_host:
+        yield
+        return
     with patched(torch.Tensor, "cuda", lambda self, *args, **kwargs: self):
         yield
 
@@ -43,7 +70,7 @@ def _host_device(device):
 def _made_on_host(factory):
     @functools.wraps(factory)
     def make(*args, device=None, **kwargs):
-        return factory(*args, device=_host_device(device), **kwargs)
+        return factory(*args, device=_host_device(device) if _on_host else device, **kwargs)
 
     return make
 
@@ -56,11 +83,11 @@ class TorchOnCpu:
     class _Cuda:
         @staticmethod
         def current_device():
-            return "cpu"
+            return "cpu" if _on_host else torch.cuda.current_device()
 
         @staticmethod
         def synchronize(*args, **kwargs):
-            return None
+            return None if _on_host else torch.cuda.synchronize(*args, **kwargs)
 
         def __getattr__(self, name):
             return getattr(torch.cuda, name)

@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from megatron_dmoe.compat.cpu.devices import on_host
 from megatron_dmoe.compat.patching import patched
 
 
@@ -27,6 +28,8 @@ class _NoStream:
 def _without_cuda_streams(method):
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
+        if not on_host():
+            return method(*args, **kwargs)
         with patched(torch.cuda, "current_stream", lambda *a, **k: _NoStream()):
             return method(*args, **kwargs)
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from megatron_dmoe.compat.cpu.devices import TorchOnCpu, tensor_cuda_is_identity
+from megatron_dmoe.compat.cpu.devices import TorchOnCpu, host_only, on_host, tensor_cuda_is_identity
 from megatron_dmoe.compat.patching import patched
 
 
@@ -25,6 +25,9 @@ from megatron_dmoe.compat.patching import patched
 def _host_tensors_named_as_cuda() -> Iterator[None]:
     """`tensor.type()` names a host tensor as its CUDA twin ('torch.cuda.FloatTensor'): megatron's
     optimizers sort parameters by that name."""
+    if not on_host():
+        yield
+        return
     original = torch.Tensor.type
 
     def cuda_name(self, *args, **kwargs):
@@ -66,7 +69,8 @@ def optimizers_on_host() -> None:
             return clip(*args, **kwargs)
 
     if getattr(clip_grads, "l2_norm_impl", None) is mcore_utils.local_multi_tensor_l2_norm:
-        clip_grads.l2_norm_impl = _host_l2_norm  # megatron's fallback returns its norm on 'cuda'
+        # megatron's fallback returns its norm on 'cuda'
+        clip_grads.l2_norm_impl = host_only(_host_l2_norm, clip_grads.l2_norm_impl)
     optimizer_class._build_model_and_main_param_groups = classmethod(build_groups_on_cpu)
     gather_state = optimizer_class.get_parameter_state_dp_zero  # the reshardable checkpoint format
 

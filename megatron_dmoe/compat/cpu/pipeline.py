@@ -26,7 +26,7 @@ def pipeline_on_host() -> None:
 
     @functools.wraps(setup)
     def setup_on_cpu(self, *args, **kwargs):
-        with tensor_cuda_is_identity():
+        with tensor_cuda_is_identity():  # a no-op unless the run is on the host
             return setup(self, *args, **kwargs)
 
     module.setup_embeddings_and_output_layer = setup_on_cpu

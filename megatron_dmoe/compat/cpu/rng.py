@@ -12,6 +12,8 @@ import contextlib
 
 import torch
 
+from megatron_dmoe.compat.cpu.devices import host_only
+
 
 def _make_cpu_rng_tracker_class():
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
@@ -48,19 +50,26 @@ def track_rng_on_host() -> None:
     from megatron.core.tensor_parallel import random as mcore_random
 
     # Activation recompute saves and restores the CUDA generator; a CPU run has none.
-    mcore_random._get_cuda_rng_state = lambda *args, **kwargs: None
-    mcore_random._set_cuda_rng_state = lambda *args, **kwargs: None
+    mcore_random._get_cuda_rng_state = host_only(lambda *args, **kwargs: None, mcore_random._get_cuda_rng_state)
+    mcore_random._set_cuda_rng_state = host_only(lambda *args, **kwargs: None, mcore_random._set_cuda_rng_state)
+    _install_host_tracker()
+
+
+def _install_host_tracker() -> None:
+    from megatron.core.tensor_parallel import random as mcore_random
+
     mcore_random._CUDA_RNG_STATE_TRACKER = _make_cpu_rng_tracker_class()()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
 
 def seed_rng_trackers(seed: int) -> None:
-    """CPU twin of megatron's `model_parallel_cuda_manual_seed`: the same named streams and seeds."""
+    """CPU twin of megatron's `model_parallel_cuda_manual_seed`: the same named streams and seeds,
+    in a host tracker made afresh (a CUDA run before this one in the process left its own)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import random as mcore_random
 
+    _install_host_tracker()
     tracker = mcore_random._CUDA_RNG_STATE_TRACKER
-    tracker.reset()
     offset = seed + 2718
     tracker.add(mcore_random._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(mcore_random._MODEL_PARALLEL_RNG_TRACKER_NAME, offset + ps.get_tensor_model_parallel_rank())
