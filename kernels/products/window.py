@@ -109,8 +109,9 @@ class WindowSlots:
         data None: S's used blocks are in slot `counter` already (see data_slot).
 
         Run eagerly, the host knows the slot (it counts the adds since the last restart): the
-        kernels read it from a constant, the offsets' launch moves the device counter on, and the
-        product is launched only when the window is full, three launches fewer per micro-batch.
+        kernels read it from a constant, the copy's launch moves the device counter on, and the
+        product is launched only when the window is full: two launches a micro-batch (the copy of
+        b with the offsets, and the product when full) where a captured add makes four.
         Captured, and for good once an add was captured (replays move the counter without the
         host), every launch reads the device counter and the product returns at once while the
         window is not full."""
@@ -127,18 +128,18 @@ class WindowSlots:
         copy = direct(_window_module.copy_to_slot_kernel)
         bs2 = self.block_size * self.block_size
         offsets = topology.expert_offsets
-        # the used blocks of S, the used (padded) rows of b, the offsets: counts read on the device
-        copies = [(b, self.b, offsets[-1:], b.shape[1])]
-        if data is not None:
-            copies.append((data, self.data, topology.nnz, bs2))
-        for src, dst, count, scale in copies:
-            copy[(programs,)](src, dst, slot, count, 0, dst[0].numel(), programs,
-                              COUNT_SCALE=scale, HAS_COUNT=True, BLOCK=_COPY_BLOCK)
+        # the used (padded) rows of b with the offsets (and the order when the window fills), then
+        # the used blocks of S: counts read on the device
         bs = self.block_size
-        direct(_window_module.window_offsets_kernel)[(1,)](
-            offsets, self.offsets, slot, self.order, self.order.numel(), self.counter,
-            W=self.window, BS=bs, KSTEPS=bs // self._config(dev).block_k, BLOCK_E=_ORDER_BLOCK,
-            ADVANCE=host_slot is not None)
+        copy[(programs,)](b, self.b, slot, offsets[-1:], 0, self.b[0].numel(), programs,
+                          COUNT_SCALE=b.shape[1], HAS_COUNT=True, BLOCK=_COPY_BLOCK,
+                          new_offsets_ptr=offsets, offsets_ptr=self.offsets, order_ptr=self.order,
+                          next_counter_ptr=self.counter, num_experts=self.order.numel(), OFFSETS=True,
+                          ADVANCE=host_slot is not None, W=self.window, BS=bs,
+                          KSTEPS=bs // self._config(dev).block_k, BLOCK_E=_ORDER_BLOCK)
+        if data is not None:
+            copy[(programs,)](data, self.data, slot, topology.nnz, 0, self.data[0].numel(), programs,
+                              COUNT_SCALE=bs2, HAS_COUNT=True, BLOCK=_COPY_BLOCK)
         if host_slot is None:
             self._product(out)
             self.counter.add_(1).remainder_(self.window)

@@ -32,13 +32,15 @@ sig.update({k: "constexpr" for k in const})
 k = triton.compile(ASTSource(m.dsdt_window_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": 8, "num_stages": 3})
 ptx = k.asm["ptx"]
-# the one-program kernel that orders the experts for it
-osig = {"new_ptr": "*i32", "offsets_ptr": "*i32", "counter_ptr": "*i32", "order_ptr": "*i32", "num_experts": "i32",
-        "next_counter_ptr": "*i32"}
-oconst = {"W": 4, "BS": BS, "KSTEPS": BS // BK, "BLOCK_E": 64, "ADVANCE": True}
-osig.update({k: "constexpr" for k in oconst})
-triton.compile(ASTSource(m.window_offsets_kernel, osig, oconst), target=GPUTarget("cuda", 90, 32),
-               options={"num_warps": 4})
+# the copy that stashes the offsets and orders the experts for it, in both of its modes
+csig = {"src_ptr": "*bf16", "dst_ptr": "*bf16", "slot_ptr": "*i32", "count_ptr": "*i32", "n_static": "i32",
+        "slot_elems": "i32", "num_programs": "i32", "new_offsets_ptr": "*i32", "offsets_ptr": "*i32",
+        "order_ptr": "*i32", "next_counter_ptr": "*i32", "num_experts": "i32"}
+for advance in (False, True):
+    cconst = {"COUNT_SCALE": 768, "HAS_COUNT": True, "BLOCK": 4096, "OFFSETS": True, "ADVANCE": advance, "W": 4,
+              "BS": BS, "KSTEPS": BS // BK, "BLOCK_E": 64}
+    triton.compile(ASTSource(m.copy_to_slot_kernel, {**csig, **{k: "constexpr" for k in cconst}}, cconst),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 print(json.dumps({"shared": k.metadata.shared, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
                   "wgmma": ptx.count("wgmma.mma_async")}))
 """

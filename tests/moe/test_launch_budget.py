@@ -27,6 +27,13 @@ NO_LAUNCH = {
 # input's two gradients.
 FORWARD_LAUNCHES = 13
 BACKWARD_LAUNCHES = 13
+# The backward as a training step runs it eagerly, expert weight gradients into main_grad over a
+# window of 4 micro-batches (moe.expert_wgrad_window; the activation's backward stores the left
+# operands into the slots itself): in place of its weight-gradient product each expert weight
+# stashes its right operand with its expert offsets (1), and the window's product runs at the
+# micro-batch that fills it (1), with no launch for the counter (the host knows it).
+WINDOW = 4
+WINDOWED_BACKWARD_LAUNCHES = [13, 13, 13, 15]
 
 
 class _Counter(TorchDispatchMode):
@@ -93,3 +100,37 @@ def test_sparse_layer_launch_budget(counted):
     backward = counted.names[len(forward):]
     assert len(forward) == FORWARD_LAUNCHES, f"forward launches {len(forward)}: {forward}"
     assert len(backward) == BACKWARD_LAUNCHES, f"backward launches {len(backward)}: {backward}"
+
+
+@pytest.mark.slow
+def test_windowed_backward_launch_budget(counted):
+    from megatron_dmoe.parallel import param_roles
+
+    torch.manual_seed(0)
+    config = make_config(32, 64, 4, 2, dtype=torch.float32, moe_aux_loss_coeff=0.01)
+    layer = MoELayer(config, backend="sparse", block_size=16, router_impl="fused").train()
+    layer.run_state.metrics.megatron_tracker = False
+    experts = [layer.experts.w1, layer.experts.w2]
+    for p in experts:  # as dmoe-train's DDP leaves them: fp32 main_grad, reduced after backward
+        p.main_grad = torch.zeros(p.shape)
+        param_roles.set_main_grad_only(p, True)
+    stash = layer.run_state.wgrad
+    stash.use_window(WINDOW)
+    x = torch.randn(24, 2, 32, requires_grad=True)
+    dy = torch.randn(24, 2, 32)
+    for _ in range(WINDOW):  # a first step: backends resolved, the window's slots made
+        layer(x)[0].backward(dy)
+    counts = []
+    stash.main_grads_zeroed()
+    for _ in range(WINDOW):
+        out, _ = layer(x)
+        for p in layer.parameters():
+            p.grad = None  # as the first backward of a step: gradients assigned, not added
+        x.grad = None
+        counted.names.clear()
+        with counted:
+            out.backward(dy)
+        counts.append(list(counted.names))
+    assert [len(c) for c in counts] == WINDOWED_BACKWARD_LAUNCHES, "\n".join(map(str, counts))
+    assert [sum(n == "triton:dsdt_window_kernel" for n in c) for c in counts] == [0] * (WINDOW - 1) + [2]
+    assert all(p.main_grad.abs().sum() > 0 for p in experts)  # the window's sum arrived

@@ -78,18 +78,12 @@ def _window_steps(new_ptr, offsets_ptr, e, num_experts, W: tl.constexpr, BS: tl.
     return tl.where(valid, steps, -1)
 
 
-@triton.jit(do_not_specialize=["num_experts"])
-def window_offsets_kernel(new_ptr, offsets_ptr, counter_ptr, order_ptr, num_experts, next_counter_ptr,
-                          W: tl.constexpr, BS: tl.constexpr, KSTEPS: tl.constexpr, BLOCK_E: tl.constexpr,
-                          ADVANCE: tl.constexpr = False):
-    """One program: slot `counter` of offsets_ptr [W, E + 1] = new_ptr's E + 1 padded expert offsets;
-    when they complete the window (counter == W - 1), order_ptr [E] = the experts by their steps
-    over the window, most first, ties by expert number (the product's tile order). ADVANCE: also
-    next_counter = (counter + 1) % W (counter_ptr is then another tensor holding the slot, which
-    the launches after this one read)."""
-    slot = tl.load(counter_ptr)
-    if ADVANCE:
-        tl.store(next_counter_ptr, (slot + 1) % W)
+@triton.jit
+def _stash_offsets(new_ptr, offsets_ptr, slot, order_ptr, num_experts,
+                   W: tl.constexpr, BS: tl.constexpr, KSTEPS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Slot `slot` of offsets_ptr [W, E + 1] = new_ptr's E + 1 padded expert offsets; when they
+    complete the window (slot == W - 1), order_ptr [E] = the experts by their steps over the
+    window, most first, ties by expert number (the product's tile order)."""
     stride = num_experts + 1
     for base in range(0, stride, BLOCK_E):
         i = base + tl.arange(0, BLOCK_E)
@@ -180,15 +174,28 @@ def dsdt_window_kernel(
             acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)
 
 
-@triton.jit(do_not_specialize=["n_static", "num_programs"])
+@triton.jit(do_not_specialize=["n_static", "num_programs", "num_experts"])
 def copy_to_slot_kernel(src_ptr, dst_ptr, slot_ptr, count_ptr, n_static, slot_elems, num_programs,
-                        COUNT_SCALE: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
+                        COUNT_SCALE: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr,
+                        new_offsets_ptr=None, offsets_ptr=None, order_ptr=None, next_counter_ptr=None, num_experts=0,
+                        OFFSETS: tl.constexpr = False, ADVANCE: tl.constexpr = False, W: tl.constexpr = 1,
+                        BS: tl.constexpr = 1, KSTEPS: tl.constexpr = 1, BLOCK_E: tl.constexpr = 64):
     """dst[slot] [0, n) = src[0, n), slot read on the device; n = count * COUNT_SCALE elements (the
     count read on the device: only the used part of a bound-sized buffer moves) or n_static.
     slot_elems is specialised (its divisibility by 16 known) and every chunk starts at a multiple of
-    BLOCK, so that the copies move whole 16-byte vectors."""
+    BLOCK, so that the copies move whole 16-byte vectors.
+
+    OFFSETS: program 0 also stashes the micro-batch's expert offsets into the same slot (and the
+    experts' order when the window fills: _stash_offsets), one launch for both. ADVANCE: it also
+    sets next_counter = (slot + 1) % W, slot_ptr then being another tensor that holds the slot
+    (the launches of this micro-batch read it there, the next micro-batch's producers the counter)."""
     pid = tl.program_id(0)
     slot = tl.load(slot_ptr)
+    if OFFSETS:
+        if pid == 0:
+            if ADVANCE:
+                tl.store(next_counter_ptr, (slot + 1) % W)
+            _stash_offsets(new_offsets_ptr, offsets_ptr, slot, order_ptr, num_experts, W, BS, KSTEPS, BLOCK_E)
     if HAS_COUNT:
         n = tl.load(count_ptr).to(tl.int64) * COUNT_SCALE
     else:
