@@ -156,3 +156,19 @@ def test_missing_weights_are_refused_before_any_work(qwen3_dir, tmp_path, capsys
     err = _refusal([str(qwen3_dir), "--run-dir", str(tmp_path / "run"), DATA], capsys)
     assert "has no *.safetensors files" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("width, expected", [(1408, {"moe.block_size": 128}), (96, {"moe.block_size": 32}),
+                                             (16, {"moe.block_size": 16}), (24, {"moe.backend": "grouped"})])
+def test_the_sparse_block_divides_the_imported_experts_width(width, expected, tmp_path):
+    """The block size comes from the imported experts' width (DeepSeek-V2-Lite's 1408: 128), not
+    from the base config; where no block size divides it, the grouped backend."""
+    from megatron_dmoe.export.hf_families import MIXTRAL
+    from megatron_dmoe.hf_import.hf_config import model_keys
+
+    config = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=width, vocab_size=128, num_local_experts=4, num_experts_per_tok=2,
+                  rope_theta=10000.0, max_position_embeddings=128)
+    _, defaults = model_keys(config, MIXTRAL, tmp_path / "config.json")
+    chosen = dict(text.split("=", 1) for text in defaults if text.startswith(("moe.block_size", "moe.backend")))
+    assert chosen == {key: json.dumps(value) for key, value in expected.items()}
