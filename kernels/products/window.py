@@ -84,8 +84,8 @@ class WindowSlots:
         self.order = torch.arange(topology.expert_offsets.numel() - 1, dtype=torch.int32, device=dev)
         self.counter = torch.zeros(1, dtype=torch.int32, device=dev)
         self._slot_values = torch.arange(window, dtype=torch.int32, device=dev)  # slot w read from [w]
-        self._host_slot: int | None = 0  # the counter's value as the host knows it; None once captured
-        self._captured = False
+        # the counter's value as the host knows it; None for good once an add was captured
+        self._host_slot: int | None = 0
         self.block_size = topology.block_size
         self.blocks_per_row = topology.blocks_per_row
 
@@ -101,7 +101,8 @@ class WindowSlots:
     def restart(self) -> None:
         """The next micro-batch fills slot 0 (a new training step; slots need no clearing)."""
         self.counter.zero_()
-        self._host_slot = None if self._captured else 0
+        if self._host_slot is not None:
+            self._host_slot = 0
 
     def add(self, data, topology: Topology, b: torch.Tensor, out: torch.Tensor) -> None:
         """Stash this micro-batch's operands; when they complete the window, out += the sum over its
@@ -121,7 +122,6 @@ class WindowSlots:
         if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # replays move the counter without the host, for good: eager adds between them must
             # read the device counter too
-            self._captured = True
             host_slot = self._host_slot = None
         slot = self.counter if host_slot is None else self._slot_values[host_slot:host_slot + 1]
         programs = persistent_programs(dev, _COPY_PROGRAMS_PER_SM)

@@ -17,6 +17,7 @@ from megatron_dmoe.export.deepseek import DEEPSEEK_FAMILIES
 from megatron_dmoe.export.hf_families import BY_ARCHITECTURE, MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE, Family
 from megatron_dmoe.hf_import import deepseek_config
 from megatron_dmoe.inference.errors import UsageError
+from megatron_dmoe.moe.experts.sparse import block_size_for
 
 ARCHITECTURES = {**BY_ARCHITECTURE, **{f.architecture: f for f in DEEPSEEK_FAMILIES}}
 
@@ -181,7 +182,7 @@ def model_keys(config: Dict[str, Any], family: Family, path: Path) -> Tuple[List
 def _block_keys(expert_width: int) -> Dict[str, Any]:
     """The sparse backend's block size for the imported experts' width: the largest that divides
     it (the base config's own block size need not); the grouped backend where none does."""
-    block = next((b for b in sorted(BLOCK_SIZES, reverse=True) if expert_width % b == 0), None)
+    block = block_size_for(expert_width, max(BLOCK_SIZES))
     return {"moe.block_size": block} if block else {"moe.backend": "grouped"}
 
 

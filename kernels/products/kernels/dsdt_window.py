@@ -19,7 +19,7 @@ micro-batch.
 
 Tiles go to programs longest first: a tile's steps are its expert's blocks over the window, so
 under skewed loads round-robin tiles leave some programs with far more steps than others. The
-experts' order by steps (`order_ptr`, most first; written by window_offsets_kernel as the window
+experts' order by steps (`order_ptr`, most first; stashed by copy_to_slot_kernel as the window
 fills) lists the tiles, expert after expert, and the programs take them in snake order (round k:
 program p takes tile k * P + p for even k, k * P + P - 1 - p for odd k), which evens the programs'
 totals. Each tile is still summed by one program in the same order, so C is the same bit for bit.
