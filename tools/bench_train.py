@@ -300,6 +300,7 @@ def run_row(name: str, cuda_graphs: bool, cfg, world_size: int) -> dict:
         "model": name + ("+graphs" if cuda_graphs else ""),
         "cuda_graphs": cuda_graphs,
         "config": MODELS.get(name, name),
+        "dense": cfg.moe.num_experts == 0,  # a row the others are compared with
         "world_size": world_size,
         "expert_model_parallel_size": par.expert_model_parallel_size,
         "data_parallel_size": world_size // (par.tensor_model_parallel_size * par.pipeline_model_parallel_size),
@@ -559,7 +560,7 @@ def print_table(results: list, peak: float | None) -> None:
     measured = [r for r in results if "tokens_per_s" in r]
 
     def dense_for(r):  # the dense run of the same mode (eager or graphed), else any dense run
-        dense = [d for d in measured if d["model"].split("+")[0] in DENSE_MODELS]
+        dense = [d for d in measured if d.get("dense", d["model"].split("+")[0] in DENSE_MODELS)]
         return ([d for d in dense if d["cuda_graphs"] == r["cuda_graphs"]] or dense or [None])[0]
 
     header = (f"{'model':23s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'spread':>7s} {'W':>2s} "
