@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import signal
 from typing import List, Optional
 
@@ -62,11 +63,32 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (metavar, kind, text) in helps.items():
         spellings = dict.fromkeys([flag, LAUNCH_FLAGS[flag]])  # torchrun's underscore spelling too
         group.add_argument(*spellings, type=kind, default=None, metavar=metavar, help=text)
+    group.add_argument("--torchrun-args", default=None, metavar="'OPTIONS'",
+                       help="more of torchrun's own options, in one quoted string after '=' (e.g. "
+                            "--torchrun-args='--max-restarts 3 --log-dir logs'); checked against torchrun's "
+                            "parser before anything starts")
+
+
+def _extra_torchrun_args(ns: argparse.Namespace) -> List[str]:
+    return shlex.split(ns.torchrun_args or "")
+
+
+def _unknown_torchrun_args(extra: List[str]) -> List[str]:
+    """The options of `extra` that torchrun's own parser does not take, and any script it names."""
+    import torch.distributed.run as torchrun
+
+    try:
+        known, unknown = torchrun.get_args_parser().parse_known_args([*extra, "-m", "megatron_dmoe"])
+    except SystemExit:  # an option missing its value: argparse has printed why
+        return extra
+    if known.training_script != "megatron_dmoe" or known.training_script_args:  # a script of its own
+        unknown = [*unknown, known.training_script, *known.training_script_args[:-2]]  # less our -m
+    return unknown
 
 
 def launch_problem(ns: argparse.Namespace) -> Optional[str]:
     """A launch flag given without --nproc-per-node, or a node rank outside the nodes (None: fine)."""
-    given = [flag for flag in LAUNCH_FLAGS if flag != "--nproc-per-node"
+    given = [flag for flag in [*LAUNCH_FLAGS, "--torchrun-args"] if flag != "--nproc-per-node"
              and getattr(ns, flag[2:].replace("-", "_")) is not None]
     if ns.nproc_per_node is None:
         return f"{given[0]} needs --nproc-per-node, the number of processes per node" if given else None
@@ -78,6 +100,14 @@ def launch_problem(ns: argparse.Namespace) -> Optional[str]:
     if nodes > 1 and ns.master_addr is None and ns.rdzv_endpoint is None:
         return (f"--nnodes {nodes} needs a rendezvous: --master-addr (node 0's address) with --node-rank, "
                 "or --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID")
+    try:
+        extra = _extra_torchrun_args(ns)
+    except ValueError as err:
+        return f"--torchrun-args {ns.torchrun_args!r}: {err}; quote it as one shell word"
+    unknown = _unknown_torchrun_args(extra)
+    if unknown:
+        return (f"--torchrun-args: torchrun does not take {' '.join(unknown)!r}; see `torchrun --help` (the "
+                "training script and its arguments are dmoe-train's own)")
     return None
 
 
@@ -86,14 +116,14 @@ def world_size(ns: argparse.Namespace) -> int:
 
 
 def torchrun_args(ns: argparse.Namespace, worker_args: List[str]) -> List[str]:
-    """torch.distributed.run's command line: the given launch flags, then `-m megatron_dmoe` with the
-    workers' arguments."""
+    """torch.distributed.run's command line: the given launch flags and --torchrun-args, then
+    `-m megatron_dmoe` with the workers' arguments."""
     args = []
     for flag, theirs in LAUNCH_FLAGS.items():
         value = getattr(ns, flag[2:].replace("-", "_"))
         if value is not None:
             args += [theirs, str(value)]
-    return [*args, "-m", "megatron_dmoe", *worker_args]
+    return [*args, *_extra_torchrun_args(ns), "-m", "megatron_dmoe", *worker_args]
 
 
 def _quiet_torchrun_logs() -> None:

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Launch dmoe-train under torchrun on this node: one process per GPU (one on CPU), one node or many.
+# Launch dmoe-train on this node through its launcher (dmoe-train --nproc-per-node, torchrun's own
+# machinery): one process per GPU (one on CPU), one node or many.
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
 Usage: scripts/train.sh [--dry-run] [CONFIG] [section.key=value ...] [-- DMOE_TRAIN_FLAGS ...]
 
-Runs `dmoe-train CONFIG section.key=value ... DMOE_TRAIN_FLAGS` under torchrun, one process per
-GPU of this node (one process without a GPU: gloo on CPU). With NNODES > 1, run the same command
-on every node; the nodes meet at a rendezvous given by the environment.
+Runs `dmoe-train --nproc-per-node N CONFIG section.key=value ... DMOE_TRAIN_FLAGS`: the
+configuration is checked once, then one process per GPU of this node starts through torchrun's
+launcher (one process without a GPU: gloo on CPU); a refusal or a failed process is one line. With
+NNODES > 1, run the same command on every node; the nodes meet at a rendezvous given by the
+environment.
 
   scripts/train.sh tiny training.train_iters=50
   NPROC_PER_NODE=4 scripts/train.sh zoo/dmoe_small -- --run-dir runs/small
@@ -18,7 +21,7 @@ on every node; the nodes meet at a rendezvous given by the environment.
   NNODES=2 RDZV_ENDPOINT=node0:29400 RDZV_ID=medium scripts/train.sh zoo/dmoe_medium -- --run-dir runs/m
 
 Options:
-  --dry-run    print the torchrun command instead of running it
+  --dry-run    print the dmoe-train command instead of running it
   -h, --help   show this help
 
 Environment:
@@ -30,13 +33,14 @@ Environment:
   RDZV_ENDPOINT   host:port of torchrun's c10d rendezvous, used instead of MASTER_ADDR/NODE_RANK
   RDZV_ID         id shared by the nodes of one run, with RDZV_ENDPOINT (default dmoe)
   PYTHON          the Python that has megatron_dmoe installed (default python3)
-  TORCHRUN_ARGS   more torchrun options, split at spaces (e.g. "--max_restarts 3")
+  TORCHRUN_ARGS   more of torchrun's options (e.g. "--max_restarts 3"), given to dmoe-train as
+                  --torchrun-args
   TORCH_ELASTIC_SHUTDOWN_TIMEOUT
                   seconds torchrun waits after passing on SIGTERM before it kills the training
                   processes, which use them to save a checkpoint (default here 100)
   LAUNCHER_PID_FILE
-                  write torchrun's process id to this file (train.sbatch reads it to signal
-                  torchrun's children, the training processes)
+                  write the launcher's process id to this file (train.sbatch reads it to signal
+                  the launcher's children, the training processes)
 Everything else in the environment (NCCL_*, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, ...) reaches
 the training processes unchanged.
 EOF
@@ -81,7 +85,7 @@ fi
 launch=(--nnodes="$NNODES")
 if [[ -n ${RDZV_ENDPOINT:-} ]]; then
   [[ $RDZV_ENDPOINT == *:* ]] || die "RDZV_ENDPOINT=$RDZV_ENDPOINT: use host:port"
-  launch+=(--rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="${RDZV_ID:-dmoe}")
+  launch+=(--rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT" --rdzv-id="${RDZV_ID:-dmoe}")
   where="c10d rendezvous at $RDZV_ENDPOINT"
 elif [[ -n ${MASTER_ADDR:-} ]]; then
   NODE_RANK=${NODE_RANK:-0}
@@ -89,12 +93,12 @@ elif [[ -n ${MASTER_ADDR:-} ]]; then
   is_count "$NODE_RANK" 0 && ((10#$NODE_RANK < NNODES)) ||
     die "NODE_RANK=$NODE_RANK: use this node's rank, 0 to $((NNODES - 1))"
   is_count "$MASTER_PORT" 1 || die "MASTER_PORT=$MASTER_PORT: use a port number"
-  launch+=(--node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT")
+  launch+=(--node-rank="$NODE_RANK" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT")
   where="node $NODE_RANK, rendezvous at $MASTER_ADDR:$MASTER_PORT"
 elif ((NNODES > 1)); then
   die "NNODES=$NNODES needs a rendezvous: set MASTER_ADDR (with NODE_RANK and MASTER_PORT) or RDZV_ENDPOINT"
 else
-  launch=(--standalone)
+  launch=()
   where="standalone"
 fi
 
@@ -103,17 +107,16 @@ if [[ -z ${NPROC_PER_NODE:-} ]]; then
     die "could not count GPUs with $PYTHON (is torch installed?); set NPROC_PER_NODE"
   NPROC_PER_NODE=$((gpus > 0 ? gpus : 1))
 fi
-launch+=(--nproc_per_node="$NPROC_PER_NODE")
-extra=()
+launch=(--nproc-per-node="$NPROC_PER_NODE" "${launch[@]}")
 if [[ -n ${TORCHRUN_ARGS:-} ]]; then
-  read -r -a extra <<<"$TORCHRUN_ARGS"
+  launch+=(--torchrun-args="$TORCHRUN_ARGS")
 fi
 
-# torchrun passes SIGTERM on to the training processes, which save a checkpoint and stop; give them
-# time before it kills them (SLURM's preemption notice comes 120 s ahead).
+# The launcher passes SIGTERM on to the training processes, which save a checkpoint and stop; give
+# them time before it kills them (SLURM's preemption notice comes 120 s ahead).
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-100}
 
-command=("$PYTHON" -m torch.distributed.run "${launch[@]}" "${extra[@]}" -m megatron_dmoe "${args[@]}")
+command=("$PYTHON" -m megatron_dmoe "${launch[@]}" "${args[@]}")
 if ((dry_run)); then
   printf '%q ' "${command[@]}"
   echo
@@ -122,6 +125,6 @@ fi
 nccl=$(env | grep -E '^NCCL_' | sort | tr '\n' ' ' || true)
 echo "train.sh: $NNODES node(s) x $NPROC_PER_NODE process(es), $where${nccl:+; $nccl}" >&2
 if [[ -n ${LAUNCHER_PID_FILE:-} ]]; then
-  echo $$ >"$LAUNCHER_PID_FILE" # exec keeps the process id: it becomes torchrun's
+  echo $$ >"$LAUNCHER_PID_FILE" # exec keeps the process id: it becomes the launcher's
 fi
 exec "${command[@]}"

@@ -1,5 +1,5 @@
-"""scripts/train.sh: the torchrun command it builds from the environment, its errors, and a real
-two-process CPU run of the tiny config."""
+"""scripts/train.sh: the launcher command (dmoe-train --nproc-per-node) it builds from the
+environment, its errors, and a real two-process CPU run of the tiny config."""
 import os
 import shlex
 import subprocess
@@ -37,21 +37,19 @@ def test_help_describes_the_environment():
 
 def test_one_node_is_standalone_with_one_process_per_cpu_machine():
     command = _command("tiny", "moe.top_k=1", "--", "--run-dir", "runs/x", "--resume")
-    launch = [sys.executable, "-m", "torch.distributed.run"]
     # no GPU here: one process; the `--` is dropped (dmoe-train reads its flags anywhere)
-    assert command == launch + ["--standalone", "--nproc_per_node=1", "-m", "megatron_dmoe",
-                                "tiny", "moe.top_k=1", "--run-dir", "runs/x", "--resume"]
+    assert command == [sys.executable, "-m", "megatron_dmoe", "--nproc-per-node=1",
+                       "tiny", "moe.top_k=1", "--run-dir", "runs/x", "--resume"]
 
 
 def test_static_and_c10d_rendezvous_come_from_the_environment():
     static = _command("tiny", NNODES="2", NODE_RANK="1", MASTER_ADDR="node0", MASTER_PORT="1234",
                       NPROC_PER_NODE="8", TORCHRUN_ARGS="--max_restarts 2")
-    assert static[3:10] == ["--nnodes=2", "--node_rank=1", "--master_addr=node0",
-                            "--master_port=1234", "--nproc_per_node=8", "--max_restarts", "2"]
+    assert static[3:] == ["--nproc-per-node=8", "--nnodes=2", "--node-rank=1", "--master-addr=node0",
+                          "--master-port=1234", "--torchrun-args=--max_restarts 2", "tiny"]
     c10d = _command(NNODES="4", RDZV_ENDPOINT="node0:29400", RDZV_ID="job7", NPROC_PER_NODE="2")
-    assert c10d[3:8] == ["--nnodes=4", "--rdzv_backend=c10d", "--rdzv_endpoint=node0:29400",
-                         "--rdzv_id=job7", "--nproc_per_node=2"]
-    assert c10d[8:] == ["-m", "megatron_dmoe"]
+    assert c10d[3:] == ["--nproc-per-node=2", "--nnodes=4", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400",
+                        "--rdzv-id=job7"]
 
 
 @pytest.mark.parametrize("env, message", [

@@ -11,7 +11,7 @@ from megatron_dmoe.cli import parse_train_args
 
 
 def _ns(**given):
-    flags = {flag[2:].replace("-", "_"): None for flag in launcher.LAUNCH_FLAGS}
+    flags = {flag[2:].replace("-", "_"): None for flag in [*launcher.LAUNCH_FLAGS, "--torchrun-args"]}
     return argparse.Namespace(**{**flags, **given})
 
 
@@ -25,8 +25,19 @@ def test_the_launch_flags_become_the_launchers_own_and_the_workers_run_megatron_
         "-m", "megatron_dmoe", "tiny", "moe.top_k=1", "--run-dir", "R"]
 
 
+def test_more_torchrun_options_go_to_torchrun_before_the_workers_module():
+    ns, _, _ = parse_train_args(["tiny", "--nproc-per-node", "2", "--torchrun-args=--max-restarts 3 --log_dir L"])
+    assert launcher.torchrun_args(ns, ["tiny"]) == [
+        "--nproc_per_node", "2", "--max-restarts", "3", "--log_dir", "L", "-m", "megatron_dmoe", "tiny"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--nnodes", "2"], "--nnodes needs --nproc-per-node"),
+    (["--torchrun-args=--max-restarts 3"], "--torchrun-args needs --nproc-per-node"),
+    (["--nproc-per-node", "2", "--torchrun-args=--max-restarts 3 --bogus"],
+     "--torchrun-args: torchrun does not take '--bogus'"),
+    (["--nproc-per-node", "2", "--torchrun-args", "train.py --lr 1"],
+     "--torchrun-args: torchrun does not take 'train.py --lr 1'"),
     (["--nproc-per-node", "0"], "argument --nproc-per-node/--nproc_per_node: takes a whole number of at least 1, "
                                 "got '0'"),
     (["--nproc-per-node", "2", "--nnodes", "2"], "--nnodes 2 needs a rendezvous"),
