@@ -150,7 +150,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="after timing, profile one more step of each model (torch.profiler, CUDA only): "
                         "report GPU busy time against the step's wall time (a large gap means the host "
                         "cannot issue work fast enough), and write DIR/<model>_kernels.txt (kernels by "
-                        "GPU time) and DIR/<model>_trace.json (chrome://tracing)")
+                        "GPU time) and DIR/<model>_trace.json (chrome://tracing); a graphed row's files are "
+                        "<model>_graphs_*")
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                    help="run every model on N processes of this host (N GPUs, or N gloo processes on CPU): "
                         "this process launches torchrun --standalone --nproc_per_node N of this program per "
@@ -291,6 +292,11 @@ def plan_runs(args, device_type: str, world_size: int) -> list:
         graphs = cfg.training.cuda_graphs is True
         plan.append((name, graphs, cfg, refusal))
     return plan
+
+
+def profile_stem(name: str) -> str:
+    """A profiled run's file names: its row's name, '+graphs' as '_graphs' (a '+' is awkward in paths)."""
+    return name.replace("+", "_")
 
 
 def run_row(name: str, cuda_graphs: bool, cfg, world_size: int) -> dict:
@@ -547,8 +553,8 @@ def profile_step(name: str, out_dir: str, step, sync) -> dict:
     lines = [f"{'GPU ms':>9s} {'%':>6s} {'calls':>7s}  kernel"]
     lines += [f"{e.self_device_time_total / 1e3:9.2f} {100 * e.self_device_time_total / max(busy_us, 1):6.1f} "
               f"{e.count:7d}  {e.key[:140]}" for e in kernels]
-    (out / f"{name}_kernels.txt").write_text("\n".join(lines) + "\n")
-    prof.export_chrome_trace(str(out / f"{name}_trace.json"))
+    (out / f"{profile_stem(name)}_kernels.txt").write_text("\n".join(lines) + "\n")
+    prof.export_chrome_trace(str(out / f"{profile_stem(name)}_trace.json"))
     from step_breakdown import breakdown
 
     return {"wall_ms": wall * 1e3, "gpu_busy_ms": busy_us / 1e3, "kernel_launches": sum(e.count for e in kernels),
@@ -653,7 +659,7 @@ def main(argv=None) -> None:
                 print(f"profile {r['model']}: step {prof['wall_ms']:.1f} ms wall (profiled), kernels "
                       f"{prof['gpu_busy_ms']:.1f} ms GPU ({100 * prof['gpu_busy_ms'] / prof['wall_ms']:.0f} % busy), "
                       f"{prof['kernel_launches']} launches; kernels by GPU time in {args.profile}/"
-                      f"{r['model']}{'_rank0' if world_size > 1 else ''}_kernels.txt")
+                      f"{profile_stem(r['model'] + ('_rank0' if world_size > 1 else ''))}_kernels.txt")
                 if prof.get("parts"):
                     from step_breakdown import summary_lines
 
