@@ -7,7 +7,10 @@ matters when K (the model width) is short. Descriptors zero-fill reads past the 
 so K need not be a multiple of BLOCK_K. The tile count comes from nnz on the device.
 
 GELU_OUT (the GELU expert MLP's forward): besides out = h (rounded to the output dtype), act_desc
-gets gelu(h) of that rounded h, so that no separate pass reads h back. (The backward's GELU in the
+gets gelu(h) of that rounded h, so that no separate pass reads h back. With GELU_TABLE (16-bit
+outputs) GELU is looked up in gelu_table_ptr by h's bit pattern (activations/ops.py, gelu_table:
+the same values) instead of evaluated: erf over a whole tile stalls the tensor cores longer than
+the gathers, which mostly hit L1. (The backward's GELU in the
 epilogue of the product that gives its gradient measured slower than the separate pass:
 docs/kernels.md, "Fused epilogues".)
 """
@@ -35,11 +38,11 @@ def sdd_tma_kernel(
     a_desc, b_desc, out_desc,
     column_indices_ptr, nnz_ptr,
     K, blocks_per_row, num_programs,
-    act_desc,
+    act_desc, gelu_table_ptr,
     BS: tl.constexpr, NB: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    GELU_OUT: tl.constexpr,
+    GELU_OUT: tl.constexpr, GELU_TABLE: tl.constexpr,
 ):
     nnz = tl.load(nnz_ptr)
     runs_per_row = blocks_per_row // NB
@@ -61,4 +64,9 @@ def sdd_tma_kernel(
         out = acc.to(OUT_DTYPE)
         _store_tile(out_desc, out, blk, BS, NB)
         if GELU_OUT:
-            _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)
+            if GELU_TABLE:
+                pattern = out.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+                act = tl.load(gelu_table_ptr + pattern)
+            else:
+                act = gelu(out.to(tl.float32)).to(OUT_DTYPE)
+            _store_tile(act_desc, act, blk, BS, NB)
