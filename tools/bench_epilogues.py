@@ -45,6 +45,7 @@ def _case(name, toy):
 def measure(name, rep_ms, toy=False):
     topo, x, dy, w1, w2, row_w = _case(name, toy)
     h, a = ops.sdd_gelu(x, w1.t(), topo)
+    cfg = sdd_config(topo.block_size, topo.blocks_per_row, x.shape[1], x.device, x.dtype)
     unflat = replace(sdd_config(topo.block_size, topo.blocks_per_row, x.shape[1], x.device, x.dtype), flatten=False)
 
     def t(fn):
@@ -61,6 +62,9 @@ def measure(name, rep_ms, toy=False):
         "fwd_fused_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo)),
         # GELU evaluated (erf) in the epilogue rather than looked up by h's bit pattern
         "fwd_fused_evaluated_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo, lookup=False)),
+        # ... evaluated with the lookup's 3-stage pipeline: what the stages cost apart from the lookup
+        "fwd_fused_evaluated_3_stages_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo, lookup=False,
+                                                                  config=replace(cfg, num_stages=3))),
         "bwd_separate_us": t(bwd_separate),
         # tile and K loops left apart (the epilogue outside the pipeline)
         "fwd_fused_unflattened_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo, config=unflat)),
@@ -88,7 +92,8 @@ def main(argv=None):
     if not args.toy and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (or --toy on CPU under TRITON_INTERPRET=1)")
     rows = [measure(n, args.rep_ms, args.toy) for n in names]
-    cols = ["fwd_sdd_us", "fwd_separate_us", "fwd_fused_us", "fwd_fused_evaluated_us", "fwd_fused_unflattened_us", "bwd_separate_us", "dw2_kept_us",
+    cols = ["fwd_sdd_us", "fwd_separate_us", "fwd_fused_us", "fwd_fused_evaluated_us", "fwd_fused_evaluated_3_stages_us",
+            "fwd_fused_unflattened_us", "bwd_separate_us", "dw2_kept_us",
             "dw2_recompute_us"]
     print("| case | " + " | ".join(c[:-3] + " us" for c in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")

@@ -13,6 +13,7 @@ by construction; the dense widths may be anything (the kernels mask the edges).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Tuple
 
 import torch
@@ -191,6 +192,10 @@ def sdd_gelu(a: torch.Tensor, b: torch.Tensor, topology: Topology,
     h, act = topology.empty_data(dtype), topology.empty_data(dtype)
     check_launchable(_sdd_tma_module.sdd_tma_kernel, a.device)
     table = activation.gelu_table(dtype, a.device) if lookup else None
+    if table is not None and config is None and cfg.num_stages > 3:
+        # the lookup's gathers take 4 KB of shared memory that a 4-stage 128 x 256 pipeline leaves
+        # no room for on sm_90 (docs/kernels.md, "Fused epilogues")
+        cfg = replace(cfg, num_stages=3)
     if _sdd_tma(a, b, topology, h, cfg, dtype, act=act, gelu_table=table):
         return h, act
     sdd(a, b, topology, out=h, config=config)

@@ -33,6 +33,22 @@ def _store_tile(desc, out, blk, BS: tl.constexpr, NB: tl.constexpr):
         desc.store([(blk + 1) * BS, 0], o1)
 
 
+@triton.jit
+def _look_up(table_ptr, x):
+    return tl.load(table_ptr + (x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF))
+
+
+@triton.jit
+def _store_looked_up(desc, out, table_ptr, blk, BS: tl.constexpr, NB: tl.constexpr):
+    # the tile split into its blocks first (as for out's own store), then each block looked up
+    if NB == 1:
+        desc.store([blk * BS, 0], _look_up(table_ptr, out))
+    else:
+        o0, o1 = halves(out, BS, 2 * BS)
+        desc.store([blk * BS, 0], _look_up(table_ptr, o0))
+        desc.store([(blk + 1) * BS, 0], _look_up(table_ptr, o1))
+
+
 @triton.jit(do_not_specialize=["K", "blocks_per_row", "num_programs"])
 def sdd_tma_kernel(
     a_desc, b_desc, out_desc,
@@ -65,8 +81,6 @@ def sdd_tma_kernel(
         _store_tile(out_desc, out, blk, BS, NB)
         if GELU_OUT:
             if GELU_TABLE:
-                pattern = out.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-                act = tl.load(gelu_table_ptr + pattern)
+                _store_looked_up(act_desc, out, gelu_table_ptr, blk, BS, NB)
             else:
-                act = gelu(out.to(tl.float32)).to(OUT_DTYPE)
-            _store_tile(act_desc, act, blk, BS, NB)
+                _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)
