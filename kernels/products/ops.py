@@ -186,13 +186,14 @@ def sdd_gelu(a: torch.Tensor, b: torch.Tensor, topology: Topology,
     """(h, gelu(h)) for h = sdd(a, b, topology), GELU taken of h as stored (in its dtype), as
     activation_forward computes it. One kernel where the persistent TMA kernel applies (a dMoE
     topology on Hopper, or the interpreter), else the product and the activation pass. lookup:
-    16-bit GELU from activation.gelu_table rather than evaluated in the epilogue (same values)."""
+    16-bit GELU from activation.gelu_table rather than evaluated in the epilogue (same values), on a
+    pipeline of at most 3 stages."""
     dtype = _sdd_checks("sdd_gelu", a, b, topology)
     cfg = _sdd_config(a, topology, config, dtype, "sdd_gelu")
     h, act = topology.empty_data(dtype), topology.empty_data(dtype)
     check_launchable(_sdd_tma_module.sdd_tma_kernel, a.device)
     table = activation.gelu_table(dtype, a.device) if lookup else None
-    if table is not None and config is None and cfg.num_stages > 3:
+    if table is not None and cfg.num_stages > 3:
         # the lookup's gathers take 4 KB of shared memory that a 4-stage 128 x 256 pipeline leaves
         # no room for on sm_90 (docs/kernels.md, "Fused epilogues")
         cfg = replace(cfg, num_stages=3)
