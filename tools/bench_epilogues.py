@@ -1,9 +1,8 @@
 """Time the GELU expert MLP's forward activation fused into the product against a separate pass.
 
 For each GELU case of the benchmark table (balanced routing), on the dMoE topology: the product
-alone (sdd); separate, sdd (h) + activation_forward (gelu(h)); fused, ops.sdd_gelu, GELU looked up
-by h's bit pattern (the default) and evaluated, with the persistent kernel's tile and K loops fused
-(the default) and apart. Beside them the backward's separate passes (sdd for da, then
+alone (sdd); separate, sdd (h) + activation_forward (gelu(h)); fused, ops.sdd_gelu, with the
+persistent kernel's tile and K loops fused (the default) and apart. Beside them the backward's separate passes (sdd for da, then
 activation_backward_weighted) and the weight gradient of w2 with the activation kept, and with it
 recomputed (memory-optimised mode), for scale. (Fusing those two into products measured slower:
 docs/kernels.md, "Fused epilogues".)
@@ -45,7 +44,6 @@ def _case(name, toy):
 def measure(name, rep_ms, toy=False):
     topo, x, dy, w1, w2, row_w = _case(name, toy)
     h, a = ops.sdd_gelu(x, w1.t(), topo)
-    cfg = sdd_config(topo.block_size, topo.blocks_per_row, x.shape[1], x.device, x.dtype)
     unflat = replace(sdd_config(topo.block_size, topo.blocks_per_row, x.shape[1], x.device, x.dtype), flatten=False)
 
     def t(fn):
@@ -60,11 +58,6 @@ def measure(name, rep_ms, toy=False):
         "fwd_sdd_us": t(lambda: ops.sdd(x, w1.t(), topo)),
         "fwd_act_us": t(lambda: act.activation_forward("gelu", h, None, topo.nnz)),
         "fwd_fused_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo)),
-        # GELU evaluated (erf) in the epilogue rather than looked up by h's bit pattern
-        "fwd_fused_evaluated_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo, lookup=False)),
-        # ... evaluated with the lookup's 3-stage pipeline: what the stages cost apart from the lookup
-        "fwd_fused_evaluated_3_stages_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo, lookup=False,
-                                                                  config=replace(cfg, num_stages=3))),
         "bwd_separate_us": t(bwd_separate),
         # tile and K loops left apart (the epilogue outside the pipeline)
         "fwd_fused_unflattened_us": t(lambda: ops.sdd_gelu(x, w1.t(), topo, config=unflat)),
@@ -92,8 +85,8 @@ def main(argv=None):
     if not args.toy and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (or --toy on CPU under TRITON_INTERPRET=1)")
     rows = [measure(n, args.rep_ms, args.toy) for n in names]
-    cols = ["fwd_sdd_us", "fwd_separate_us", "fwd_fused_us", "fwd_fused_evaluated_us", "fwd_fused_evaluated_3_stages_us",
-            "fwd_fused_unflattened_us", "bwd_separate_us", "dw2_kept_us",
+    cols = ["fwd_sdd_us", "fwd_separate_us", "fwd_fused_us", "fwd_fused_unflattened_us", "bwd_separate_us",
+            "dw2_kept_us",
             "dw2_recompute_us"]
     print("| case | " + " | ".join(c[:-3] + " us" for c in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")

@@ -19,10 +19,6 @@ products.ops.dsd's `slot`), and the backward returns None for them.
 
 GELU is the exact erf form (torch's default). Math runs in fp32; results take the input dtype.
 Elements of blocks past nnz are left undefined, like the products' outputs.
-
-  gelu_table(dtype, device)   GELU of every 16-bit value, as activation_forward gives it: a 16-bit
-                              input has only 65,536 values, so an epilogue may look GELU up instead
-                              of evaluating erf (products/kernels/sdd_tma.py)
 """
 from __future__ import annotations
 
@@ -52,30 +48,6 @@ def _check(name: str, nnz: torch.Tensor, *tensors: Optional[torch.Tensor]) -> No
         raise ValueError("swiglu needs both pre-activations (h1, h2); gelu takes h1 alone")
     if nnz.numel() != 1 or nnz.device != first.device:
         raise ValueError("nnz must be the topology's one-element device tensor")
-
-
-_GELU_TABLES = {}
-
-
-def gelu_table(dtype: torch.dtype, device: torch.device) -> Optional[torch.Tensor]:
-    """[65536] of dtype (fp16 or bf16): entry i is activation_forward's GELU of the value whose bit
-    pattern is i, so that a lookup gives bit for bit what the pass computes. Built on the first call
-    for a device (one launch), then kept. None for other dtypes, and while the current stream is
-    being captured before the table exists (a table built inside a graph would be filled only when
-    the graph replays): the caller then evaluates GELU instead."""
-    if dtype not in (torch.float16, torch.bfloat16):
-        return None
-    key = (dtype, device)
-    table = _GELU_TABLES.get(key)
-    if table is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32, device=device).to(torch.int16)
-        values = patterns.view(dtype).roll(2**15)  # index i holds the value of bit pattern i
-        nnz = torch.full((1,), 4, dtype=torch.int32, device=device)
-        table = _forward("gelu", values.reshape(4, 128, 128).contiguous(), None, nnz).reshape(-1)
-        _GELU_TABLES[key] = table
-    return table
 
 
 Slot = Tuple[torch.Tensor, torch.Tensor]  # (stacked slots [W, *data shape], int32 [1] counter)
@@ -115,10 +87,6 @@ def _launch(kernel, data: torch.Tensor, *args, **constexprs) -> None:
 def activation_forward(name: str, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor) -> torch.Tensor:
     """gelu(h1) or silu(h1) * h2 on the first nnz blocks, as new sparse data."""
     _check(name, nnz, h1, h2)
-    return _forward(name, h1, h2, nnz)
-
-
-def _forward(name: str, h1: torch.Tensor, h2: Optional[torch.Tensor], nnz: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(h1)
     swiglu = name == "swiglu"
     _launch(_kernels.activation_forward_kernel, h1, h1, h2 if swiglu else h1, out, nnz, SWIGLU=swiglu)

@@ -13,7 +13,6 @@ by construction; the dense widths may be anything (the kernels mask the edges).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional, Tuple
 
 import torch
@@ -102,10 +101,9 @@ def _sdd_checks(op: str, a: torch.Tensor, b: torch.Tensor, topology: Topology) -
     return _check_operands(topology, op, a=a, b=b)
 
 
-def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None, gelu_table=None) -> bool:
-    """Launch the persistent TMA kernel (with act: its GELU epilogue, looked up in gelu_table when
-    given, see kernels/sdd_tma.py) when it applies to these operands; False (nothing launched) when
-    it does not."""
+def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None) -> bool:
+    """Launch the persistent TMA kernel (with act: its GELU epilogue, see kernels/sdd_tma.py) when it
+    applies to these operands; False (nothing launched) when it does not."""
     K, regular, nb = a.shape[1], topology.blocks_per_row, cfg.blocks_per_program
     b_kmajor = tma_ready(b, transposed=True)
     if not (cfg.persistent and regular and K > 0 and tma_ready(a) and (b_kmajor or tma_ready(b)) and nb in (1, 2)):
@@ -121,11 +119,10 @@ def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None, gel
         tma_descriptor(out.view(-1, bs), [bs, bs]),
         topology.column_indices, topology.nnz,
         K, regular, grid,
-        None if act is None else tma_descriptor(act.view(-1, bs), [bs, bs]), gelu_table,
+        None if act is None else tma_descriptor(act.view(-1, bs), [bs, bs]),
         BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
         DOT_PRECISION=dot_precision(dtype, a.device), GELU_OUT=act is not None,
-        GELU_TABLE=gelu_table is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return True
@@ -182,22 +179,15 @@ def sdd(
 
 
 def sdd_gelu(a: torch.Tensor, b: torch.Tensor, topology: Topology,
-             config: Optional[SddConfig] = None, lookup: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+             config: Optional[SddConfig] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(h, gelu(h)) for h = sdd(a, b, topology), GELU taken of h as stored (in its dtype), as
     activation_forward computes it. One kernel where the persistent TMA kernel applies (a dMoE
-    topology on Hopper, or the interpreter), else the product and the activation pass. lookup:
-    16-bit GELU from activation.gelu_table rather than evaluated in the epilogue (same values), on a
-    pipeline of at most 3 stages."""
+    topology on Hopper, or the interpreter), else the product and the activation pass."""
     dtype = _sdd_checks("sdd_gelu", a, b, topology)
     cfg = _sdd_config(a, topology, config, dtype, "sdd_gelu")
     h, act = topology.empty_data(dtype), topology.empty_data(dtype)
     check_launchable(_sdd_tma_module.sdd_tma_kernel, a.device)
-    table = activation.gelu_table(dtype, a.device) if lookup else None
-    if table is not None and cfg.num_stages > 3:
-        # the lookup's gathers take 4 KB of shared memory that a 4-stage 128 x 256 pipeline leaves
-        # no room for on sm_90 (docs/kernels.md, "Fused epilogues")
-        cfg = replace(cfg, num_stages=3)
-    if _sdd_tma(a, b, topology, h, cfg, dtype, act=act, gelu_table=table):
+    if _sdd_tma(a, b, topology, h, cfg, dtype, act=act):
         return h, act
     sdd(a, b, topology, out=h, config=config)
     return h, activation.activation_forward("gelu", h, None, topology.nnz)

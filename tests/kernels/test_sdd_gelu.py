@@ -71,28 +71,3 @@ def test_sdd_gelu_without_the_persistent_kernel(device):
     fused_h, fused_act = ops.sdd_gelu(x, w.t(), topo)
     nnz = int(topo.nnz)
     assert _err(h[:nnz], fused_h[:nnz]) < 1e-5 and _err(act[:nnz], fused_act[:nnz]) < 1e-5
-
-
-def test_gelu_looked_up_equals_gelu_evaluated_bit_for_bit(device):
-    """fp16 (the interpreter's 16-bit type; bf16 on the GPU in test_gpu_bf16.py): the epilogue's
-    table lookup gives exactly what evaluating erf gives, and the table is the activation pass's."""
-    topo, x, w, _ = _case(device, torch.float16)
-    nnz = int(topo.nnz)
-    h, looked_up = ops.sdd_gelu(x, w.t(), topo)
-    h2, evaluated = ops.sdd_gelu(x, w.t(), topo, lookup=False)
-    assert torch.equal(h[:nnz], h2[:nnz])
-    assert torch.equal(looked_up[:nnz], evaluated[:nnz])
-    assert torch.equal(looked_up[:nnz], dk.activation.activation_forward("gelu", h, None, topo.nnz)[:nnz])
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_gelu_table_holds_the_activation_pass_of_every_16_bit_value(dtype, device):
-    table = dk.activation.gelu_table(dtype, device)
-    assert table.shape == (2**16,) and table.dtype == dtype
-    values = torch.randn(2, 16, 16, device=device).mul(4).to(dtype)
-    values[0, 0, :4] = torch.tensor([0.0, -0.0, 1e-3, -30.0])
-    nnz = torch.full((1,), 2, dtype=torch.int32, device=device)
-    passed = dk.activation.activation_forward("gelu", values, None, nnz)
-    patterns = values.view(torch.int16).long() & 0xFFFF
-    assert torch.equal(table[patterns], passed)
-    assert dk.activation.gelu_table(torch.float32, device) is None

@@ -7,10 +7,7 @@ matters when K (the model width) is short. Descriptors zero-fill reads past the 
 so K need not be a multiple of BLOCK_K. The tile count comes from nnz on the device.
 
 GELU_OUT (the GELU expert MLP's forward): besides out = h (rounded to the output dtype), act_desc
-gets gelu(h) of that rounded h, so that no separate pass reads h back. With GELU_TABLE (16-bit
-outputs) GELU is looked up in gelu_table_ptr by h's bit pattern (activations/ops.py, gelu_table:
-the same values) instead of evaluated: erf over a whole tile stalls the tensor cores longer than
-the gathers, which mostly hit L1. (The backward's GELU in the
+gets gelu(h) of that rounded h, so that no separate pass reads h back. (The backward's GELU in the
 epilogue of the product that gives its gradient measured slower than the separate pass:
 docs/kernels.md, "Fused epilogues".)
 """
@@ -33,32 +30,16 @@ def _store_tile(desc, out, blk, BS: tl.constexpr, NB: tl.constexpr):
         desc.store([(blk + 1) * BS, 0], o1)
 
 
-@triton.jit
-def _look_up(table_ptr, x):
-    return tl.load(table_ptr + (x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF))
-
-
-@triton.jit
-def _store_looked_up(desc, out, table_ptr, blk, BS: tl.constexpr, NB: tl.constexpr):
-    # the tile split into its blocks first (as for out's own store), then each block looked up
-    if NB == 1:
-        desc.store([blk * BS, 0], _look_up(table_ptr, out))
-    else:
-        o0, o1 = halves(out, BS, 2 * BS)
-        desc.store([blk * BS, 0], _look_up(table_ptr, o0))
-        desc.store([(blk + 1) * BS, 0], _look_up(table_ptr, o1))
-
-
 @triton.jit(do_not_specialize=["K", "blocks_per_row", "num_programs"])
 def sdd_tma_kernel(
     a_desc, b_desc, out_desc,
     column_indices_ptr, nnz_ptr,
     K, blocks_per_row, num_programs,
-    act_desc, gelu_table_ptr,
+    act_desc,
     BS: tl.constexpr, NB: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     B_KMAJOR: tl.constexpr, FLATTEN: tl.constexpr,
     OUT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    GELU_OUT: tl.constexpr, GELU_TABLE: tl.constexpr,
+    GELU_OUT: tl.constexpr,
 ):
     nnz = tl.load(nnz_ptr)
     runs_per_row = blocks_per_row // NB
@@ -80,7 +61,4 @@ def sdd_tma_kernel(
         out = acc.to(OUT_DTYPE)
         _store_tile(out_desc, out, blk, BS, NB)
         if GELU_OUT:
-            if GELU_TABLE:
-                _store_looked_up(act_desc, out, gelu_table_ptr, blk, BS, NB)
-            else:
-                _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)
+            _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)
