@@ -2,8 +2,8 @@
 
 For each GELU case of the benchmark table (balanced routing), on the dMoE topology: the product
 alone (sdd); separate, sdd (h) + activation_forward (gelu(h)); fused, ops.sdd_gelu, with the
-persistent kernel's tile and K loops fused (the default) and apart. Beside them the backward's separate passes (sdd for da, then
-activation_backward_weighted) and the weight gradient of w2 with the activation kept, and with it
+persistent kernel's tile and K loops fused (the default) and apart. Beside them the backward's
+separate passes (sdd for da, then activation_backward_weighted) and the weight gradient of w2 with the activation kept, and with it
 recomputed (memory-optimised mode), for scale. (Fusing those two into products measured slower:
 docs/kernels.md, "Fused epilogues".)
 
@@ -86,8 +86,7 @@ def main(argv=None):
         parser.error("needs a CUDA GPU (or --toy on CPU under TRITON_INTERPRET=1)")
     rows = [measure(n, args.rep_ms, args.toy) for n in names]
     cols = ["fwd_sdd_us", "fwd_separate_us", "fwd_fused_us", "fwd_fused_unflattened_us", "bwd_separate_us",
-            "dw2_kept_us",
-            "dw2_recompute_us"]
+            "dw2_kept_us", "dw2_recompute_us"]
     print("| case | " + " | ".join(c[:-3] + " us" for c in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for r in rows:
