@@ -4,8 +4,8 @@ For each GELU case of the benchmark table (balanced routing), on the dMoE topolo
 alone (sdd); separate, sdd (h) + activation_forward (gelu(h)); fused, ops.sdd_gelu, with the
 persistent kernel's tile and K loops fused (the default) and apart. Beside them the backward's
 separate passes (sdd for da, then activation_backward_weighted) and the weight gradient of w2 with
-the activation kept, and with it recomputed (memory-optimised mode), for scale. (Fusing those two into products measured slower:
-docs/kernels.md, "Fused epilogues".)
+the activation kept, and with it recomputed (memory-optimised mode), for scale. (Fusing those two
+into products measured slower: docs/kernels.md, "Fused epilogues".)
 
 Times: triton.testing.do_bench, median, bf16. A table on stdout, JSON with --out.
 
