@@ -140,8 +140,8 @@ def main(argv=None):
     if swept:
         print("\n| case | config NB:BK:STAGES:WARPS:PER_SM | sdd_gelu us | sdd us |\n|---|---|---|---|")
         for r in swept:
-            cell = (lambda v: "n/a" if v is None else f"{v:.0f}")
-            print(f"| {r['case']} | {r['config']} | {cell(r['fused_us'])} | {cell(r['sdd_us'])} |")
+            fused, plain = ("n/a" if r[k] is None else f"{r[k]:.0f}" for k in ("fused_us", "sdd_us"))
+            print(f"| {r['case']} | {r['config']} | {fused} | {plain} |")
     if args.out:
         with open(args.out, "w") as fh:
             device = "cpu (interpreter)" if args.toy else torch.cuda.get_device_name()
