@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Time block-scaled fp8 (e4m3) matrix products against bf16 on one GPU.
 
-Four rows per shape:
+Five rows per shape:
   bf16               torch.matmul of the bf16 operands (cuBLAS): the baseline
-  fp8                dmoe_kernels.fp8.ops.matmul (Triton) on operands already quantized
+  fp8                dmoe_kernels.fp8.ops.matmul (Triton) on operands already quantized: its
+                     pipelined TMA kernel where the layouts allow
+  fp8 pointers       the same through its pointer kernel (tma=False), the earlier path
   fp8+quant          the same with the quantization of its activation operands (quantize_rows) that
                      a training step pays: x in the forward, dy^T and x^T in the weight gradient
   fp8 _scaled_mm     torch._scaled_mm (cuBLAS) with the same 1 x 128 / 128 x 128 scales, where this
@@ -56,6 +58,7 @@ FP8_DOTS = (8, 9)  # compute capability of the first fp8 tensor cores (Ada)
 LABELS = {
     "bf16": "bf16 torch.matmul (cuBLAS)",
     "fp8": "fp8 Triton ops.matmul",
+    "fp8_pointers": "fp8 Triton, pointer kernel",
     "fp8+quant": "fp8 Triton + quantize_rows",
     "scaled_mm": "fp8 torch._scaled_mm (cuBLAS)",
 }
@@ -211,7 +214,9 @@ def main(argv=None) -> int:
         plain, fp8_operands, with_quant, a64, b64 = _operands(kind, m, n, k, dev, dtype, ops)
         exact = a64 @ b64
         del a64, b64
-        calls = {"fp8": lambda: ops.matmul(*fp8_operands, **fp8_kw), "fp8+quant": lambda: with_quant(**fp8_kw)}
+        calls = {"fp8": lambda: ops.matmul(*fp8_operands, **fp8_kw),
+                 "fp8_pointers": lambda: ops.matmul(*fp8_operands, tma=False, **fp8_kw),
+                 "fp8+quant": lambda: with_quant(**fp8_kw)}
         notes = {}
         if not args.toy:
             layout, call, result = _pick_scaled_mm(kind, fp8_operands, dtype, exact)

@@ -6,6 +6,9 @@
   quantize_blocks_kernel 128 x 128 blocks
   matmul_kernel          a [M, K] (row scales) @ b [K, N] (block or column scales) -> c, fp32
                          accumulation, each 128 of K promoted with its scales
+  matmul_tma_kernel      the same product with its operands read by TMA descriptors (a row-major,
+                         b row-major or K-major) and its K loop software-pipelined: the fast path
+                         on Hopper (the pointer kernel's loop is not pipelined there)
 """
 import triton
 import triton.language as tl
@@ -117,3 +120,42 @@ def matmul_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K,
         acc = round_to_bf16(acc)
     tl.store(c_ptr + rows64[:, None] * stride_cm + cols64[None, :] * stride_cn,
              acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def matmul_tma_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K,
+                      stride_asm, stride_ask, stride_bsk, stride_bsn,
+                      B_KMAJOR: tl.constexpr, B_GROUP_N: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                      OUT_BF16: tl.constexpr, IMPRECISE_ACC: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, TILE: tl.constexpr, GROUP_M: tl.constexpr,
+                      NUM_STAGES: tl.constexpr):
+    """matmul_kernel's tile of c, its operands loaded through TMA (zero-filled past the edges, so
+    ragged M, N and K need no masks there) in a NUM_STAGES-deep pipeline. B_KMAJOR: b_desc
+    describes b^T (a row-major [N, K] weight, b given as its transpose), else b itself. Programs
+    walk GROUP_M rows of tiles per column for L2 reuse."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group
+    pid_n = (pid % per_group) // group
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)
+    row_ok, col_ok = rows < M, cols < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in tl.range(0, tl.cdiv(K, TILE), num_stages=NUM_STAGES):
+        a = a_desc.load([pid_m * BLOCK_M, kb * TILE])
+        if B_KMAJOR:
+            b = b_desc.load([pid_n * BLOCK_N, kb * TILE]).T
+        else:
+            b = b_desc.load([kb * TILE, pid_n * BLOCK_N])
+        sa = tl.load(as_ptr + rows64 * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
+        sb = tl.load(bs_ptr + kb * stride_bsk + (cols64 // B_GROUP_N) * stride_bsn, mask=col_ok, other=0.0)
+        part = tl.dot(a, b, out_dtype=tl.float32, max_num_imprecise_acc=IMPRECISE_ACC)
+        acc += part * (sa[:, None] * sb[None, :])
+    if OUT_BF16:
+        acc = round_to_bf16(acc)
+    c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(OUT_DTYPE))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 
-from ..launch import check_launchable
+from ..launch import check_launchable, direct, tma_descriptor, tma_ready
 from . import kernels as k
 from .reference import FP8, TILE, check_float, check_matmul, tiles
 
@@ -53,18 +54,52 @@ def check_fp8_dots(device: torch.device) -> None:
                            f"(8.9 or newer); use dmoe_kernels.fp8.reference.matmul")
 
 
+_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# The TMA kernel's tiles: 128 x 128 of c, K steps of one scale tile, 4 stages of 32 KB (a's and b's
+# fp8 tiles) beside the 32-64 KB of c's store; measured against the pointer kernel and cuBLAS by
+# tools/bench_fp8.py
+TMA_BLOCK_M, TMA_BLOCK_N, TMA_STAGES, TMA_GROUP_M = 128, 128, 4, 8
+
+
+def _tma_path(a, b, c) -> bool:
+    """The operands and output as TMA reads them: a row-major, b row-major or the transpose of one,
+    c row-major; on Hopper or newer, or the interpreter."""
+    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] < 9:
+        return False
+    return tma_ready(a) and (tma_ready(b) or tma_ready(b, transposed=True)) and tma_ready(c)
+
+
+def _matmul_tma(a, a_scale, b, b_scale, c, group_n: int, precise: bool) -> None:
+    (m, kk), n = a.shape, b.shape[1]
+    b_kmajor = tma_ready(b, transposed=True)
+    b_desc = (tma_descriptor(b.t(), [TMA_BLOCK_N, TILE]) if b_kmajor
+              else tma_descriptor(b, [TILE, TMA_BLOCK_N]))
+    grid = (triton.cdiv(m, TMA_BLOCK_M) * triton.cdiv(n, TMA_BLOCK_N),)
+    direct(k.matmul_tma_kernel)[grid](
+        tma_descriptor(a, [TMA_BLOCK_M, TILE]), b_desc, tma_descriptor(c, [TMA_BLOCK_M, TMA_BLOCK_N]),
+        a_scale, b_scale, m, n, kk, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+        B_KMAJOR=b_kmajor, B_GROUP_N=group_n, OUT_DTYPE=_TL_DTYPE[c.dtype], OUT_BF16=c.dtype == torch.bfloat16,
+        IMPRECISE_ACC=0 if precise else TILE, BLOCK_M=TMA_BLOCK_M, BLOCK_N=TMA_BLOCK_N, TILE=TILE,
+        GROUP_M=TMA_GROUP_M, NUM_STAGES=TMA_STAGES, num_warps=8)
+
+
 def matmul(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, block_m: int = 128, block_n: int = 128,
-           precise: bool = False):
+           precise: bool = False, tma: bool = True):
     """a @ b of block-scaled fp8 operands (reference.matmul's contract); a and b may be transposes.
     On Hopper, each 128 of K is summed by the tensor cores at their reduced fp8 accumulation
     precision and then promoted into fp32 (DeepSeek-V3's scheme); precise=True promotes after every
-    tensor-core instruction instead (the interpreter sums in fp32 either way)."""
+    tensor-core instruction instead (the interpreter sums in fp32 either way). tma: the pipelined
+    TMA kernel where the layouts allow it (a and c row-major, b row-major or a transpose, rows
+    16-byte aligned), else the pointer kernel (block_m x block_n tiles), which takes any strides."""
     check_matmul(a, a_scale, b, b_scale)
     check_launchable(k.matmul_kernel, a.device)
     check_fp8_dots(a.device)
     (m, kk), n = a.shape, b.shape[1]
     group_n = 1 if b_scale.shape[1] == n else TILE
     c = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    if tma and m and n and _tma_path(a, b, c):
+        _matmul_tma(a, a_scale, b, b_scale, c, group_n, precise)
+        return c
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     k.matmul_kernel[grid](
         a, a_scale, b, b_scale, c, m, n, kk, a.stride(0), a.stride(1), a_scale.stride(0), a_scale.stride(1),

@@ -26,7 +26,7 @@ def test_bench_fp8_toy_writes_checked_rows(tmp_path, capsys):
     result = json.loads(out.read_text())
     rows = result["rows"]
     assert [(r["shape"], r["impl"]) for r in rows] == [
-        (shape, impl) for shape in bench.TOY_SHAPES for impl in ("fp8", "fp8+quant")]
+        (shape, impl) for shape in bench.TOY_SHAPES for impl in ("fp8", "fp8_pointers", "fp8+quant")]
     assert result["max_rel_error_bound"] == bench.MAX_REL_ERROR
     for r in rows:
         assert (r["m"], r["n"], r["k"], r["kind"]) == bench.TOY_SHAPES[r["shape"]]
@@ -51,7 +51,7 @@ def test_bench_fp8_on_gpu_times_every_row(tmp_path):
     out = tmp_path / "fp8.json"
     assert bench.main(["--shapes", "256x384x768,384x256x512:wgrad", "--rep-ms", "5", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["impl"] for r in rows] == ["bf16", "fp8", "fp8+quant", "scaled_mm"] * 2
+    assert [r["impl"] for r in rows] == ["bf16", "fp8", "fp8_pointers", "fp8+quant", "scaled_mm"] * 2
     for r in rows:
         if r["impl"] == "scaled_mm" and r["ms"] is None:
             assert r["note"].startswith("not supported here: ")

@@ -15,16 +15,17 @@ import torch
 
 from dmoe_kernels.fp8 import reference as ref
 
-IMPLS = ["torch", "triton"]
+IMPLS = ["torch", "triton", "triton-pointers"]
 
 
 def _matmul(impl):
-    """The product under test; the kernel with its fp32 sums after every tensor-core instruction,
-    so that the fp32 bound holds on Hopper too (its default is checked on GPUs below)."""
+    """The product under test; the kernels with their fp32 sums after every tensor-core
+    instruction, so that the fp32 bound holds on Hopper too (its default is checked on GPUs below):
+    `triton` takes the TMA kernel where the layouts allow, `triton-pointers` the pointer kernel."""
     if impl == "torch":
         return ref.matmul
     from dmoe_kernels.fp8 import ops
-    return lambda *args, **kw: ops.matmul(*args, precise=True, **kw)
+    return lambda *args, **kw: ops.matmul(*args, precise=True, tma=impl == "triton", **kw)
 
 
 def _operands(m, k, n, b_layout, device):
@@ -82,6 +83,27 @@ def test_fp8_matmul_against_float64(impl, m, k, n, b_layout, device, seeded_by_n
     rel = float((c - bf16).norm() / bf16.norm())
     print(f"relative Frobenius difference fp8 vs bf16: {rel:.4f}")
     assert rel < 0.08
+
+
+@pytest.mark.parametrize("m,k,n,b_layout,k_major,tma", [
+    (96, 256, 160, "blocks", False, True), (64, 384, 200, "columns", True, True), (96, 256, 160, "blocks", True, True),
+    (70, 300, 130, "blocks", False, False), (64, 384, 200, "columns", False, False)],
+    ids=["row-major-b", "k-major-b-columns", "k-major-b-blocks", "a-rows-not-16-byte-aligned",
+         "b-rows-not-16-byte-aligned"])
+def test_fp8_matmul_takes_the_tma_kernel_where_the_layouts_allow(m, k, n, b_layout, k_major, tma, device,
+                                                                  monkeypatch):
+    from dmoe_kernels.fp8 import ops
+
+    taken = []
+    tma_kernel = ops._matmul_tma
+    monkeypatch.setattr(ops, "_matmul_tma", lambda *args: taken.append(args[4].shape) or tma_kernel(*args))
+    _, _, aq, sa, bq, sb = _operands(m, k, n, b_layout, device)
+    if k_major:  # b as the transpose of a row-major [N, K] matrix (a weight, or x^T in the weight gradient)
+        bq = bq.t().contiguous().t()
+    c = ops.matmul(aq, sa, bq, sb, precise=True)
+    assert taken == ([(m, n)] if tma else [])
+    pointers = ops.matmul(aq, sa, bq, sb, precise=True, tma=False)
+    assert torch.equal(c, pointers)  # both sum each 128 of K in fp32 and promote it alike
 
 
 @pytest.mark.parametrize("impl", IMPLS)

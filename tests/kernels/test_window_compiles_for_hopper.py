@@ -1,14 +1,10 @@
 """The weight-gradient window's product compiles for Hopper (sm_90) with either epilogue, on a
-machine without a GPU: Triton compiles ahead of time with its bundled ptxas. Checks what the
-interpreter cannot: that the TMA reduce epilogue lowers to the bulk reduce-add, that the matrix
-products are wgmma, and that shared memory fits an H100/H200's 227 KB per block. In a subprocess:
-the test session runs Triton in interpreter mode, whose kernels cannot be compiled."""
-import json
-import os
-import subprocess
-import sys
-
+machine without a GPU (hopper_compile.py). Checks what the interpreter cannot: that the TMA reduce
+epilogue lowers to the bulk reduce-add, that the matrix products are wgmma, and that shared memory
+fits an H100/H200's 227 KB per block."""
 import pytest
+
+from hopper_compile import SHARED_LIMIT, compile_for_hopper
 
 COMPILE = r"""
 import json, sys
@@ -44,21 +40,10 @@ for advance in (False, True):
 print(json.dumps({"shared": k.metadata.shared, "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
                   "wgmma": ptx.count("wgmma.mma_async")}))
 """
-SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
-
-
-def _compile(epilogue):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE, epilogue], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("epilogue", ["pointers", "tma_reduce"])
 def test_window_product_compiles_for_hopper(epilogue):
     pytest.importorskip("triton")
-    result = _compile(epilogue)
+    result = compile_for_hopper(COMPILE, epilogue)
     assert result["wgmma"] > 0
     assert 0 < result["shared"] <= SHARED_LIMIT
     # four 64-column strips of the 128 x 256 tile, each one bulk reduce-add; none through pointers

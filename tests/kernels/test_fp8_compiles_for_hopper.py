@@ -1,0 +1,44 @@
+"""The fp8 product's TMA kernel compiles for Hopper (sm_90) with b in either layout, on a machine
+without a GPU (hopper_compile.py): its products are fp8 wgmma, its operands come by TMA, its K
+loop is software-pipelined (shared memory for several stages, where the pointer kernel holds one),
+and it fits the 227 KB of shared memory per block."""
+import pytest
+
+from hopper_compile import SHARED_LIMIT, compile_for_hopper
+
+COMPILE = r"""
+import json, sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from dmoe_kernels.fp8 import kernels as m, ops
+
+k_major = sys.argv[1] == "k-major"
+BM, BN, T = ops.TMA_BLOCK_M, ops.TMA_BLOCK_N, 128
+sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {T}]>",
+       "b_desc": f"tensordesc<fp8e4nv[{BN}, {T}]>" if k_major else f"tensordesc<fp8e4nv[{T}, {BN}]>",
+       "c_desc": f"tensordesc<bf16[{BM}, {BN}]>", "as_ptr": "*fp32", "bs_ptr": "*fp32",
+       "M": "i32", "N": "i32", "K": "i32", "stride_asm": "i32", "stride_ask": "i32", "stride_bsk": "i32",
+       "stride_bsn": "i32"}
+const = {"B_KMAJOR": k_major, "B_GROUP_N": 128, "OUT_DTYPE": tl.bfloat16, "OUT_BF16": True, "IMPRECISE_ACC": T,
+         "BLOCK_M": BM, "BLOCK_N": BN, "TILE": T, "GROUP_M": ops.TMA_GROUP_M, "NUM_STAGES": ops.TMA_STAGES}
+sig.update({key: "constexpr" for key in const})
+kernel = triton.compile(ASTSource(m.matmul_tma_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 8})
+ptx = kernel.asm["ptx"]
+stage = (BM + BN) * T  # bytes of one stage's fp8 tiles
+print(json.dumps({"shared": kernel.metadata.shared, "stage": stage, "stages": ops.TMA_STAGES,
+                  "wgmma_e4m3": sum("wgmma.mma_async" in line and "e4m3" in line for line in ptx.splitlines()),
+                  "tma_loads": ptx.count("cp.async.bulk.tensor")}))
+"""
+
+
+@pytest.mark.parametrize("b_layout", ["k-major", "row-major"])
+def test_fp8_tma_product_compiles_for_hopper(b_layout):
+    pytest.importorskip("triton")
+    result = compile_for_hopper(COMPILE, b_layout)
+    assert result["wgmma_e4m3"] > 0
+    assert result["tma_loads"] > 0
+    # every stage's a and b tiles in shared memory at once: the loop is pipelined
+    assert result["stages"] * result["stage"] <= result["shared"] <= SHARED_LIMIT
