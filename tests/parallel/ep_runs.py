@@ -120,3 +120,19 @@ def check_ep4_checkpoint_continues_at_ep2_and_ep1(tmp_path, corpus_cache, *extra
         continued = records(run_dir)
         assert sorted(continued) == [4, 5], (ep, sorted(continued))
         assert_same_steps(reference, continued, [4, 5])
+
+
+def check_ep2_runs_match_ep1(tmp_path, corpus_cache, runs):
+    """5 eager fp32 steps on 2 GPUs at EP = 1, then at EP = 2 with each of `runs` (name: extra
+    keys): the same samples and global weights, so the same losses, grad norms and expert loads."""
+    args = SMALL + GPU_TRAINING + ["training.train_iters=5", "training.eval_interval=0",
+                                   "checkpoint.save_interval=0", f"data.cache_dir={corpus_cache}"]
+    train(2, tmp_path / "ep1", *args, f"{EP_KEY}=1", device="cuda")
+    one = records(tmp_path / "ep1")
+    assert sorted(one) == [1, 2, 3, 4, 5]
+    for run, extra in runs.items():
+        train(2, tmp_path / run, *args, f"{EP_KEY}=2", *extra, device="cuda")
+        other = records(tmp_path / run)
+        assert sorted(other) == sorted(one), run
+        assert_same_steps(one, other, one)
+        assert_same_expert_loads(one, other, assignments=8 * 64 * 2)  # 8 sequences of 64 tokens, top-2

@@ -1,55 +1,14 @@
-"""Megatron's parallel layouts on two GPUs, one per process (NCCL): 20 steps of a small dMoE at
-the same global batch and seed give one GPU's per-step losses and grad norms, for tensor
-parallelism with sequence parallelism, pipeline parallelism (also interleaved), expert parallelism
-with the distributed optimizer, and experts split by expert tensor parallelism; fp32 within 1e-4,
-bf16 within 2e-2. With `training.cuda_graphs: true` the captured run matches its eager one (losses
-within 1e-5, grad norms within 1e-4, as test_ep_nccl_graphs.py's tests)."""
+"""Megatron's parallel layouts on two GPUs in fp32 (two_gpu_layouts.py): 20 steps of a small dMoE
+at the same global batch and seed give one GPU's per-step losses and grad norms within 1e-4, for
+tensor parallelism with sequence parallelism, pipeline parallelism (also interleaved), expert
+parallelism with the distributed optimizer, and experts split by expert tensor parallelism. bf16:
+test_two_gpu_layouts_bf16.py; captured layers: test_two_gpu_layouts_graphs.py."""
 import pytest
-import torch
 
-from ep_runs import EP_KEY, assert_captured_run_matches_eager, assert_same_steps, records, train
-from train_helpers import small_args
+from two_gpu_layouts import check_layouts_train_like_one_gpu
 
 pytestmark = pytest.mark.gpu
 
-STEPS = list(range(1, 21))
-LAYOUTS = {
-    "tp2-sp": ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true"],
-    "pp2": ["parallel.pipeline_model_parallel_size=2"],
-    "pp2-vpp2": ["parallel.pipeline_model_parallel_size=2", "parallel.virtual_pipeline_model_parallel_size=2"],
-    "ep2-distopt": [f"{EP_KEY}=2", "training.use_distributed_optimizer=true"],
-    # every expert's FFN split over the two tensor ranks (expert tensor parallelism)
-    "tp2-sp-etp2": ["parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
-                    "parallel.expert_tensor_parallel_size=2"],
-}
-DTYPES = {"fp32": (["training.bf16=false"], 1e-4), "bf16": (["training.bf16=true"], 2e-2)}
-# four layers (two virtual stages of one layer per pipeline rank), four micro-batches at one GPU;
-# weights initialised whole on the CPU, so every layout starts from the same model
-BASE = ["model.use_cpu_initialization=true", "model.num_layers=4", "training.micro_batch_size=2",
-        "training.global_batch_size=8", "moe.backend=sparse", "checkpoint.save_interval=0",
-        "training.cuda_graphs=false"]
 
-
-def _needs_two_gpus():
-    if torch.cuda.device_count() < 2:
-        pytest.skip(f"needs 2 CUDA GPUs (one per process), found {torch.cuda.device_count()}")
-
-
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_two_gpu_layouts_train_like_one_gpu(tmp_path, corpus_cache, dtype):
-    _needs_two_gpus()
-    extra, rel = DTYPES[dtype]
-    args = small_args(corpus_cache, len(STEPS), *BASE, *extra)
-    train(1, tmp_path / "one", *args, device="cuda")
-    one = records(tmp_path / "one")
-    assert sorted(one) == STEPS
-    for name, layout in LAYOUTS.items():
-        train(2, tmp_path / name, *args, *layout, device="cuda")
-        assert_same_steps(one, records(tmp_path / name), STEPS, rel=rel)
-
-
-@pytest.mark.parametrize("name", ["tp2-sp", "ep2-distopt", "pp2", "pp2-vpp2"])
-def test_two_gpu_layouts_with_layer_graphs_match_eager(tmp_path, corpus_cache, name):
-    _needs_two_gpus()
-    args = small_args(corpus_cache, 5, *BASE, "training.bf16=false", *LAYOUTS[name])
-    assert_captured_run_matches_eager(tmp_path, args)
+def test_two_gpu_layouts_train_like_one_gpu_fp32(tmp_path, corpus_cache):
+    check_layouts_train_like_one_gpu(tmp_path, corpus_cache, "fp32")
