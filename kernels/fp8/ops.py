@@ -25,7 +25,7 @@ def quantize_rows(x: torch.Tensor):
     q = torch.empty(m, kk, dtype=FP8, device=x.device)
     s = torch.empty(m, tiles(kk), dtype=torch.float32, device=x.device)
     if m:
-        k.quantize_rows_kernel[(triton.cdiv(m, QUANT_ROWS), tiles(kk))](
+        direct(k.quantize_rows_kernel)[(triton.cdiv(m, QUANT_ROWS), tiles(kk))](
             x2, q, s, m, kk, x2.stride(0), x2.stride(1), q.stride(0), s.stride(0),
             BLOCK_M=QUANT_ROWS, TILE=TILE)
     return q.reshape(shape), s.reshape(*shape[:-1], -1)
@@ -39,7 +39,7 @@ def quantize_blocks(w: torch.Tensor):
     q = torch.empty(r, c, dtype=FP8, device=w.device)
     s = torch.empty(tiles(r), tiles(c), dtype=torch.float32, device=w.device)
     if r:
-        k.quantize_blocks_kernel[(tiles(r), tiles(c))](
+        direct(k.quantize_blocks_kernel)[(tiles(r), tiles(c))](
             w, q, s, r, c, w.stride(0), w.stride(1), q.stride(0), s.stride(0), TILE=TILE, num_warps=8)
     return q, s
 
@@ -101,7 +101,7 @@ def matmul(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, block_m: int = 128,
         _matmul_tma(a, a_scale, b, b_scale, c, group_n, precise)
         return c
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    k.matmul_kernel[grid](
+    direct(k.matmul_kernel)[grid](
         a, a_scale, b, b_scale, c, m, n, kk, a.stride(0), a.stride(1), a_scale.stride(0), a_scale.stride(1),
         b.stride(0), b.stride(1), b_scale.stride(0), b_scale.stride(1), c.stride(0), c.stride(1),
         B_GROUP_N=group_n, OUT_BF16=out_dtype == torch.bfloat16, IMPRECISE_ACC=0 if precise else TILE,
