@@ -1,7 +1,8 @@
-"""The fp8 product's TMA kernel compiles for Hopper (sm_90) with b in either layout, on a machine
-without a GPU (hopper_compile.py): its products are fp8 wgmma, its operands come by TMA, its K
-loop is software-pipelined (shared memory for several stages, where the pointer kernel holds one),
-and it fits the 227 KB of shared memory per block."""
+"""The fp8 products' TMA kernels compile for Hopper (sm_90) on a machine without a GPU
+(hopper_compile.py): the dense one with b in either layout, and the block-sparse SDD and DSD. Their
+products are fp8 wgmma, their operands come by TMA, their K loops are software-pipelined (shared
+memory for several stages, where the dense pointer kernel holds one), and each fits the 227 KB of
+shared memory per block."""
 import pytest
 
 from hopper_compile import SHARED_LIMIT, compile_for_hopper
@@ -41,4 +42,47 @@ def test_fp8_tma_product_compiles_for_hopper(b_layout):
     assert result["wgmma_e4m3"] > 0
     assert result["tma_loads"] > 0
     # every stage's a and b tiles in shared memory at once: the loop is pipelined
+    assert result["stages"] * result["stage"] <= result["shared"] <= SHARED_LIMIT
+
+
+SPARSE = r"""
+import json, sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from dmoe_kernels.products import fp8_ops
+from dmoe_kernels.products.kernels import sparse_fp8 as m
+
+BS, T, NB, BN = 128, 128, fp8_ops.SDD_BLOCKS_PER_PROGRAM, fp8_ops.DSD_BLOCK_N
+common = {"column_indices_ptr": "*i32", "nnz_ptr": "*i32", "stride_bs": "i32"}
+if sys.argv[1] == "sdd":
+    kernel, stage = m.sdd_fp8_kernel, (BS + NB * BS) * T
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{BS}, {T}]>", "b_desc": f"tensordesc<fp8e4nv[{NB * BS}, {T}]>",
+           "out_desc": f"tensordesc<bf16[{BS}, {BS}]>", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
+           "K": "i32", "blocks_per_row": "i32", "num_programs": "i32", "stride_as": "i32", **common}
+    const = {"BS": BS, "NB": NB, "TILE": T, "GROUP_M": 8, "FLATTEN": True, "OUT_DTYPE": tl.bfloat16,
+             "IMPRECISE_ACC": T}
+else:
+    kernel, stage = m.dsd_fp8_kernel, (BS + BN) * BS
+    sig = {"s_desc": f"tensordesc<fp8e4nv[{BS}, {BS}]>", "b_desc": f"tensordesc<fp8e4nv[{BS}, {BN}]>",
+           "c_desc": f"tensordesc<bf16[{BS}, {BN}]>", "s_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
+           "N": "i32", "out_block_rows": "i32", "blocks_per_row": "i32", "num_programs": "i32", **common}
+    const = {"BS": BS, "BLOCK_N": BN, "TILE": T, "GROUP_M": 8, "OUT_DTYPE": tl.bfloat16, "IMPRECISE_ACC": T}
+sig.update({key: "constexpr" for key in const})
+compiled = triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 8, "num_stages": fp8_ops.STAGES})
+ptx = compiled.asm["ptx"]
+print(json.dumps({"shared": compiled.metadata.shared, "stage": stage, "stages": fp8_ops.STAGES,
+                  "wgmma_e4m3": sum("wgmma.mma_async" in line and "e4m3" in line for line in ptx.splitlines()),
+                  "tma_loads": ptx.count("cp.async.bulk.tensor")}))
+"""
+
+
+@pytest.mark.parametrize("product", ["sdd", "dsd"])
+def test_fp8_block_sparse_products_compile_for_hopper(product):
+    pytest.importorskip("triton")
+    result = compile_for_hopper(SPARSE, product)
+    assert result["wgmma_e4m3"] > 0
+    assert result["tma_loads"] > 0
     assert result["stages"] * result["stage"] <= result["shared"] <= SHARED_LIMIT

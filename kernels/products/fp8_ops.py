@@ -1,0 +1,126 @@
+"""Block-sparse products of block-scaled fp8 operands (kernels/sparse_fp8.py), for dMoE topologies:
+the expert MLP's forward and input-gradient products in DeepSeek-V3's recipe (dmoe_kernels.fp8).
+
+  quantize_blocks_rows(data)          sparse data -> (e4m3 data, one scale per row of each block)
+  sdd_fp8(a, a_scale, w, w_scale, topology)
+                                      sparse a @ w^T at the topology's blocks; a [rows, K] in 1 x 128
+                                      row tiles, w [cols, K] (a weight as stored) in 128 x 128 blocks
+  dsd_fp8(q, q_scale, topology, b, b_scale)
+                                      dense S @ b; S's blocks with their row scales, b [K, N] in
+                                      128 x 128 blocks (the weight w [cols, N] as stored)
+
+Where the layer uses them: h = x @ w1^T (sdd_fp8), y = act @ w2 (dsd_fp8), da = dy @ w2^T
+(sdd_fp8 with w2) and dx = dh @ w1 (dsd_fp8 with w1). Results are bf16 (or the out_dtype asked);
+the reference is dmoe_kernels.fp8.reference.matmul on the dense operands, restricted to the blocks.
+On CUDA they need Hopper (TMA, fp8 tensor cores); on CPU they run under Triton's interpreter.
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from ..fp8 import ops as fp8_ops
+from ..fp8.reference import FP8, TILE, tiles
+from ..launch import check_launchable, direct, persistent_programs, tma_descriptor, tma_ready
+from .kernels import sparse_fp8 as _kernels
+from .topology import Topology
+
+_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# tiles: sdd two neighbouring blocks (as the bf16 SDD), dsd 128 x BLOCK_N; 8 warps, persistent
+SDD_BLOCKS_PER_PROGRAM, DSD_BLOCK_N, STAGES, GROUP_M = 2, 128, 3, 8
+
+
+def _check(op: str, topology: Topology, **tensors) -> None:
+    if not topology.blocks_per_row:
+        raise ValueError(f"{op}: needs a dMoE topology (Topology.for_experts: blocks_per_row set)")
+    for name, t in tensors.items():
+        if t.device != topology.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but the topology is on {topology.device}")
+        if name.endswith("scale"):
+            if t.dtype != torch.float32:
+                raise ValueError(f"{op}: {name} must be float32, got {t.dtype}")
+        elif t.dtype != FP8:
+            raise ValueError(f"{op}: {name} must be float8_e4m3fn (dmoe_kernels.fp8's quantization), got {t.dtype}")
+    if topology.device.type == "cuda" and torch.cuda.get_device_capability(topology.device)[0] < 9:
+        raise RuntimeError(f"{op}: the fp8 block-sparse kernels need Hopper (TMA and fp8 tensor cores); "
+                           "use bf16 on this GPU")
+
+
+def quantize_blocks_rows(data: torch.Tensor):
+    """Sparse data [max_blocks, bs, bs] -> (e4m3 data of the same shape, fp32 scales [max_blocks * bs]:
+    one per row of each block, the 1 x bs tile along K that dsd_fp8 takes). Blocks past nnz are
+    quantized too (their values are undefined, and never read)."""
+    if data.dim() != 3 or data.shape[1] != data.shape[2]:
+        raise ValueError(f"quantize_blocks_rows: sparse data must be [max_blocks, bs, bs], got {tuple(data.shape)}")
+    q, s = fp8_ops.quantize_rows(data.reshape(-1, data.shape[2]))
+    return q.view(data.shape), s.reshape(-1)
+
+
+def sdd_fp8(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topology: Topology,
+            out_dtype: torch.dtype = torch.bfloat16, precise: bool = False) -> torch.Tensor:
+    """Blocks of a @ w^T at the topology: a [rows, K] e4m3 with scales [rows, ceil(K/128)], w [cols, K]
+    e4m3 with scales [ceil(cols/128), ceil(K/128)] -> sparse data in out_dtype. precise: fp32 sums
+    after every tensor-core instruction (else after each 128 of K, DeepSeek-V3's promotion)."""
+    op = "sdd_fp8"
+    _check(op, topology, a=a, a_scale=a_scale, w=w, w_scale=w_scale)
+    rows, cols = topology.shape
+    if a.dim() != 2 or w.dim() != 2 or a.shape[0] != rows or w.shape[0] != cols or a.shape[1] != w.shape[1]:
+        raise ValueError(f"{op}: expects a [{rows}, K] and w [{cols}, K], got {tuple(a.shape)} and {tuple(w.shape)}")
+    K = a.shape[1]
+    if tuple(a_scale.shape) != (rows, tiles(K)) or tuple(w_scale.shape) != (tiles(cols), tiles(K)):
+        raise ValueError(f"{op}: scales must be a's [{rows}, {tiles(K)}] and w's [{tiles(cols)}, {tiles(K)}], got "
+                         f"{tuple(a_scale.shape)} and {tuple(w_scale.shape)}")
+    if not (tma_ready(a) and tma_ready(w)) or a_scale.stride(1) != 1 or w_scale.stride(1) != 1:
+        raise ValueError(f"{op}: a, w and the scales must be row-major with rows of a multiple of 16 bytes "
+                         f"(K = {K} must be a multiple of 16)")
+    out = topology.empty_data(out_dtype)
+    check_launchable(_kernels.sdd_fp8_kernel, a.device)
+    bs, F = topology.block_size, topology.blocks_per_row
+    nb = SDD_BLOCKS_PER_PROGRAM if F % SDD_BLOCKS_PER_PROGRAM == 0 else 1
+    if topology.max_blocks == 0:
+        return out
+    grid = min(persistent_programs(a.device, 1), topology.max_blocks // nb)
+    direct(_kernels.sdd_fp8_kernel)[(grid,)](
+        tma_descriptor(a, [bs, TILE]), tma_descriptor(w, [nb * bs, TILE]), tma_descriptor(out.view(-1, bs), [bs, bs]),
+        a_scale, w_scale, topology.column_indices, topology.nnz,
+        K, F, grid, a_scale.stride(0), w_scale.stride(0),
+        BS=bs, NB=nb, TILE=TILE, GROUP_M=GROUP_M, FLATTEN=True, OUT_DTYPE=_TL_DTYPE[out_dtype],
+        IMPRECISE_ACC=0 if precise else TILE, num_warps=8, num_stages=STAGES,
+    )
+    return out
+
+
+def dsd_fp8(q: torch.Tensor, q_scale: torch.Tensor, topology: Topology, b: torch.Tensor, b_scale: torch.Tensor,
+            out_dtype: torch.dtype = torch.bfloat16, precise: bool = False) -> torch.Tensor:
+    """Dense S @ b: S = (q, topology) with q_scale [max_blocks * bs] (quantize_blocks_rows), b [K, N]
+    e4m3 row-major with scales [ceil(K/128), ceil(N/128)] -> [rows, N] in out_dtype; the rows past
+    the used ones are zeros (as ops.dsd gives them)."""
+    op = "dsd_fp8"
+    _check(op, topology, q=q, q_scale=q_scale, b=b, b_scale=b_scale)
+    topology.check_data(q, "q")
+    rows, K = topology.shape
+    bs = topology.block_size
+    if b.dim() != 2 or b.shape[0] != K:
+        raise ValueError(f"{op}: b must be [{K}, N], got {tuple(b.shape)}")
+    N = b.shape[1]
+    if tuple(q_scale.shape) != (topology.max_blocks * bs,) or tuple(b_scale.shape) != (tiles(K), tiles(N)):
+        raise ValueError(f"{op}: scales must be q's [{topology.max_blocks * bs}] and b's [{tiles(K)}, {tiles(N)}], "
+                         f"got {tuple(q_scale.shape)} and {tuple(b_scale.shape)}")
+    out = torch.empty(rows, N, dtype=out_dtype, device=b.device)
+    if not (q.is_contiguous() and tma_ready(b) and tma_ready(out)) or b_scale.stride(1) != 1:
+        raise ValueError(f"{op}: q must be contiguous, b and the output row-major with rows of a multiple of 16 "
+                         f"bytes (N = {N}), b's scales row-major")
+    check_launchable(_kernels.dsd_fp8_kernel, b.device)
+    block_n = min(DSD_BLOCK_N, max(16, 1 << (N - 1).bit_length()))
+    tiles_total = (rows // bs) * -(-N // block_n)
+    if tiles_total == 0:
+        return out
+    grid = min(persistent_programs(b.device, 1), tiles_total)
+    direct(_kernels.dsd_fp8_kernel)[(grid,)](
+        tma_descriptor(q.view(-1, bs), [bs, bs]), tma_descriptor(b, [bs, block_n]),
+        tma_descriptor(out, [bs, block_n]), q_scale, b_scale, topology.column_indices, topology.nnz,
+        N, rows // bs, topology.blocks_per_row, grid, b_scale.stride(0),
+        BS=bs, BLOCK_N=block_n, TILE=TILE, GROUP_M=GROUP_M, OUT_DTYPE=_TL_DTYPE[out_dtype],
+        IMPRECISE_ACC=0 if precise else min(TILE, bs), num_warps=8, num_stages=STAGES,  # a step is one block
+    )
+    return out

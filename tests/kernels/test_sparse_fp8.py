@@ -1,0 +1,83 @@
+"""The block-sparse products of block-scaled fp8 operands (products/fp8_ops.py) against float64 on
+the same quantized operands, on dMoE topologies with blocks past nnz and an empty expert; on CPU
+through Triton's interpreter (its fp8 dots decode to fp16 exactly, and it sums in fp32)."""
+import pytest
+import torch
+
+import dmoe_kernels as dk
+import dmoe_kernels.reference as ref
+from dmoe_kernels.fp8 import reference as fp8_ref
+from dmoe_kernels.products import fp8_ops
+
+# fp32 outputs, fp32 sums after every product: float64 on the same fp8 values within fp32 rounding
+TOL = 1e-5
+
+
+def _topology(device, counts=(20, 0, 3, 26), f=64, bs=16):
+    topo = dk.Topology.for_experts(torch.tensor(counts, device=device), sum(counts), f, bs)
+    assert int(topo.nnz) < topo.max_blocks
+    return topo
+
+
+def _rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("K", [256, 208], ids=["whole-tiles", "ragged-k"])
+def test_sdd_fp8_against_float64(K, device, seeded_by_name):
+    topo = _topology(device)
+    rows, cols = topo.shape
+    x = (torch.randn(rows, K) * torch.logspace(-1, 1, K)).to(device)
+    w = (torch.randn(cols, K) * 0.05).to(device)
+    xq, xs = fp8_ref.quantize_rows(x)
+    wq, ws = fp8_ref.quantize_blocks(w)
+    out = fp8_ops.sdd_fp8(xq, xs, wq, ws, topo, out_dtype=torch.float32, precise=True)
+    x64 = fp8_ref.dequantize_rows(xq.cpu(), xs.cpu(), torch.float64)
+    w64 = fp8_ref.dequantize_blocks(wq.cpu(), ws.cpu(), torch.float64)
+    mask = ref.block_mask_dense(topo).cpu()
+    expected = (x64 @ w64.t()) * mask
+    nnz = int(topo.nnz)
+    assert torch.isfinite(out[:nnz]).all()
+    assert _rel(ref.to_dense(out, topo).cpu() * mask, expected) < TOL
+    bf16 = fp8_ops.sdd_fp8(xq, xs, wq, ws, topo)
+    assert bf16.dtype == torch.bfloat16
+    assert _rel(ref.to_dense(bf16, topo).cpu() * mask, expected) < 2**-8
+
+
+def test_dsd_fp8_against_float64(device, seeded_by_name):
+    topo = _topology(device)
+    rows, cols = topo.shape
+    N = 48
+    data = torch.randn(topo.data_shape(), device=device) * torch.logspace(-1, 1, topo.block_size, device=device)
+    q, qs = fp8_ops.quantize_blocks_rows(data)
+    expected_q, expected_s = fp8_ref.quantize_rows(data.reshape(-1, topo.block_size))
+    assert torch.equal(q.view(-1, topo.block_size).view(torch.uint8), expected_q.view(torch.uint8))
+    assert torch.equal(qs, expected_s.reshape(-1))
+    b = (torch.randn(cols, N) * 0.05).to(device)
+    bq, bs_ = fp8_ref.quantize_blocks(b)
+    out = fp8_ops.dsd_fp8(q, qs, topo, bq, bs_, out_dtype=torch.float32, precise=True)
+    s64 = (q.cpu().double() * qs.cpu().double().view(q.shape[0], q.shape[1], 1))
+    b64 = fp8_ref.dequantize_blocks(bq.cpu(), bs_.cpu(), torch.float64)
+    expected = ref.to_dense(s64, _topology("cpu")) @ b64
+    assert out.shape == (rows, N)
+    used = int(topo.nnz) // topo.blocks_per_row * topo.block_size  # rows of the used block rows
+    assert (out[used:] == 0).all()
+    assert _rel(out, expected) < TOL
+
+
+def test_fp8_sparse_products_refuse_what_they_cannot_take(device):
+    topo = _topology(device)
+    rows, cols = topo.shape
+    xq, xs = fp8_ref.quantize_rows(torch.randn(rows, 128, device=device))
+    wq, ws = fp8_ref.quantize_blocks(torch.randn(cols, 128, device=device))
+    with pytest.raises(ValueError, match="a must be float8_e4m3fn"):
+        fp8_ops.sdd_fp8(xq.float(), xs, wq, ws, topo)
+    with pytest.raises(ValueError, match="scales must be"):
+        fp8_ops.sdd_fp8(xq, xs[:, :0], wq, ws, topo)
+    mask = torch.zeros(rows // 16, cols // 16, dtype=torch.bool)
+    mask[0, :3] = mask[1, 5] = True  # rows of different lengths: not the dMoE layout
+    irregular = dk.Topology.from_mask(mask.to(device), 16)
+    assert not irregular.blocks_per_row
+    with pytest.raises(ValueError, match="needs a dMoE topology"):
+        fp8_ops.sdd_fp8(xq, xs, wq, ws, irregular)
