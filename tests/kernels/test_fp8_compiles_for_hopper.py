@@ -13,76 +13,55 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from dmoe_kernels.fp8 import kernels as m, ops
-
-k_major = sys.argv[1] == "k-major"
-BM, BN, T = ops.TMA_BLOCK_M, ops.TMA_BLOCK_N, 128
-sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {T}]>",
-       "b_desc": f"tensordesc<fp8e4nv[{BN}, {T}]>" if k_major else f"tensordesc<fp8e4nv[{T}, {BN}]>",
-       "c_desc": f"tensordesc<bf16[{BM}, {BN}]>", "as_ptr": "*fp32", "bs_ptr": "*fp32",
-       "M": "i32", "N": "i32", "K": "i32", "stride_asm": "i32", "stride_ask": "i32", "stride_bsk": "i32",
-       "stride_bsn": "i32"}
-const = {"B_KMAJOR": k_major, "B_GROUP_N": 128, "OUT_DTYPE": tl.bfloat16, "OUT_BF16": True, "IMPRECISE_ACC": T,
-         "BLOCK_M": BM, "BLOCK_N": BN, "TILE": T, "GROUP_M": ops.TMA_GROUP_M, "NUM_STAGES": ops.TMA_STAGES}
-sig.update({key: "constexpr" for key in const})
-kernel = triton.compile(ASTSource(m.matmul_tma_kernel, sig, const), target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": 8})
-ptx = kernel.asm["ptx"]
-stage = (BM + BN) * T  # bytes of one stage's fp8 tiles
-print(json.dumps({"shared": kernel.metadata.shared, "stage": stage, "stages": ops.TMA_STAGES,
-                  "wgmma_e4m3": sum("wgmma.mma_async" in line and "e4m3" in line for line in ptx.splitlines()),
-                  "tma_loads": ptx.count("cp.async.bulk.tensor")}))
-"""
-
-
-@pytest.mark.parametrize("b_layout", ["k-major", "row-major"])
-def test_fp8_tma_product_compiles_for_hopper(b_layout):
-    pytest.importorskip("triton")
-    result = compile_for_hopper(COMPILE, b_layout)
-    assert result["wgmma_e4m3"] > 0
-    assert result["tma_loads"] > 0
-    # every stage's a and b tiles in shared memory at once: the loop is pipelined
-    assert result["stages"] * result["stage"] <= result["shared"] <= SHARED_LIMIT
-
-
-SPARSE = r"""
-import json, sys
-import triton
-import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from dmoe_kernels.fp8 import kernels as dense, ops
 from dmoe_kernels.products import fp8_ops
-from dmoe_kernels.products.kernels import sparse_fp8 as m
+from dmoe_kernels.products.kernels import sparse_fp8 as sparse
 
-BS, T, NB, BN = 128, 128, fp8_ops.SDD_BLOCKS_PER_PROGRAM, fp8_ops.DSD_BLOCK_N
-common = {"column_indices_ptr": "*i32", "nnz_ptr": "*i32", "stride_bs": "i32"}
-if sys.argv[1] == "sdd":
-    kernel, stage = m.sdd_fp8_kernel, (BS + NB * BS) * T
+kind, T, BS = sys.argv[1], 128, 128
+if kind in ("k-major", "row-major"):  # the dense product, b in either layout
+    BM, BN = ops.TMA_BLOCK_M, ops.TMA_BLOCK_N
+    kernel, stages, stage = dense.matmul_tma_kernel, ops.TMA_STAGES, (BM + BN) * T
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {T}]>",
+           "b_desc": f"tensordesc<fp8e4nv[{BN}, {T}]>" if kind == "k-major" else f"tensordesc<fp8e4nv[{T}, {BN}]>",
+           "c_desc": f"tensordesc<bf16[{BM}, {BN}]>", "as_ptr": "*fp32", "bs_ptr": "*fp32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_asm": "i32", "stride_ask": "i32", "stride_bsk": "i32",
+           "stride_bsn": "i32"}
+    const = {"B_KMAJOR": kind == "k-major", "B_GROUP_N": 128, "OUT_DTYPE": tl.bfloat16, "OUT_BF16": True,
+             "IMPRECISE_ACC": T, "BLOCK_M": BM, "BLOCK_N": BN, "TILE": T, "GROUP_M": ops.TMA_GROUP_M,
+             "NUM_STAGES": ops.TMA_STAGES}
+elif kind == "sdd":
+    NB, stages = fp8_ops.SDD_BLOCKS_PER_PROGRAM, fp8_ops.STAGES
+    kernel, stage = sparse.sdd_fp8_kernel, (BS + NB * BS) * T
     sig = {"a_desc": f"tensordesc<fp8e4nv[{BS}, {T}]>", "b_desc": f"tensordesc<fp8e4nv[{NB * BS}, {T}]>",
            "out_desc": f"tensordesc<bf16[{BS}, {BS}]>", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
-           "K": "i32", "blocks_per_row": "i32", "num_programs": "i32", "stride_as": "i32", **common}
+           "column_indices_ptr": "*i32", "nnz_ptr": "*i32", "K": "i32", "blocks_per_row": "i32",
+           "num_programs": "i32", "stride_as": "i32", "stride_bs": "i32"}
     const = {"BS": BS, "NB": NB, "TILE": T, "GROUP_M": 8, "FLATTEN": True, "OUT_DTYPE": tl.bfloat16,
              "IMPRECISE_ACC": T}
-else:
-    kernel, stage = m.dsd_fp8_kernel, (BS + BN) * BS
+else:  # dsd
+    BN, stages = fp8_ops.DSD_BLOCK_N, fp8_ops.STAGES
+    kernel, stage = sparse.dsd_fp8_kernel, (BS + BN) * BS
     sig = {"s_desc": f"tensordesc<fp8e4nv[{BS}, {BS}]>", "b_desc": f"tensordesc<fp8e4nv[{BS}, {BN}]>",
            "c_desc": f"tensordesc<bf16[{BS}, {BN}]>", "s_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
-           "N": "i32", "out_block_rows": "i32", "blocks_per_row": "i32", "num_programs": "i32", **common}
+           "column_indices_ptr": "*i32", "nnz_ptr": "*i32", "N": "i32", "out_block_rows": "i32",
+           "blocks_per_row": "i32", "num_programs": "i32", "stride_bs": "i32"}
     const = {"BS": BS, "BLOCK_N": BN, "TILE": T, "GROUP_M": 8, "OUT_DTYPE": tl.bfloat16, "IMPRECISE_ACC": T}
 sig.update({key: "constexpr" for key in const})
 compiled = triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 8, "num_stages": fp8_ops.STAGES})
+                          options={"num_warps": 8, "num_stages": stages})
 ptx = compiled.asm["ptx"]
-print(json.dumps({"shared": compiled.metadata.shared, "stage": stage, "stages": fp8_ops.STAGES,
+print(json.dumps({"shared": compiled.metadata.shared, "stage": stage, "stages": stages,
                   "wgmma_e4m3": sum("wgmma.mma_async" in line and "e4m3" in line for line in ptx.splitlines()),
                   "tma_loads": ptx.count("cp.async.bulk.tensor")}))
 """
 
 
-@pytest.mark.parametrize("product", ["sdd", "dsd"])
-def test_fp8_block_sparse_products_compile_for_hopper(product):
+@pytest.mark.parametrize("kind", ["k-major", "row-major", "sdd", "dsd"],
+                         ids=["dense-b-k-major", "dense-b-row-major", "sparse-sdd", "sparse-dsd"])
+def test_fp8_products_compile_for_hopper(kind):
     pytest.importorskip("triton")
-    result = compile_for_hopper(SPARSE, product)
+    result = compile_for_hopper(COMPILE, kind)
     assert result["wgmma_e4m3"] > 0
     assert result["tma_loads"] > 0
+    # every stage's operand tiles in shared memory at once: the loop is pipelined
     assert result["stages"] * result["stage"] <= result["shared"] <= SHARED_LIMIT
