@@ -1,5 +1,5 @@
 """What every kernel launch of the library shares: can it run here, how many programs, which dot
-precision, can TMA read an operand, which device backward launches on, and the launch itself
+precision, which Triton element type, can TMA read an operand, which device backward launches on, and the launch itself
 (`DirectLauncher`: Triton's launch without its per-call argument binding).
 
 Imports torch only (triton lazily), so any module of the library, and megatron_dmoe's own Triton
@@ -64,6 +64,14 @@ def persistent_programs(device: torch.device, per_sm: int) -> int:
     if device.type != "cuda":
         return 3  # the interpreter: a few programs still exercise the persistent loop
     return max(1, multiprocessors(device) - _left_free[0]) * per_sm
+
+
+@functools.lru_cache(maxsize=None)  # called at every launch: a lookup after the first
+def triton_dtype(dtype: torch.dtype):
+    """Triton's element type of a float torch dtype: a kernel's OUT_DTYPE constexpr."""
+    import triton.language as tl
+
+    return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
 
 
 def dot_precision(dtype: torch.dtype, device: torch.device) -> str:

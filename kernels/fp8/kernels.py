@@ -13,6 +13,8 @@
 import triton
 import triton.language as tl
 
+from ..products.kernels.tile_mapping import grouped_tile
+
 E4M3_MAX = tl.constexpr(448.0)  # as reference.E4M3_MAX
 AMAX_FLOOR = tl.constexpr(7.888609052210118e-31)  # 2^-100, as reference.AMAX_FLOOR
 # Adding and subtracting 1.5 * 2^23 rounds an fp32 |t| < 2^22 to an integer, ties to even.
@@ -133,14 +135,7 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K,
     ragged M, N and K need no masks there) in a NUM_STAGES-deep pipeline. B_KMAJOR: b_desc
     describes b^T (a row-major [N, K] weight, b given as its transpose), else b itself. Programs
     walk GROUP_M rows of tiles per column for L2 reuse."""
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid = tl.program_id(0)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group
-    pid_n = (pid % per_group) // group
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows64, cols64 = rows.to(tl.int64), cols.to(tl.int64)

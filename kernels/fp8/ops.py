@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
-from ..launch import check_launchable, direct, tma_descriptor, tma_ready
+from ..launch import check_launchable, direct, tma_descriptor, tma_ready, triton_dtype
 from . import kernels as k
 from .reference import FP8, TILE, check_float, check_matmul, tiles
 
@@ -54,7 +53,6 @@ def check_fp8_dots(device: torch.device) -> None:
                            f"(8.9 or newer); use dmoe_kernels.fp8.reference.matmul")
 
 
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # The TMA kernel's tiles: 128 x 128 of c, K steps of one scale tile, 4 stages of 32 KB (a's and b's
 # fp8 tiles) beside the 32-64 KB of c's store; measured against the pointer kernel and cuBLAS by
 # tools/bench_fp8.py
@@ -78,7 +76,7 @@ def _matmul_tma(a, a_scale, b, b_scale, c, group_n: int, precise: bool) -> None:
     direct(k.matmul_tma_kernel)[grid](
         tma_descriptor(a, [TMA_BLOCK_M, TILE]), b_desc, tma_descriptor(c, [TMA_BLOCK_M, TMA_BLOCK_N]),
         a_scale, b_scale, m, n, kk, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-        B_KMAJOR=b_kmajor, B_GROUP_N=group_n, OUT_DTYPE=_TL_DTYPE[c.dtype], OUT_BF16=c.dtype == torch.bfloat16,
+        B_KMAJOR=b_kmajor, B_GROUP_N=group_n, OUT_DTYPE=triton_dtype(c.dtype), OUT_BF16=c.dtype == torch.bfloat16,
         IMPRECISE_ACC=0 if precise else TILE, BLOCK_M=TMA_BLOCK_M, BLOCK_N=TMA_BLOCK_N, TILE=TILE,
         GROUP_M=TMA_GROUP_M, NUM_STAGES=TMA_STAGES, num_warps=8)
 

@@ -17,15 +17,13 @@ On CUDA they need Hopper (TMA, fp8 tensor cores); on CPU they run under Triton's
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 
 from ..fp8 import ops as fp8_ops
 from ..fp8.reference import FP8, TILE, tiles
-from ..launch import check_launchable, direct, persistent_programs, tma_descriptor, tma_ready
+from ..launch import check_launchable, direct, persistent_programs, tma_descriptor, tma_ready, triton_dtype
 from .kernels import sparse_fp8 as _kernels
 from .topology import Topology
 
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 # tiles: sdd two neighbouring blocks (as the bf16 SDD), dsd 128 x BLOCK_N; 8 warps, persistent
 SDD_BLOCKS_PER_PROGRAM, DSD_BLOCK_N, STAGES, GROUP_M = 2, 128, 3, 8
 
@@ -84,7 +82,7 @@ def sdd_fp8(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: to
         tma_descriptor(a, [bs, TILE]), tma_descriptor(w, [nb * bs, TILE]), tma_descriptor(out.view(-1, bs), [bs, bs]),
         a_scale, w_scale, topology.column_indices, topology.nnz,
         K, F, grid, a_scale.stride(0), w_scale.stride(0),
-        BS=bs, NB=nb, TILE=TILE, GROUP_M=GROUP_M, FLATTEN=True, OUT_DTYPE=_TL_DTYPE[out_dtype],
+        BS=bs, NB=nb, TILE=TILE, GROUP_M=GROUP_M, FLATTEN=True, OUT_DTYPE=triton_dtype(out_dtype),
         IMPRECISE_ACC=0 if precise else TILE, num_warps=8, num_stages=STAGES,
     )
     return out
@@ -120,7 +118,7 @@ def dsd_fp8(q: torch.Tensor, q_scale: torch.Tensor, topology: Topology, b: torch
         tma_descriptor(q.view(-1, bs), [bs, bs]), tma_descriptor(b, [bs, block_n]),
         tma_descriptor(out, [bs, block_n]), q_scale, b_scale, topology.column_indices, topology.nnz,
         N, rows // bs, topology.blocks_per_row, grid, b_scale.stride(0),
-        BS=bs, BLOCK_N=block_n, TILE=TILE, GROUP_M=GROUP_M, OUT_DTYPE=_TL_DTYPE[out_dtype],
+        BS=bs, BLOCK_N=block_n, TILE=TILE, GROUP_M=GROUP_M, OUT_DTYPE=triton_dtype(out_dtype),
         IMPRECISE_ACC=0 if precise else min(TILE, bs), num_warps=8, num_stages=STAGES,  # a step is one block
     )
     return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import triton.language as tl
 
 from ..activations import ops as activation
 from ..launch import (
@@ -27,6 +26,7 @@ from ..launch import (
     persistent_programs,
     tma_descriptor,
     tma_ready,
+    triton_dtype,
 )
 from .kernels import (
     dsd as _dsd_module,
@@ -63,7 +63,6 @@ def _check_2d(op: str, name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{op}: {name} must be 2-D, got shape {tuple(t.shape)}")
 
 
-_TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 def _check_accumulation_target(op: str, out: Optional[torch.Tensor], shape, dtype: torch.dtype,
@@ -121,7 +120,7 @@ def _sdd_tma(a, b, topology: Topology, out, cfg: SddConfig, dtype, act=None) -> 
         K, regular, grid,
         None if act is None else tma_descriptor(act.view(-1, bs), [bs, bs]),
         BS=bs, NB=nb, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
+        B_KMAJOR=b_kmajor, FLATTEN=cfg.flatten, OUT_DTYPE=triton_dtype(dtype),
         DOT_PRECISION=dot_precision(dtype, a.device), GELU_OUT=act is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -290,7 +289,7 @@ def dsd(
                 offsets, indices, positions,
                 N, out_block_rows, regular, grid, data.shape[0] * bs, b.shape[0],
                 BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                OUT_DTYPE=_TL_DTYPE[dtype], DOT_PRECISION=dot_precision(dtype, b.device),
+                OUT_DTYPE=triton_dtype(dtype), DOT_PRECISION=dot_precision(dtype, b.device),
                 COUNT_CHUNK=_dsdt_tma_module.TILE_COUNT_CHUNK, STRIPS=strips,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             )
@@ -301,7 +300,7 @@ def dsd(
             offsets, indices, positions, topology.nnz,
             N, out_block_rows, regular, grid,
             BS=bs, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            TRANS_S=transpose, FLATTEN=cfg.flatten, OUT_DTYPE=_TL_DTYPE[dtype],
+            TRANS_S=transpose, FLATTEN=cfg.flatten, OUT_DTYPE=triton_dtype(dtype),
             DOT_PRECISION=dot_precision(dtype, b.device),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **epilogue,
             slot_rows=data.shape[0] * bs, **from_slot,
