@@ -97,7 +97,6 @@ ZOO_MODELS = {
     "zoo-dmoe-all-moe": ("zoo/dmoe_small", [ALL_MOE]),
     "zoo-dmoe-8x": ("zoo/dmoe_small", ["moe.num_experts=8"]),
 }
-DENSE_MODELS = {"dense", "zoo-dense"}  # the rows others are compared with
 DEFAULT_VOCAB = 50257  # GPT-2's
 
 
@@ -566,7 +565,7 @@ def print_table(results: list, peak: float | None) -> None:
     measured = [r for r in results if "tokens_per_s" in r]
 
     def dense_for(r):  # the dense run of the same mode (eager or graphed), else any dense run
-        dense = [d for d in measured if d.get("dense", d["model"].split("+")[0] in DENSE_MODELS)]
+        dense = [d for d in measured if d["dense"]]
         return ([d for d in dense if d["cuda_graphs"] == r["cuda_graphs"]] or dense or [None])[0]
 
     header = (f"{'model':23s} {'EP':>3s} {'params':>8s} {'ms/step':>9s} {'spread':>7s} {'W':>2s} "
