@@ -83,6 +83,8 @@ def parse_args(argv=None):
                    help="the Triton product promotes into fp32 after every tensor-core instruction instead "
                         "of every 128 of K (DeepSeek-V3's scheme, the default)")
     p.add_argument("--rep-ms", type=float, default=100, help="do_bench repetition time per row (default 100)")
+    p.add_argument("--tma-configs", default="", metavar="BM:BN:STAGES:WARPS,...",
+                   help="also time the TMA product under these tiles (ops.matmul's tma_config)")
     p.add_argument("--toy", action="store_true",
                    help="tiny shapes on CPU through Triton's interpreter, Triton rows only (tests this program)")
     p.add_argument("--out", help="write the results as JSON here")
@@ -93,6 +95,12 @@ def parse_args(argv=None):
         args.shape_list = [_parse_shape(s, {**SHAPES, **TOY_SHAPES}) for s in args.shapes.split(",") if s]
     except ValueError as exc:
         p.error(f"--shapes: {exc} is neither a named shape ({', '.join(SHAPES)}) nor MxNxK[:wgrad]")
+    args.tma_list = []
+    for text in (c for c in args.tma_configs.split(",") if c):
+        parts = text.split(":")
+        if len(parts) != 4 or not all(v.isdigit() and int(v) > 0 for v in parts):
+            p.error(f"--tma-configs: {text!r} is not BM:BN:STAGES:WARPS (four positive whole numbers)")
+        args.tma_list.append(tuple(int(v) for v in parts))
     return args
 
 
@@ -217,6 +225,8 @@ def main(argv=None) -> int:
         calls = {"fp8": lambda: ops.matmul(*fp8_operands, **fp8_kw),
                  "fp8_pointers": lambda: ops.matmul(*fp8_operands, tma=False, **fp8_kw),
                  "fp8+quant": lambda: with_quant(**fp8_kw)}
+        for cfg in args.tma_list:
+            calls[f"fp8_tma {':'.join(map(str, cfg))}"] = lambda cfg=cfg: ops.matmul(*fp8_operands, tma_config=cfg, **fp8_kw)
         notes = {}
         if not args.toy:
             layout, call, result = _pick_scaled_mm(kind, fp8_operands, dtype, exact)
@@ -231,13 +241,14 @@ def main(argv=None) -> int:
             calls = {"bf16": plain, **calls}
         times = {impl: bench(call, args.rep_ms) for impl, call in calls.items()}
         base = times.get("bf16")
-        for impl in LABELS:
+        for impl in [*LABELS, *(c for c in calls if c.startswith("fp8_tma "))]:
             if impl not in calls and impl not in notes:
                 continue  # toy: cuBLAS's rows need a GPU
             ms = times.get(impl)
             err = errors.get(impl)
             rows.append({
-                "shape": name, "kind": kind, "m": m, "n": n, "k": k, "impl": impl, "label": LABELS[impl],
+                "shape": name, "kind": kind, "m": m, "n": n, "k": k, "impl": impl,
+                "label": LABELS.get(impl, f"fp8 Triton TMA {impl[8:]}"),
                 "ms": ms, "tflops": flops / ms / 1e9 if ms else None,
                 "speedup_vs_bf16": base / ms if base and ms else None,
                 "max_rel_error": err, "ok": None if err is None else err <= MAX_REL_ERROR,
@@ -265,7 +276,7 @@ def main(argv=None) -> int:
     if args.out:
         import triton
 
-        out_args = {key: value for key, value in vars(args).items() if key != "shape_list"}
+        out_args = {key: value for key, value in vars(args).items() if not key.endswith("_list")}
         with open(args.out, "w") as fh:
             json.dump({"args": out_args, "device": device, "torch": torch.__version__, "triton": triton.__version__,
                        "max_rel_error_bound": MAX_REL_ERROR, "rows": rows}, fh, indent=1)

@@ -37,18 +37,29 @@ TOY_CASES = {"toy-top1": (64, 128, 64, 4, 1), "toy-top2": (48, 144, 32, 3, 2)}
 # an fp8 product against float64 on the same fp8 values: the bf16 output's rounding and the tensor
 # cores' accumulation within each 128 of K (bench_fp8.py's bound)
 MAX_REL_ERROR = 2e-2
-PRODUCTS = ("fwd_sdd", "fwd_dsd", "bwd_sdd", "bwd_dx")
+PRODUCTS = ("fwd_sdd", "fwd_dsd", "fwd_dsd_row_major_w", "bwd_sdd", "bwd_dx")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default="paper-medium,mixtral", help="comma-separated cases of bench_moe.py's CASES")
     p.add_argument("--rep-ms", type=float, default=100, help="do_bench repetition time per measurement")
+    p.add_argument("--sdd-configs", default="", metavar="NB:SPLIT:STAGES:WARPS:PER_SM,...",
+                   help="also time sdd_fp8 under these tile configs (products/fp8_ops.Fp8Config)")
+    p.add_argument("--dsd-configs", default="", metavar="BLOCK_N:SPLIT:STAGES:WARPS:PER_SM,...",
+                   help="also time dsd_fp8 under these tile configs")
     p.add_argument("--toy", action="store_true", help="tiny cases on CPU through Triton's interpreter")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args(argv)
     table = TOY_CASES if args.toy else CASES
     args.case_list = list(table) if args.toy else [c for c in args.cases.split(",") if c]
+    from dmoe_kernels.products.fp8_ops import Fp8Config
+
+    try:
+        args.sdd_list = [Fp8Config.parse(c) for c in args.sdd_configs.split(",") if c]
+        args.dsd_list = [Fp8Config.parse(c) for c in args.dsd_configs.split(",") if c]
+    except ValueError as exc:
+        p.error(str(exc))
     for name in args.case_list:
         if name not in table:
             p.error(f"--cases: {name!r} is not a case of {sorted(table)}")
@@ -60,7 +71,7 @@ def _max_rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
-def measure(name, table, dev, rep_ms, toy):
+def measure(name, table, dev, rep_ms, toy, sdd_configs=(), dsd_configs=()):
     import dmoe_kernels as dk
     from dmoe_kernels.fp8 import ops as q8, reference as fp8_ref
     from dmoe_kernels.products import fp8_ops
@@ -77,6 +88,9 @@ def measure(name, table, dev, rep_ms, toy):
     dyq, dys = q8.quantize_rows(dy)
     w1q, w1s = q8.quantize_blocks(w1)
     w2q, w2s = q8.quantize_blocks(w2)
+    # the down-projection's products read the weights K-major: quantized from their transposes
+    w1tq, w1ts = q8.quantize_blocks(w1.t())
+    w2tq, w2ts = q8.quantize_blocks(w2.t())
     aq, as_ = fp8_ops.quantize_blocks_rows(a)
     dhq, dhs = fp8_ops.quantize_blocks_rows(dh)
     F = f // bs
@@ -97,13 +111,15 @@ def measure(name, table, dev, rep_ms, toy):
         return out[:F].permute(1, 0, 2).reshape(bs, F * bs)
 
     calls = {
-        "fwd_sdd": (lambda: dk.ops.sdd(x, w1.t(), topo), lambda: fp8_ops.sdd_fp8(xq, xs, w1q, w1s, topo),
+        "fwd_sdd": (lambda: dk.ops.sdd(x, w1.t(), topo), lambda c=None: fp8_ops.sdd_fp8(xq, xs, w1q, w1s, topo, config=c),
                     sdd_row, lambda: first_sdd(xq, xs, w1q, w1s)),
-        "fwd_dsd": (lambda: dk.ops.dsd(a, topo, w2), lambda: fp8_ops.dsd_fp8(aq, as_, topo, w2q, w2s),
+        "fwd_dsd": (lambda: dk.ops.dsd(a, topo, w2), lambda c=None: fp8_ops.dsd_fp8(aq, as_, topo, w2tq.t(), w2ts.t(), config=c),
                     lambda out: out[:bs], lambda: first_dsd(aq, as_, w2q, w2s)),
-        "bwd_sdd": (lambda: dk.ops.sdd(dy, w2.t(), topo), lambda: fp8_ops.sdd_fp8(dyq, dys, w2q, w2s, topo),
+        "fwd_dsd_row_major_w": (None, lambda: fp8_ops.dsd_fp8(aq, as_, topo, w2q, w2s),
+                                lambda out: out[:bs], lambda: first_dsd(aq, as_, w2q, w2s)),
+        "bwd_sdd": (lambda: dk.ops.sdd(dy, w2.t(), topo), lambda c=None: fp8_ops.sdd_fp8(dyq, dys, w2q, w2s, topo, config=c),
                     sdd_row, lambda: first_sdd(dyq, dys, w2q, w2s)),
-        "bwd_dx": (lambda: dk.ops.dsd(dh, topo, w1), lambda: fp8_ops.dsd_fp8(dhq, dhs, topo, w1q, w1s),
+        "bwd_dx": (lambda: dk.ops.dsd(dh, topo, w1), lambda c=None: fp8_ops.dsd_fp8(dhq, dhs, topo, w1tq.t(), w1ts.t(), config=c),
                    lambda out: out[:bs], lambda: first_dsd(dhq, dhs, w1q, w1s)),
     }
     flops = 2.0 * T * k * d * f
@@ -114,11 +130,20 @@ def measure(name, table, dev, rep_ms, toy):
         row = {"case": name, "product": prod, "fp8_max_rel_error": err, "ok": err <= MAX_REL_ERROR}
         row["fp8_ms"] = time_ms(fp8_fn, [], dev, rep_ms)
         row["fp8_tflops"] = flops / row["fp8_ms"] / 1e9
-        if not toy:
+        if not toy and bf16_fn is not None:
             row["bf16_ms"] = time_ms(bf16_fn, [], dev, rep_ms)
             row["bf16_tflops"] = flops / row["bf16_ms"] / 1e9
             row["speedup"] = row["bf16_ms"] / row["fp8_ms"]
         rows_out.append(row)
+        for cfg in (sdd_configs if prod == "fwd_sdd" else dsd_configs if prod == "fwd_dsd" else ()):
+            fn = lambda cfg=cfg: fp8_fn(cfg)  # noqa: E731
+            err = _max_rel(view(fn()), expected())
+            ms = time_ms(fn, [], dev, rep_ms)
+            sweep = {"case": name, "product": f"{prod} {':'.join(map(str, cfg))}", "fp8_max_rel_error": err,
+                     "ok": err <= MAX_REL_ERROR, "fp8_ms": ms, "fp8_tflops": flops / ms / 1e9}
+            if "bf16_ms" in row:
+                sweep["speedup"] = row["bf16_ms"] / ms
+            rows_out.append(sweep)
     quant = {"quantize_rows_x_ms": time_ms(lambda: q8.quantize_rows(x), [], dev, rep_ms),
              "quantize_blocks_rows_a_ms": time_ms(lambda: fp8_ops.quantize_blocks_rows(a), [], dev, rep_ms)}
     return rows_out, {"case": name, **quant}
@@ -142,25 +167,25 @@ def main(argv=None) -> int:
     table = TOY_CASES if args.toy else CASES
     rows, quant = [], []
     for name in args.case_list:
-        case_rows, case_quant = measure(name, table, dev, args.rep_ms, args.toy)
+        case_rows, case_quant = measure(name, table, dev, args.rep_ms, args.toy, args.sdd_list, args.dsd_list)
         rows += case_rows
         quant.append(case_quant)
     device = "cpu (Triton's interpreter)" if args.toy else torch.cuda.get_device_name()
     print(f"{device}, torch {torch.__version__}; fp8 checked against float64 on the dequantized operands "
           f"(bound {MAX_REL_ERROR:g}, max |diff| / max |ref|){'; toy: fp8 rows only' if args.toy else ''}")
-    print(f"{'case':14s} {'product':8s} {'bf16 TFLOP/s':>12s} {'fp8 TFLOP/s':>11s} {'fp8 vs bf16':>11s} "
+    print(f"{'case':14s} {'product':24s} {'bf16 TFLOP/s':>12s} {'fp8 TFLOP/s':>11s} {'fp8 vs bf16':>11s} "
           f"{'max rel err':>11s}")
     for r in rows:
         bf16 = f"{r['bf16_tflops']:12.1f}" if "bf16_tflops" in r else f"{'-':>12s}"
         vs = f"{r['speedup']:10.2f}x" if "speedup" in r else f"{'-':>11s}"
         flag = "" if r["ok"] else "  FAILS the bound"
-        print(f"{r['case']:14s} {r['product']:8s} {bf16} {r['fp8_tflops']:11.1f} {vs} "
+        print(f"{r['case']:14s} {r['product']:24s} {bf16} {r['fp8_tflops']:11.1f} {vs} "
               f"{r['fp8_max_rel_error']:11.1e}{flag}")
     for q in quant:
         print(f"{q['case']}: quantize_rows(x) {q['quantize_rows_x_ms']:.3f} ms, quantize_blocks_rows(a) "
               f"{q['quantize_blocks_rows_a_ms']:.3f} ms")
     if args.out:
-        out_args = {key: value for key, value in vars(args).items() if key != "case_list"}
+        out_args = {key: value for key, value in vars(args).items() if not key.endswith("_list")}
         with open(args.out, "w") as fh:
             json.dump({"args": out_args, "device": device, "torch": torch.__version__, "rows": rows,
                        "quantization": quant, "max_rel_error_bound": MAX_REL_ERROR}, fh, indent=1)

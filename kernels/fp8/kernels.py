@@ -148,9 +148,13 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, as_ptr, bs_ptr, M, N, K,
         else:
             b = b_desc.load([kb * TILE, pid_n * BLOCK_N])
         sa = tl.load(as_ptr + rows64 * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
-        sb = tl.load(bs_ptr + kb * stride_bsk + (cols64 // B_GROUP_N) * stride_bsn, mask=col_ok, other=0.0)
         part = tl.dot(a, b, out_dtype=tl.float32, max_num_imprecise_acc=IMPRECISE_ACC)
-        acc += part * (sa[:, None] * sb[None, :])
+        if B_GROUP_N % BLOCK_N == 0:  # the tile's columns share one scale of b: a vector, not a tile, of scales
+            sb = tl.load(bs_ptr + kb * stride_bsk + ((pid_n * BLOCK_N) // B_GROUP_N) * stride_bsn)
+            acc += part * (sa * sb)[:, None]
+        else:
+            sb = tl.load(bs_ptr + kb * stride_bsk + (cols64 // B_GROUP_N) * stride_bsn, mask=col_ok, other=0.0)
+            acc += part * (sa[:, None] * sb[None, :])
     if OUT_BF16:
         acc = round_to_bf16(acc)
     c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(OUT_DTYPE))

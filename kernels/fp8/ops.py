@@ -56,7 +56,7 @@ def check_fp8_dots(device: torch.device) -> None:
 # The TMA kernel's tiles: 128 x 128 of c, K steps of one scale tile, 4 stages of 32 KB (a's and b's
 # fp8 tiles) beside the 32-64 KB of c's store; measured against the pointer kernel and cuBLAS by
 # tools/bench_fp8.py
-TMA_BLOCK_M, TMA_BLOCK_N, TMA_STAGES, TMA_GROUP_M = 128, 128, 4, 8
+TMA_BLOCK_M, TMA_BLOCK_N, TMA_STAGES, TMA_WARPS, TMA_GROUP_M = 128, 128, 4, 8, 8
 
 
 def _tma_path(a, b, c) -> bool:
@@ -67,28 +67,29 @@ def _tma_path(a, b, c) -> bool:
     return tma_ready(a) and (tma_ready(b) or tma_ready(b, transposed=True)) and tma_ready(c)
 
 
-def _matmul_tma(a, a_scale, b, b_scale, c, group_n: int, precise: bool) -> None:
+def _matmul_tma(a, a_scale, b, b_scale, c, group_n: int, precise: bool, config) -> None:
     (m, kk), n = a.shape, b.shape[1]
+    bm, bn, stages, warps = config or (TMA_BLOCK_M, TMA_BLOCK_N, TMA_STAGES, TMA_WARPS)
     b_kmajor = tma_ready(b, transposed=True)
-    b_desc = (tma_descriptor(b.t(), [TMA_BLOCK_N, TILE]) if b_kmajor
-              else tma_descriptor(b, [TILE, TMA_BLOCK_N]))
-    grid = (triton.cdiv(m, TMA_BLOCK_M) * triton.cdiv(n, TMA_BLOCK_N),)
+    b_desc = (tma_descriptor(b.t(), [bn, TILE]) if b_kmajor else tma_descriptor(b, [TILE, bn]))
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     direct(k.matmul_tma_kernel)[grid](
-        tma_descriptor(a, [TMA_BLOCK_M, TILE]), b_desc, tma_descriptor(c, [TMA_BLOCK_M, TMA_BLOCK_N]),
+        tma_descriptor(a, [bm, TILE]), b_desc, tma_descriptor(c, [bm, bn]),
         a_scale, b_scale, m, n, kk, a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
         B_KMAJOR=b_kmajor, B_GROUP_N=group_n, OUT_DTYPE=triton_dtype(c.dtype), OUT_BF16=c.dtype == torch.bfloat16,
-        IMPRECISE_ACC=0 if precise else TILE, BLOCK_M=TMA_BLOCK_M, BLOCK_N=TMA_BLOCK_N, TILE=TILE,
-        GROUP_M=TMA_GROUP_M, NUM_STAGES=TMA_STAGES, num_warps=8)
+        IMPRECISE_ACC=0 if precise else TILE, BLOCK_M=bm, BLOCK_N=bn, TILE=TILE,
+        GROUP_M=TMA_GROUP_M, NUM_STAGES=stages, num_warps=warps)
 
 
 def matmul(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, block_m: int = 128, block_n: int = 128,
-           precise: bool = False, tma: bool = True):
+           precise: bool = False, tma: bool = True, tma_config: tuple | None = None):
     """a @ b of block-scaled fp8 operands (reference.matmul's contract); a and b may be transposes.
     On Hopper, each 128 of K is summed by the tensor cores at their reduced fp8 accumulation
     precision and then promoted into fp32 (DeepSeek-V3's scheme); precise=True promotes after every
     tensor-core instruction instead (the interpreter sums in fp32 either way). tma: the pipelined
     TMA kernel where the layouts allow it (a and c row-major, b row-major or a transpose, rows
-    16-byte aligned), else the pointer kernel (block_m x block_n tiles), which takes any strides."""
+    16-byte aligned), else the pointer kernel (block_m x block_n tiles), which takes any strides.
+    tma_config: the TMA kernel's (BLOCK_M, BLOCK_N, stages, warps) in place of the defaults."""
     check_matmul(a, a_scale, b, b_scale)
     check_launchable(k.matmul_kernel, a.device)
     check_fp8_dots(a.device)
@@ -96,7 +97,7 @@ def matmul(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, block_m: int = 128,
     group_n = 1 if b_scale.shape[1] == n else TILE
     c = torch.empty(m, n, dtype=out_dtype, device=a.device)
     if tma and m and n and _tma_path(a, b, c):
-        _matmul_tma(a, a_scale, b, b_scale, c, group_n, precise)
+        _matmul_tma(a, a_scale, b, b_scale, c, group_n, precise, tma_config)
         return c
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     direct(k.matmul_kernel)[grid](

@@ -37,7 +37,10 @@ def _padded(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def scales_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    return amax.float().clamp_min(AMAX_FLOOR) / E4M3_MAX
+    # divided by a tensor: on CUDA, torch turns a division by a Python number into a product with
+    # its reciprocal, one rounding off the correctly rounded quotient that the kernels compute
+    amax = amax.float().clamp_min(AMAX_FLOOR)
+    return amax / torch.full_like(amax, E4M3_MAX)
 
 
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

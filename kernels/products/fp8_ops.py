@@ -16,6 +16,8 @@ On CUDA they need Hopper (TMA, fp8 tensor cores); on CPU they run under Triton's
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..fp8 import ops as fp8_ops
@@ -24,8 +26,30 @@ from ..launch import check_launchable, direct, persistent_programs, tma_descript
 from .kernels import sparse_fp8 as _kernels
 from .topology import Topology
 
-# tiles: sdd two neighbouring blocks (as the bf16 SDD), dsd 128 x BLOCK_N; 8 warps, persistent
-SDD_BLOCKS_PER_PROGRAM, DSD_BLOCK_N, STAGES, GROUP_M = 2, 128, 3, 8
+GROUP_M = 8
+
+
+class Fp8Config(NamedTuple):
+    """A persistent fp8 product's tiles. sdd: width = neighbouring blocks per tile; dsd: width =
+    BLOCK_N columns. split: tiles per block row (rows BS / split); per_sm: programs per SM."""
+    width: int
+    split: int
+    stages: int
+    warps: int
+    per_sm: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Fp8Config":
+        """'WIDTH:SPLIT:STAGES:WARPS:PER_SM' (tools' --configs)."""
+        parts = text.split(":")
+        if len(parts) != 5 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"an fp8 product config is WIDTH:SPLIT:STAGES:WARPS:PER_SM (positive integers), got {text!r}")
+        return cls(*(int(p) for p in parts))
+
+
+# the defaults: sdd two neighbouring blocks (as the bf16 SDD), dsd 128 x 128; whole blocks, 8 warps
+SDD_CONFIG = Fp8Config(2, 1, 3, 8, 1)
+DSD_CONFIG = Fp8Config(128, 1, 3, 8, 1)
 
 
 def _check(op: str, topology: Topology, **tensors) -> None:
@@ -44,6 +68,13 @@ def _check(op: str, topology: Topology, **tensors) -> None:
                            "use bf16 on this GPU")
 
 
+def _split(split: int, bs: int) -> int:
+    """Tiles per block row: rows of at least 16 (the tensor cores' smallest), a power of two."""
+    if split & (split - 1):
+        raise ValueError(f"fp8 products: split must be a power of two, got {split}")
+    return min(split, max(1, bs // 16))
+
+
 def quantize_blocks_rows(data: torch.Tensor):
     """Sparse data [max_blocks, bs, bs] -> (e4m3 data of the same shape, fp32 scales [max_blocks * bs]:
     one per row of each block, the 1 x bs tile along K that dsd_fp8 takes). Blocks past nnz are
@@ -55,7 +86,8 @@ def quantize_blocks_rows(data: torch.Tensor):
 
 
 def sdd_fp8(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topology: Topology,
-            out_dtype: torch.dtype = torch.bfloat16, precise: bool = False) -> torch.Tensor:
+            out_dtype: torch.dtype = torch.bfloat16, precise: bool = False,
+            config: Fp8Config | None = None) -> torch.Tensor:
     """Blocks of a @ w^T at the topology: a [rows, K] e4m3 with scales [rows, ceil(K/128)], w [cols, K]
     e4m3 with scales [ceil(cols/128), ceil(K/128)] -> sparse data in out_dtype. precise: fp32 sums
     after every tensor-core instruction (else after each 128 of K, DeepSeek-V3's promotion)."""
@@ -74,25 +106,30 @@ def sdd_fp8(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: to
     out = topology.empty_data(out_dtype)
     check_launchable(_kernels.sdd_fp8_kernel, a.device)
     bs, F = topology.block_size, topology.blocks_per_row
-    nb = SDD_BLOCKS_PER_PROGRAM if F % SDD_BLOCKS_PER_PROGRAM == 0 else 1
+    cfg = config or SDD_CONFIG
+    nb = cfg.width if F % cfg.width == 0 else 1
+    split = _split(cfg.split, bs)
     if topology.max_blocks == 0:
         return out
-    grid = min(persistent_programs(a.device, 1), topology.max_blocks // nb)
+    grid = min(persistent_programs(a.device, cfg.per_sm), topology.max_blocks // nb * split)
+    sub = bs // split
     direct(_kernels.sdd_fp8_kernel)[(grid,)](
-        tma_descriptor(a, [bs, TILE]), tma_descriptor(w, [nb * bs, TILE]), tma_descriptor(out.view(-1, bs), [bs, bs]),
+        tma_descriptor(a, [sub, TILE]), tma_descriptor(w, [nb * bs, TILE]), tma_descriptor(out.view(-1, bs), [sub, bs]),
         a_scale, w_scale, topology.column_indices, topology.nnz,
         K, F, grid, a_scale.stride(0), w_scale.stride(0),
-        BS=bs, NB=nb, TILE=TILE, GROUP_M=GROUP_M, FLATTEN=True, OUT_DTYPE=triton_dtype(out_dtype),
-        IMPRECISE_ACC=0 if precise else TILE, num_warps=8, num_stages=STAGES,
+        BS=bs, NB=nb, SPLIT=split, TILE=TILE, GROUP_M=GROUP_M, FLATTEN=True, OUT_DTYPE=triton_dtype(out_dtype),
+        IMPRECISE_ACC=0 if precise else TILE, num_warps=cfg.warps, num_stages=cfg.stages,
     )
     return out
 
 
 def dsd_fp8(q: torch.Tensor, q_scale: torch.Tensor, topology: Topology, b: torch.Tensor, b_scale: torch.Tensor,
-            out_dtype: torch.dtype = torch.bfloat16, precise: bool = False) -> torch.Tensor:
+            out_dtype: torch.dtype = torch.bfloat16, precise: bool = False,
+            config: Fp8Config | None = None) -> torch.Tensor:
     """Dense S @ b: S = (q, topology) with q_scale [max_blocks * bs] (quantize_blocks_rows), b [K, N]
-    e4m3 row-major with scales [ceil(K/128), ceil(N/128)] -> [rows, N] in out_dtype; the rows past
-    the used ones are zeros (as ops.dsd gives them)."""
+    e4m3, row-major or the transpose of a row-major [N, K] (faster: the tensor cores read b
+    K-major), with scales [ceil(K/128), ceil(N/128)] (any strides) -> [rows, N] in out_dtype; the
+    rows past the used ones are zeros (as ops.dsd gives them)."""
     op = "dsd_fp8"
     _check(op, topology, q=q, q_scale=q_scale, b=b, b_scale=b_scale)
     topology.check_data(q, "q")
@@ -105,20 +142,26 @@ def dsd_fp8(q: torch.Tensor, q_scale: torch.Tensor, topology: Topology, b: torch
         raise ValueError(f"{op}: scales must be q's [{topology.max_blocks * bs}] and b's [{tiles(K)}, {tiles(N)}], "
                          f"got {tuple(q_scale.shape)} and {tuple(b_scale.shape)}")
     out = torch.empty(rows, N, dtype=out_dtype, device=b.device)
-    if not (q.is_contiguous() and tma_ready(b) and tma_ready(out)) or b_scale.stride(1) != 1:
-        raise ValueError(f"{op}: q must be contiguous, b and the output row-major with rows of a multiple of 16 "
-                         f"bytes (N = {N}), b's scales row-major")
+    b_kmajor = tma_ready(b, transposed=True)
+    if not (q.is_contiguous() and (b_kmajor or tma_ready(b)) and tma_ready(out)):
+        raise ValueError(f"{op}: q must be contiguous, b and the output row-major (b may be a transpose) with "
+                         f"rows of a multiple of 16 bytes (N = {N})")
     check_launchable(_kernels.dsd_fp8_kernel, b.device)
-    block_n = min(DSD_BLOCK_N, max(16, 1 << (N - 1).bit_length()))
-    tiles_total = (rows // bs) * -(-N // block_n)
+    cfg = config or DSD_CONFIG
+    block_n = min(cfg.width, max(16, 1 << (N - 1).bit_length()))
+    split = _split(cfg.split, bs)
+    sub = bs // split
+    tiles_total = (rows // bs) * split * -(-N // block_n)
     if tiles_total == 0:
         return out
-    grid = min(persistent_programs(b.device, 1), tiles_total)
+    grid = min(persistent_programs(b.device, cfg.per_sm), tiles_total)
+    b_desc = tma_descriptor(b.t(), [block_n, bs]) if b_kmajor else tma_descriptor(b, [bs, block_n])
     direct(_kernels.dsd_fp8_kernel)[(grid,)](
-        tma_descriptor(q.view(-1, bs), [bs, bs]), tma_descriptor(b, [bs, block_n]),
-        tma_descriptor(out, [bs, block_n]), q_scale, b_scale, topology.column_indices, topology.nnz,
-        N, rows // bs, topology.blocks_per_row, grid, b_scale.stride(0),
-        BS=bs, BLOCK_N=block_n, TILE=TILE, GROUP_M=GROUP_M, OUT_DTYPE=triton_dtype(out_dtype),
-        IMPRECISE_ACC=0 if precise else min(TILE, bs), num_warps=8, num_stages=STAGES,  # a step is one block
+        tma_descriptor(q.view(-1, bs), [sub, bs]), b_desc,
+        tma_descriptor(out, [sub, block_n]), q_scale, b_scale, topology.column_indices, topology.nnz,
+        N, rows // bs, topology.blocks_per_row, grid, b_scale.stride(0), b_scale.stride(1),
+        BS=bs, BLOCK_N=block_n, SPLIT=split, B_KMAJOR=b_kmajor, TILE=TILE, GROUP_M=GROUP_M,
+        OUT_DTYPE=triton_dtype(out_dtype), IMPRECISE_ACC=0 if precise else min(TILE, bs),  # a step is one block
+        num_warps=cfg.warps, num_stages=cfg.stages,
     )
     return out

@@ -20,7 +20,7 @@ from dmoe_kernels.products.kernels import sparse_fp8 as sparse
 kind, T, BS = sys.argv[1], 128, 128
 if kind in ("k-major", "row-major"):  # the dense product, b in either layout
     BM, BN = ops.TMA_BLOCK_M, ops.TMA_BLOCK_N
-    kernel, stages, stage = dense.matmul_tma_kernel, ops.TMA_STAGES, (BM + BN) * T
+    kernel, stages, stage, warps = dense.matmul_tma_kernel, ops.TMA_STAGES, (BM + BN) * T, ops.TMA_WARPS
     sig = {"a_desc": f"tensordesc<fp8e4nv[{BM}, {T}]>",
            "b_desc": f"tensordesc<fp8e4nv[{BN}, {T}]>" if kind == "k-major" else f"tensordesc<fp8e4nv[{T}, {BN}]>",
            "c_desc": f"tensordesc<bf16[{BM}, {BN}]>", "as_ptr": "*fp32", "bs_ptr": "*fp32",
@@ -30,25 +30,29 @@ if kind in ("k-major", "row-major"):  # the dense product, b in either layout
              "IMPRECISE_ACC": T, "BLOCK_M": BM, "BLOCK_N": BN, "TILE": T, "GROUP_M": ops.TMA_GROUP_M,
              "NUM_STAGES": ops.TMA_STAGES}
 elif kind == "sdd":
-    NB, stages = fp8_ops.SDD_BLOCKS_PER_PROGRAM, fp8_ops.STAGES
-    kernel, stage = sparse.sdd_fp8_kernel, (BS + NB * BS) * T
-    sig = {"a_desc": f"tensordesc<fp8e4nv[{BS}, {T}]>", "b_desc": f"tensordesc<fp8e4nv[{NB * BS}, {T}]>",
-           "out_desc": f"tensordesc<bf16[{BS}, {BS}]>", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
+    cfg = fp8_ops.SDD_CONFIG
+    NB, stages, warps, SUB = cfg.width, cfg.stages, cfg.warps, BS // cfg.split
+    kernel, stage = sparse.sdd_fp8_kernel, (SUB + NB * BS) * T
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{SUB}, {T}]>", "b_desc": f"tensordesc<fp8e4nv[{NB * BS}, {T}]>",
+           "out_desc": f"tensordesc<bf16[{SUB}, {BS}]>", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
            "column_indices_ptr": "*i32", "nnz_ptr": "*i32", "K": "i32", "blocks_per_row": "i32",
            "num_programs": "i32", "stride_as": "i32", "stride_bs": "i32"}
-    const = {"BS": BS, "NB": NB, "TILE": T, "GROUP_M": 8, "FLATTEN": True, "OUT_DTYPE": tl.bfloat16,
-             "IMPRECISE_ACC": T}
-else:  # dsd
-    BN, stages = fp8_ops.DSD_BLOCK_N, fp8_ops.STAGES
-    kernel, stage = sparse.dsd_fp8_kernel, (BS + BN) * BS
-    sig = {"s_desc": f"tensordesc<fp8e4nv[{BS}, {BS}]>", "b_desc": f"tensordesc<fp8e4nv[{BS}, {BN}]>",
-           "c_desc": f"tensordesc<bf16[{BS}, {BN}]>", "s_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
+    const = {"BS": BS, "NB": NB, "SPLIT": cfg.split, "TILE": T, "GROUP_M": 8, "FLATTEN": True,
+             "OUT_DTYPE": tl.bfloat16, "IMPRECISE_ACC": T}
+else:  # dsd, b K-major (the weight's quantized transpose) or row-major
+    cfg = fp8_ops.DSD_CONFIG
+    BN, stages, warps, SUB, kmajor = cfg.width, cfg.stages, cfg.warps, BS // cfg.split, kind == "dsd-k-major"
+    kernel, stage = sparse.dsd_fp8_kernel, (SUB + BN) * BS
+    sig = {"s_desc": f"tensordesc<fp8e4nv[{SUB}, {BS}]>",
+           "b_desc": f"tensordesc<fp8e4nv[{BN}, {BS}]>" if kmajor else f"tensordesc<fp8e4nv[{BS}, {BN}]>",
+           "c_desc": f"tensordesc<bf16[{SUB}, {BN}]>", "s_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
            "column_indices_ptr": "*i32", "nnz_ptr": "*i32", "N": "i32", "out_block_rows": "i32",
-           "blocks_per_row": "i32", "num_programs": "i32", "stride_bs": "i32"}
-    const = {"BS": BS, "BLOCK_N": BN, "TILE": T, "GROUP_M": 8, "OUT_DTYPE": tl.bfloat16, "IMPRECISE_ACC": T}
+           "blocks_per_row": "i32", "num_programs": "i32", "stride_bsk": "i32", "stride_bsn": "i32"}
+    const = {"BS": BS, "BLOCK_N": BN, "SPLIT": cfg.split, "B_KMAJOR": kmajor, "TILE": T, "GROUP_M": 8,
+             "OUT_DTYPE": tl.bfloat16, "IMPRECISE_ACC": T}
 sig.update({key: "constexpr" for key in const})
 compiled = triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 8, "num_stages": stages})
+                          options={"num_warps": warps, "num_stages": stages})
 ptx = compiled.asm["ptx"]
 print(json.dumps({"shared": compiled.metadata.shared, "stage": stage, "stages": stages,
                   "wgmma_e4m3": sum("wgmma.mma_async" in line and "e4m3" in line for line in ptx.splitlines()),
@@ -56,8 +60,9 @@ print(json.dumps({"shared": compiled.metadata.shared, "stage": stage, "stages": 
 """
 
 
-@pytest.mark.parametrize("kind", ["k-major", "row-major", "sdd", "dsd"],
-                         ids=["dense-b-k-major", "dense-b-row-major", "sparse-sdd", "sparse-dsd"])
+@pytest.mark.parametrize("kind", ["k-major", "row-major", "sdd", "dsd-k-major", "dsd-row-major"],
+                         ids=["dense-b-k-major", "dense-b-row-major", "sparse-sdd", "sparse-dsd-b-k-major",
+                              "sparse-dsd-b-row-major"])
 def test_fp8_products_compile_for_hopper(kind):
     pytest.importorskip("triton")
     result = compile_for_hopper(COMPILE, kind)

@@ -81,3 +81,55 @@ def test_fp8_sparse_products_refuse_what_they_cannot_take(device):
     assert not irregular.blocks_per_row
     with pytest.raises(ValueError, match="needs a dMoE topology"):
         fp8_ops.sdd_fp8(xq, xs, wq, ws, irregular)
+
+
+# tile configs: neighbouring blocks (sdd) or columns (dsd) per tile, tiles per block row (rows of
+# bs / split), and the schedule; at bs 32 a split of 2 gives 16-row tiles
+CONFIGS = [(1, 1), (2, 1), (1, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("width,split", CONFIGS, ids=[f"w{w}-split{s}" for w, s in CONFIGS])
+def test_sdd_fp8_tile_configs_agree(width, split, device, seeded_by_name):
+    topo = _topology(device, counts=(40, 0, 7, 70), f=128, bs=32)
+    rows, cols = topo.shape
+    xq, xs = fp8_ref.quantize_rows(torch.randn(rows, 160, device=device))
+    wq, ws = fp8_ref.quantize_blocks(torch.randn(cols, 160, device=device) * 0.05)
+    cfg = fp8_ops.Fp8Config(width, split, 2, 4, 1)
+    out = fp8_ops.sdd_fp8(xq, xs, wq, ws, topo, out_dtype=torch.float32, precise=True, config=cfg)
+    x64 = fp8_ref.dequantize_rows(xq.cpu(), xs.cpu(), torch.float64)
+    w64 = fp8_ref.dequantize_blocks(wq.cpu(), ws.cpu(), torch.float64)
+    mask = ref.block_mask_dense(topo).cpu()
+    assert _rel(ref.to_dense(out, topo).cpu() * mask, (x64 @ w64.t()) * mask) < TOL
+
+
+@pytest.mark.parametrize("k_major", [False, True], ids=["b-row-major", "b-k-major"])
+@pytest.mark.parametrize("width,split", [(128, 1), (16, 2)], ids=["n128", "n16-split2"])
+def test_dsd_fp8_tile_configs_and_layouts_agree(width, split, k_major, device, seeded_by_name):
+    topo = _topology(device, counts=(40, 0, 7, 70), f=128, bs=32)
+    rows, cols = topo.shape
+    N = 176  # two tiles of 128 columns, the second ragged
+    data = torch.randn(topo.data_shape(), device=device)
+    q, qs = fp8_ops.quantize_blocks_rows(data)
+    b = torch.randn(cols, N, device=device) * 0.05
+    if k_major:  # the weight's transpose quantized row-major: the same blocks and scales, transposed
+        bt_q, bt_s = fp8_ref.quantize_blocks(b.t().contiguous())
+        bq, bs_ = bt_q.t(), bt_s.t()
+    else:
+        bq, bs_ = fp8_ref.quantize_blocks(b)
+    cfg = fp8_ops.Fp8Config(width, split, 2, 4, 1)
+    out = fp8_ops.dsd_fp8(q, qs, topo, bq, bs_, out_dtype=torch.float32, precise=True, config=cfg)
+    s64 = (q.cpu().double() * qs.cpu().double().view(q.shape[0], q.shape[1], 1))
+    b64 = fp8_ref.dequantize_blocks(bq.cpu(), bs_.cpu(), torch.float64)
+    expected = ref.to_dense(s64, _topology("cpu", counts=(40, 0, 7, 70), f=128, bs=32)) @ b64
+    assert _rel(out, expected) < TOL
+
+
+def test_fp8_config_parse():
+    assert fp8_ops.Fp8Config.parse("1:2:3:4:2") == fp8_ops.Fp8Config(1, 2, 3, 4, 2)
+    with pytest.raises(ValueError, match="WIDTH:SPLIT:STAGES:WARPS:PER_SM"):
+        fp8_ops.Fp8Config.parse("1:2:3")
+    topo = _topology("cpu", counts=(32,), f=32, bs=32)
+    rows, cols = topo.shape
+    with pytest.raises(ValueError, match="power of two"):
+        fp8_ops.sdd_fp8(*fp8_ref.quantize_rows(torch.randn(rows, 128)), *fp8_ref.quantize_blocks(torch.randn(cols, 128)),
+                        topo, config=fp8_ops.Fp8Config(1, 3, 2, 4, 1))

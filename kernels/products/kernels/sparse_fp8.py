@@ -7,8 +7,14 @@ scale tile whose fp8 product is promoted into the fp32 accumulator with its two 
                    (a_scale [rows, ceil(K/128)]), b the transpose of a row-major [cols, K] weight
                    with 128 x 128 block scales (b_scale [ceil(cols/128), ceil(K/128)]); K steps of 128
   dsd_fp8_kernel   dense C = S @ b: S's blocks in e4m3 with one scale per row of each block
-                   (s_scale [max_blocks * BS]: 1 x BS tiles along K), b [K, N] row-major with
-                   128 x 128 block scales (b_scale [ceil(K/128), ceil(N/128)]); K steps of one block
+                   (s_scale [max_blocks * BS]: 1 x BS tiles along K), b [K, N] with 128 x 128 block
+                   scales (b_scale [ceil(K/128), ceil(N/128)]), given row-major or, B_KMAJOR, as the
+                   row-major [N, K] transpose (fp8 tensor cores read b K-major: a row-major b is
+                   transposed in shared memory at every step); K steps of one block
+
+Both split a block's rows into SPLIT tiles of BS / SPLIT rows: the promotion waits for each step's
+product, so smaller tiles let two programs share a multiprocessor and one's tensor-core work
+overlaps the other's scaling.
 
 Within a step Hopper's fp8 tensor cores sum at reduced precision for up to IMPRECISE_ACC products of
 K before Triton adds them in fp32 (0: after every instruction); the interpreter sums in fp32.
@@ -16,7 +22,7 @@ K before Triton adds them in fp32 (0: after every instruction); the interpreter 
 import triton
 import triton.language as tl
 
-from .sdd_tma import _store_tile
+from .dsd_tma import halves
 from .tile_mapping import grouped_tile
 
 
@@ -25,61 +31,85 @@ def sdd_fp8_kernel(
     a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr,
     column_indices_ptr, nnz_ptr,
     K, blocks_per_row, num_programs, stride_as, stride_bs,
-    BS: tl.constexpr, NB: tl.constexpr, TILE: tl.constexpr, GROUP_M: tl.constexpr, FLATTEN: tl.constexpr,
-    OUT_DTYPE: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
+    BS: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr, TILE: tl.constexpr, GROUP_M: tl.constexpr,
+    FLATTEN: tl.constexpr, OUT_DTYPE: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
 ):
+    SUB: tl.constexpr = BS // SPLIT
     nnz = tl.load(nnz_ptr)
     runs_per_row = blocks_per_row // NB
-    num_rows = nnz // blocks_per_row
+    num_rows = nnz // blocks_per_row * SPLIT  # rows of tiles
     num_tiles = num_rows * runs_per_row
     k_tiles = tl.cdiv(K, TILE)
     for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
-        row, run = grouped_tile(tile, num_rows, runs_per_row, GROUP_M)
+        sub_row, run = grouped_tile(tile, num_rows, runs_per_row, GROUP_M)
+        row = sub_row // SPLIT
         blk = row * blocks_per_row + run * NB
         col = tl.load(column_indices_ptr + blk)
-        rows = row.to(tl.int64) * BS + tl.arange(0, BS)
+        first = sub_row * SUB  # the tile's first row of a
+        rows = first.to(tl.int64) + tl.arange(0, SUB)
         cols = col.to(tl.int64) * BS + tl.arange(0, NB * BS)
-        acc = tl.zeros((BS, NB * BS), dtype=tl.float32)
+        acc = tl.zeros((SUB, NB * BS), dtype=tl.float32)
         for ki in range(k_tiles):
-            a = a_desc.load([row * BS, ki * TILE])
+            a = a_desc.load([first, ki * TILE])
             b = b_desc.load([col * BS, ki * TILE]).T
             sa = tl.load(a_scale_ptr + rows * stride_as + ki)
-            sb = tl.load(b_scale_ptr + (cols // TILE) * stride_bs + ki)
             part = tl.dot(a, b, out_dtype=tl.float32, max_num_imprecise_acc=IMPRECISE_ACC)
-            acc += part * (sa[:, None] * sb[None, :])
-        _store_tile(out_desc, acc.to(OUT_DTYPE), blk, BS, NB)
+            if TILE % (NB * BS) == 0:  # one scale of b for the whole tile: scale rows, not every element twice
+                sb = tl.load(b_scale_ptr + ((col * BS) // TILE) * stride_bs + ki)
+                acc += part * (sa * sb)[:, None]
+            else:
+                sb = tl.load(b_scale_ptr + (cols // TILE) * stride_bs + ki)
+                acc += part * (sa[:, None] * sb[None, :])
+        out = acc.to(OUT_DTYPE)
+        within = (sub_row % SPLIT) * SUB  # the tile's first row within its blocks
+        if NB == 1:
+            out_desc.store([blk * BS + within, 0], out)
+        else:
+            o0, o1 = halves(out, SUB, 2 * BS)
+            out_desc.store([blk * BS + within, 0], o0)
+            out_desc.store([(blk + 1) * BS + within, 0], o1)
 
 
 @triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs"])
 def dsd_fp8_kernel(
     s_desc, b_desc, c_desc, s_scale_ptr, b_scale_ptr,
     column_indices_ptr, nnz_ptr,
-    N, out_block_rows, blocks_per_row, num_programs, stride_bs,
-    BS: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr, GROUP_M: tl.constexpr,
-    OUT_DTYPE: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
+    N, out_block_rows, blocks_per_row, num_programs, stride_bsk, stride_bsn,
+    BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, B_KMAJOR: tl.constexpr, TILE: tl.constexpr,
+    GROUP_M: tl.constexpr, OUT_DTYPE: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
 ):
     # Tiles of the used block rows first, then the rows past them, which get zeros (as dsd_tma's).
+    SUB: tl.constexpr = BS // SPLIT
     nnz = tl.load(nnz_ptr)
     used_rows = nnz // blocks_per_row
     col_tiles = tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), out_block_rows * col_tiles, num_programs):
-        row, ct = grouped_tile(tile, out_block_rows, col_tiles, GROUP_M)
+    for tile in tl.range(tl.program_id(0), out_block_rows * SPLIT * col_tiles, num_programs):
+        sub_row, ct = grouped_tile(tile, out_block_rows * SPLIT, col_tiles, GROUP_M)
+        row = sub_row // SPLIT
+        within = (sub_row % SPLIT) * SUB
         cols = ct * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BS, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((SUB, BLOCK_N), dtype=tl.float32)
         if row < used_rows:
             first = row * blocks_per_row
-            rows = first.to(tl.int64) * BS + tl.arange(0, BS)  # the block's rows in s_scale, at j = 0
+            rows = first.to(tl.int64) * BS + within + tl.arange(0, SUB)  # the tile's rows in s_scale, at j = 0
             # a row's blocks hold consecutive columns: no index load inside the loop (it would keep
             # the pipeliner from prefetching, docs/kernels.md, "Tile configurations")
             first_col = tl.load(column_indices_ptr + first)
             for j in range(blocks_per_row):
                 blk = first + j
                 k_block = first_col + j  # the rows of b this block multiplies, in blocks
-                s = s_desc.load([blk * BS, 0])
-                b = b_desc.load([k_block * BS, ct * BLOCK_N])
+                s = s_desc.load([blk * BS + within, 0])
+                if B_KMAJOR:
+                    b = b_desc.load([ct * BLOCK_N, k_block * BS]).T
+                else:
+                    b = b_desc.load([k_block * BS, ct * BLOCK_N])
                 ss = tl.load(s_scale_ptr + rows + j * BS)
-                sb = tl.load(b_scale_ptr + ((k_block * BS) // TILE) * stride_bs + cols // TILE,
-                             mask=cols < N, other=0.0)
                 part = tl.dot(s, b, out_dtype=tl.float32, max_num_imprecise_acc=IMPRECISE_ACC)
-                acc += part * (ss[:, None] * sb[None, :])
-        c_desc.store([row * BS, ct * BLOCK_N], acc.to(OUT_DTYPE))
+                if TILE % BLOCK_N == 0:  # one scale of b for the tile's columns
+                    sb = tl.load(b_scale_ptr + ((k_block * BS) // TILE) * stride_bsk + ((ct * BLOCK_N) // TILE) * stride_bsn)
+                    acc += part * (ss * sb)[:, None]
+                else:
+                    sb = tl.load(b_scale_ptr + ((k_block * BS) // TILE) * stride_bsk + (cols // TILE) * stride_bsn,
+                                 mask=cols < N, other=0.0)
+                    acc += part * (ss[:, None] * sb[None, :])
+        c_desc.store([row * BS + within, ct * BLOCK_N], acc.to(OUT_DTYPE))
