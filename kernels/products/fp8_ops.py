@@ -103,12 +103,12 @@ def sdd_fp8(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: to
     if not (tma_ready(a) and tma_ready(w)) or a_scale.stride(1) != 1 or w_scale.stride(1) != 1:
         raise ValueError(f"{op}: a, w and the scales must be row-major with rows of a multiple of 16 bytes "
                          f"(K = {K} must be a multiple of 16)")
-    out = topology.empty_data(out_dtype)
-    check_launchable(_kernels.sdd_fp8_kernel, a.device)
     bs, F = topology.block_size, topology.blocks_per_row
     cfg = config or SDD_CONFIG
     nb = cfg.width if F % cfg.width == 0 else 1
     split = _split(cfg.split, bs)
+    out = topology.empty_data(out_dtype)
+    check_launchable(_kernels.sdd_fp8_kernel, a.device)
     if topology.max_blocks == 0:
         return out
     grid = min(persistent_programs(a.device, cfg.per_sm), topology.max_blocks // nb * split)
@@ -135,6 +135,8 @@ def dsd_fp8(q: torch.Tensor, q_scale: torch.Tensor, topology: Topology, b: torch
     topology.check_data(q, "q")
     rows, K = topology.shape
     bs = topology.block_size
+    if bs < 32 and topology.device.type == "cuda":  # a K step is one block
+        raise ValueError(f"{op}: fp8 tensor cores take K steps of at least 32; this topology's blocks are {bs} wide")
     if b.dim() != 2 or b.shape[0] != K:
         raise ValueError(f"{op}: b must be [{K}, N], got {tuple(b.shape)}")
     N = b.shape[1]

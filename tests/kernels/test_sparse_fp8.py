@@ -46,7 +46,7 @@ def test_sdd_fp8_against_float64(K, device, seeded_by_name):
 
 
 def test_dsd_fp8_against_float64(device, seeded_by_name):
-    topo = _topology(device)
+    topo = _topology(device, counts=(40, 0, 7, 70), f=128, bs=32)  # fp8 tensor cores: K steps >= 32
     rows, cols = topo.shape
     N = 48
     data = torch.randn(topo.data_shape(), device=device) * torch.logspace(-1, 1, topo.block_size, device=device)
@@ -59,7 +59,7 @@ def test_dsd_fp8_against_float64(device, seeded_by_name):
     out = fp8_ops.dsd_fp8(q, qs, topo, bq, bs_, out_dtype=torch.float32, precise=True)
     s64 = (q.cpu().double() * qs.cpu().double().view(q.shape[0], q.shape[1], 1))
     b64 = fp8_ref.dequantize_blocks(bq.cpu(), bs_.cpu(), torch.float64)
-    expected = ref.to_dense(s64, _topology("cpu")) @ b64
+    expected = ref.to_dense(s64, _topology("cpu", counts=(40, 0, 7, 70), f=128, bs=32)) @ b64
     assert out.shape == (rows, N)
     used = int(topo.nnz) // topo.blocks_per_row * topo.block_size  # rows of the used block rows
     assert (out[used:] == 0).all()
@@ -124,12 +124,13 @@ def test_dsd_fp8_tile_configs_and_layouts_agree(width, split, k_major, device, s
     assert _rel(out, expected) < TOL
 
 
-def test_fp8_config_parse():
+def test_fp8_config_parse(device):
     assert fp8_ops.Fp8Config.parse("1:2:3:4:2") == fp8_ops.Fp8Config(1, 2, 3, 4, 2)
     with pytest.raises(ValueError, match="WIDTH:SPLIT:STAGES:WARPS:PER_SM"):
         fp8_ops.Fp8Config.parse("1:2:3")
-    topo = _topology("cpu", counts=(32,), f=32, bs=32)
+    topo = _topology(device, counts=(32,), f=32, bs=32)
     rows, cols = topo.shape
     with pytest.raises(ValueError, match="power of two"):
-        fp8_ops.sdd_fp8(*fp8_ref.quantize_rows(torch.randn(rows, 128)), *fp8_ref.quantize_blocks(torch.randn(cols, 128)),
+        fp8_ops.sdd_fp8(*fp8_ref.quantize_rows(torch.randn(rows, 128, device=device)),
+                        *fp8_ref.quantize_blocks(torch.randn(cols, 128, device=device)),
                         topo, config=fp8_ops.Fp8Config(1, 3, 2, 4, 1))

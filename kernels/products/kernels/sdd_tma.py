@@ -59,6 +59,15 @@ def sdd_tma_kernel(
                 b = b_desc.load([ki * BLOCK_K, col * BS])
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         out = acc.to(OUT_DTYPE)
-        _store_tile(out_desc, out, blk, BS, NB)
-        if GELU_OUT:
-            _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)
+        if GELU_OUT and NB == 2:
+            # block by block: the GELU of one block at a time is live, not of the whole tile (that
+            # spilled registers at 128 x 256)
+            o0, o1 = halves(out, BS, 2 * BS)
+            out_desc.store([blk * BS, 0], o0)
+            act_desc.store([blk * BS, 0], gelu(o0.to(tl.float32)).to(OUT_DTYPE))
+            out_desc.store([(blk + 1) * BS, 0], o1)
+            act_desc.store([(blk + 1) * BS, 0], gelu(o1.to(tl.float32)).to(OUT_DTYPE))
+        else:
+            _store_tile(out_desc, out, blk, BS, NB)
+            if GELU_OUT:
+                _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)
