@@ -61,6 +61,7 @@ LABELS = {
     "fp8_pointers": "fp8 Triton, pointer kernel",
     "fp8+quant": "fp8 Triton + quantize_rows",
     "scaled_mm": "fp8 torch._scaled_mm (cuBLAS)",
+    "scaled_mm_w_rows": "fp8 _scaled_mm, W in 1x128 rows",
 }
 
 
@@ -122,8 +123,12 @@ def _operands(kind, m, n, k, dev, dtype, ops):
             xq, xs = ops.quantize_rows(x)
             return ops.matmul(xq, xs, bq, sb, **kw)
 
+        # W in 1 x 128 tiles of its rows (a scale per output column per 128 of K): the layout
+        # cuBLAS takes for both operands where it refuses 128 x 128 blocks
+        wrq, wrs = ops.quantize_rows(w)
+        w_rows = (wrq.t(), wrs.t().contiguous(), ref.dequantize_rows(wrq, wrs, f64).t())
         return (lambda: torch.matmul(x, w.t()), (aq, sa, bq, sb), with_quant,
-                ref.dequantize_rows(aq, sa, f64), ref.dequantize_blocks(wq, ws, f64).t())
+                ref.dequantize_rows(aq, sa, f64), ref.dequantize_blocks(wq, ws, f64).t(), w_rows)
     dy = torch.randn(k, m, device=dev, dtype=dtype)
     x = torch.randn(k, n, device=dev, dtype=dtype)
     # both quantized along the tokens, read through their transposes where they lie
@@ -136,7 +141,7 @@ def _operands(kind, m, n, k, dev, dtype, ops):
         return ops.matmul(gq, gs, tq.t(), ts.t(), **kw)
 
     return (lambda: torch.matmul(dy.t(), x), (aq, sa, xq.t(), xs.t()), with_quant,
-            ref.dequantize_rows(aq, sa, f64), ref.dequantize_rows(xq, xs, f64).t())
+            ref.dequantize_rows(aq, sa, f64), ref.dequantize_rows(xq, xs, f64).t(), None)
 
 
 def _scaled_mm_calls(kind, aq, sa, bq, sb, out_dtype):
@@ -219,8 +224,9 @@ def main(argv=None) -> int:
     rows = []
     for name, (m, n, k, kind) in args.shape_list:
         flops = 2.0 * m * n * k
-        plain, fp8_operands, with_quant, a64, b64 = _operands(kind, m, n, k, dev, dtype, ops)
+        plain, fp8_operands, with_quant, a64, b64, w_rows = _operands(kind, m, n, k, dev, dtype, ops)
         exact = a64 @ b64
+        exact_w_rows = a64 @ w_rows[2] if w_rows is not None and not args.toy else None
         del a64, b64
         calls = {"fp8": lambda: ops.matmul(*fp8_operands, **fp8_kw),
                  "fp8_pointers": lambda: ops.matmul(*fp8_operands, tma=False, **fp8_kw),
@@ -235,7 +241,15 @@ def main(argv=None) -> int:
             else:
                 calls["scaled_mm"], notes["scaled_mm"] = call, f"scales {layout}"
         errors = {impl: _rel_error(call(), exact) for impl, call in calls.items()}
-        del exact
+        if exact_w_rows is not None:
+            aq, sa = fp8_operands[:2]
+            layout, call, result = _pick_scaled_mm("wgrad", (aq, sa, *w_rows[:2]), dtype, exact_w_rows)
+            if call is None:
+                notes["scaled_mm_w_rows"] = f"not supported here: {result}"
+            else:
+                calls["scaled_mm_w_rows"], notes["scaled_mm_w_rows"] = call, f"scales {layout}"
+                errors["scaled_mm_w_rows"] = _rel_error(result, exact_w_rows)
+        del exact, exact_w_rows
         if not args.toy:
             torch.cuda.empty_cache()
             calls = {"bf16": plain, **calls}

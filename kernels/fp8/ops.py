@@ -53,10 +53,10 @@ def check_fp8_dots(device: torch.device) -> None:
                            f"(8.9 or newer); use dmoe_kernels.fp8.reference.matmul")
 
 
-# The TMA kernel's tiles: 128 x 128 of c, K steps of one scale tile, 4 stages of 32 KB (a's and b's
-# fp8 tiles) beside the 32-64 KB of c's store; measured against the pointer kernel and cuBLAS by
-# tools/bench_fp8.py
-TMA_BLOCK_M, TMA_BLOCK_N, TMA_STAGES, TMA_WARPS, TMA_GROUP_M = 128, 128, 4, 8, 8
+# The TMA kernel's tiles: 64 x 128 of c, K steps of one scale tile, 3 stages of 24 KB (a's and b's
+# fp8 tiles), 4 warps: small enough for two or three programs per multiprocessor, so that one's
+# tensor-core work overlaps another's promotion (tools/bench_fp8.py --tma-configs)
+TMA_BLOCK_M, TMA_BLOCK_N, TMA_STAGES, TMA_WARPS, TMA_GROUP_M = 64, 128, 3, 4, 8
 
 
 def _tma_path(a, b, c) -> bool:

@@ -47,9 +47,10 @@ class Fp8Config(NamedTuple):
         return cls(*(int(p) for p in parts))
 
 
-# the defaults: sdd two neighbouring blocks (as the bf16 SDD), dsd 128 x 128; whole blocks, 8 warps
-SDD_CONFIG = Fp8Config(2, 1, 3, 8, 1)
-DSD_CONFIG = Fp8Config(128, 1, 3, 8, 1)
+# the defaults (tools/bench_fp8_experts.py --sdd-configs/--dsd-configs; docs/kernels.md, "fp8
+# products"): 64 x 128 tiles, 3 stages, 4 warps, two programs per multiprocessor
+SDD_CONFIG = Fp8Config(1, 2, 3, 4, 2)
+DSD_CONFIG = Fp8Config(128, 2, 3, 4, 2)
 
 
 def _check(op: str, topology: Topology, **tensors) -> None:
