@@ -60,7 +60,7 @@ def _to_fp8(x, scale):
 
 
 @triton.jit
-def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm,
+def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride_qm, stride_sm, stride_sk,
                          BLOCK_M: tl.constexpr, TILE: tl.constexpr):
     """Program (i, j): rows i*BLOCK_M.. of tile j (columns j*TILE..), one scale per row."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -72,7 +72,7 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_xk, stride
     scale = _scale(tl.max(tl.abs(x), axis=1))
     q = _to_fp8(x, scale[:, None])
     tl.store(q_ptr + rows64[:, None] * stride_qm + cols[None, :], q, mask=mask)
-    tl.store(s_ptr + rows64 * stride_sm + tl.program_id(1), scale, mask=rows < M)
+    tl.store(s_ptr + rows64 * stride_sm + tl.program_id(1) * stride_sk, scale, mask=rows < M)
 
 
 @triton.jit

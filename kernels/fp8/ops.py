@@ -15,17 +15,19 @@ FP8_DOTS = (8, 9)  # the compute capability of the first fp8 tensor cores (Ada)
 
 def quantize_rows(x: torch.Tensor):
     """x [..., K] -> (q [..., K] float8_e4m3fn, scales [..., ceil(K/128)] fp32). A 2-d x may be a
-    transpose (any strides): its rows are quantized where they lie."""
+    transpose (any strides): its rows are quantized where they lie. The scales are stored M-major
+    (the transpose of a row-major [ceil(K/128), M]): a product's K step then reads its rows' scales
+    from consecutive addresses, as cuBLAS's block-scaled products also want them."""
     check_float(x, "quantize_rows", 0)
     check_launchable(k.quantize_rows_kernel, x.device)
     shape = x.shape
     x2 = x if x.dim() == 2 else x.reshape(-1, shape[-1])
     m, kk = x2.shape
     q = torch.empty(m, kk, dtype=FP8, device=x.device)
-    s = torch.empty(m, tiles(kk), dtype=torch.float32, device=x.device)
+    s = torch.empty(tiles(kk), m, dtype=torch.float32, device=x.device).t()
     if m:
         direct(k.quantize_rows_kernel)[(triton.cdiv(m, QUANT_ROWS), tiles(kk))](
-            x2, q, s, m, kk, x2.stride(0), x2.stride(1), q.stride(0), s.stride(0),
+            x2, q, s, m, kk, x2.stride(0), x2.stride(1), q.stride(0), s.stride(0), s.stride(1),
             BLOCK_M=QUANT_ROWS, TILE=TILE)
     return q.reshape(shape), s.reshape(*shape[:-1], -1)
 

@@ -101,8 +101,8 @@ def sdd_fp8(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: to
     if tuple(a_scale.shape) != (rows, tiles(K)) or tuple(w_scale.shape) != (tiles(cols), tiles(K)):
         raise ValueError(f"{op}: scales must be a's [{rows}, {tiles(K)}] and w's [{tiles(cols)}, {tiles(K)}], got "
                          f"{tuple(a_scale.shape)} and {tuple(w_scale.shape)}")
-    if not (tma_ready(a) and tma_ready(w)) or a_scale.stride(1) != 1 or w_scale.stride(1) != 1:
-        raise ValueError(f"{op}: a, w and the scales must be row-major with rows of a multiple of 16 bytes "
+    if not (tma_ready(a) and tma_ready(w)) or w_scale.stride(1) != 1:
+        raise ValueError(f"{op}: a, w and w's scales must be row-major with rows of a multiple of 16 bytes "
                          f"(K = {K} must be a multiple of 16)")
     bs, F = topology.block_size, topology.blocks_per_row
     cfg = config or SDD_CONFIG
@@ -117,7 +117,7 @@ def sdd_fp8(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: to
     direct(_kernels.sdd_fp8_kernel)[(grid,)](
         tma_descriptor(a, [sub, TILE]), tma_descriptor(w, [nb * bs, TILE]), tma_descriptor(out.view(-1, bs), [sub, bs]),
         a_scale, w_scale, topology.column_indices, topology.nnz,
-        K, F, grid, a_scale.stride(0), w_scale.stride(0),
+        K, F, grid, a_scale.stride(0), a_scale.stride(1), w_scale.stride(0),
         BS=bs, NB=nb, SPLIT=split, TILE=TILE, GROUP_M=GROUP_M, FLATTEN=True, OUT_DTYPE=triton_dtype(out_dtype),
         IMPRECISE_ACC=0 if precise else TILE, num_warps=cfg.warps, num_stages=cfg.stages,
     )

@@ -36,7 +36,7 @@ elif kind == "sdd":
     sig = {"a_desc": f"tensordesc<fp8e4nv[{SUB}, {T}]>", "b_desc": f"tensordesc<fp8e4nv[{NB * BS}, {T}]>",
            "out_desc": f"tensordesc<bf16[{SUB}, {BS}]>", "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
            "column_indices_ptr": "*i32", "nnz_ptr": "*i32", "K": "i32", "blocks_per_row": "i32",
-           "num_programs": "i32", "stride_as": "i32", "stride_bs": "i32"}
+           "num_programs": "i32", "stride_asr": "i32", "stride_ask": "i32", "stride_bs": "i32"}
     const = {"BS": BS, "NB": NB, "SPLIT": cfg.split, "TILE": T, "GROUP_M": 8, "FLATTEN": True,
              "OUT_DTYPE": tl.bfloat16, "IMPRECISE_ACC": T}
 else:  # dsd, b K-major (the weight's quantized transpose) or row-major

@@ -40,6 +40,9 @@ def test_sdd_fp8_against_float64(K, device, seeded_by_name):
     nnz = int(topo.nnz)
     assert torch.isfinite(out[:nnz]).all()
     assert _rel(ref.to_dense(out, topo).cpu() * mask, expected) < TOL
+    # the row scales M-major (as ops.quantize_rows stores them): the same values, bit for bit
+    m_major = fp8_ops.sdd_fp8(xq, xs.t().contiguous().t(), wq, ws, topo, out_dtype=torch.float32, precise=True)
+    assert torch.equal(m_major[:nnz], out[:nnz])
     bf16 = fp8_ops.sdd_fp8(xq, xs, wq, ws, topo)
     assert bf16.dtype == torch.bfloat16
     assert _rel(ref.to_dense(bf16, topo).cpu() * mask, expected) < 2**-8

@@ -4,7 +4,8 @@ topologies, persistent and read through TMA as sdd_tma.py and dsd_tma.py, with e
 scale tile whose fp8 product is promoted into the fp32 accumulator with its two scales.
 
   sdd_fp8_kernel   sparse out = a @ b at the topology's blocks: a [rows, K] with 1 x 128 row scales
-                   (a_scale [rows, ceil(K/128)]), b the transpose of a row-major [cols, K] weight
+                   (a_scale [rows, ceil(K/128)], any strides: M-major reads a step's scales
+                   from consecutive addresses), b the transpose of a row-major [cols, K] weight
                    with 128 x 128 block scales (b_scale [ceil(cols/128), ceil(K/128)]); K steps of 128
   dsd_fp8_kernel   dense C = S @ b: S's blocks in e4m3 with one scale per row of each block
                    (s_scale [max_blocks * BS]: 1 x BS tiles along K), b [K, N] with 128 x 128 block
@@ -30,7 +31,7 @@ from .tile_mapping import grouped_tile
 def sdd_fp8_kernel(
     a_desc, b_desc, out_desc, a_scale_ptr, b_scale_ptr,
     column_indices_ptr, nnz_ptr,
-    K, blocks_per_row, num_programs, stride_as, stride_bs,
+    K, blocks_per_row, num_programs, stride_asr, stride_ask, stride_bs,
     BS: tl.constexpr, NB: tl.constexpr, SPLIT: tl.constexpr, TILE: tl.constexpr, GROUP_M: tl.constexpr,
     FLATTEN: tl.constexpr, OUT_DTYPE: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
 ):
@@ -52,7 +53,7 @@ def sdd_fp8_kernel(
         for ki in range(k_tiles):
             a = a_desc.load([first, ki * TILE])
             b = b_desc.load([col * BS, ki * TILE]).T
-            sa = tl.load(a_scale_ptr + rows * stride_as + ki)
+            sa = tl.load(a_scale_ptr + rows * stride_asr + ki * stride_ask)
             part = tl.dot(a, b, out_dtype=tl.float32, max_num_imprecise_acc=IMPRECISE_ACC)
             if TILE % (NB * BS) == 0:  # one scale of b for the whole tile: scale rows, not every element twice
                 sb = tl.load(b_scale_ptr + ((col * BS) // TILE) * stride_bs + ki)
