@@ -5,13 +5,16 @@ For each case of the benchmark table (bench_moe.py's CASES, balanced routing: ev
 T*k/E tokens), on the dMoE topology, the four products that fp8 takes (products/fp8_ops.py):
 
   fwd_sdd   h  = x  @ w1^T   sdd_fp8: x in 1 x 128 row tiles, w1 in 128 x 128 blocks
-  fwd_dsd   y  = a  @ w2     dsd_fp8: a's blocks with a scale per row, w2 in 128 x 128 blocks
+  fwd_dsd   y  = a  @ w2     dsd_fp8: a's blocks with a scale per row, w2 in 128 x 128 blocks, read
+                             K-major (w2's transpose quantized once: fp8 tensor cores take the
+                             right operand K-major); fwd_dsd_row_major_w: w2 as stored, for comparison
   bwd_sdd   da = dy @ w2^T   sdd_fp8
-  bwd_dx    dx = dh @ w1     dsd_fp8
+  bwd_dx    dx = dh @ w1     dsd_fp8, w1 K-major likewise
 
 each beside the bf16 product (dmoe_kernels.ops.sdd / dsd with their default configs) on the same
 values, operands already quantized (what the quantization costs is its own row: quantize_rows of x
-and quantize_blocks_rows of a). Each fp8 result's first block row (expert 0's first rows) is checked
+and quantize_blocks_rows of a); --sdd-configs / --dsd-configs add rows of the forward products under
+other tile configs (fp8_ops.Fp8Config). Each fp8 result's first block row (expert 0's first rows) is checked
 first against float64 on its dequantized operands (max |diff| / max |ref|, bound MAX_REL_ERROR).
 TFLOP/s count 2 T k d f per product (never the padding). Times: triton.testing.do_bench, median.
 A table on stdout, JSON with --out.

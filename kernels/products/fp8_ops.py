@@ -47,7 +47,7 @@ class Fp8Config(NamedTuple):
         return cls(*(int(p) for p in parts))
 
 
-# the defaults (tools/bench_fp8_experts.py --sdd-configs/--dsd-configs; docs/kernels.md, "fp8
+# the defaults (tools/bench_fp8_experts.py --sdd-configs/--dsd-configs; docs/kernels.md, "Block-scaled fp8
 # products"): 64 x 128 tiles, 3 stages, 4 warps, two programs per multiprocessor
 SDD_CONFIG = Fp8Config(1, 2, 3, 4, 2)
 DSD_CONFIG = Fp8Config(128, 2, 3, 4, 2)

@@ -71,5 +71,5 @@ def test_fp8_products_compile_for_hopper(kind):
     # every stage's operand tiles in shared memory at once: the loop is pipelined
     assert result["stages"] * result["stage"] <= result["shared"] <= SHARED_LIMIT
     # the promotion holds the step's product beside the accumulator: spilled registers there cost
-    # the sparse products half their speed (docs/kernels.md, "fp8 products")
+    # the sparse products half their speed (docs/kernels.md, "Block-scaled fp8 products")
     assert spill_bytes(result["ptx"]) == 0
