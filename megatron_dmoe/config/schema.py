@@ -98,7 +98,7 @@ class MoEConfig:
     # micro-batch): main_grad read and written once per window; each micro-batch's operands wait in
     # slots on the device until then (the activation's backward stores the wide ones there). Captured
     # layers hold it (the step's micro-batches must divide into whole windows). auto: the largest of
-    # 4 and 2 that divides the step's micro-batches and fits the GPU's memory, else 1, decided at
+    # 8, 4 and 2 that divides the step's micro-batches and fits the GPU's memory, else 1, decided at
     # start-up (training/wgrad_window_auto.py).
     expert_wgrad_window: Union[int, str] = "auto"
     ep_exchange: str = "auto"  # auto | nccl | symmetric | nvshmem: how tokens travel between expert-parallel ranks

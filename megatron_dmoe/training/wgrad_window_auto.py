@@ -26,7 +26,7 @@ from megatron_dmoe.training.memory_estimate import (
 )
 
 # Largest first: the weight-gradient traffic falls as 1/W, the slots grow as W.
-AUTO_WINDOWS = (4, 2)
+AUTO_WINDOWS = (8, 4, 2)
 
 
 def _with_window(cfg: RunConfig, window: int) -> RunConfig:

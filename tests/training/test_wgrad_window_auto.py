@@ -33,8 +33,15 @@ def test_default_is_auto():
 def test_the_largest_window_that_fits_is_taken():
     cfg = _cfg("zoo/dmoe_small")  # 16 micro-batches a step
     resolved, notes = resolve_wgrad_window(cfg, True, 1, VOCAB, H200)
-    assert resolved.moe.expert_wgrad_window == AUTO_WINDOWS[0] == 4 and notes == []
+    assert resolved.moe.expert_wgrad_window == AUTO_WINDOWS[0] == 8 and notes == []
     assert cfg.moe.expert_wgrad_window == "auto"  # the caller's config is not changed
+    # with every layer MoE the 8-window does not fit an H200 under 90 %, the 4-window does
+    all_moe = _cfg("zoo/dmoe_small", "moe.first_dense_layers=0")
+    limit = 0.9 * H200
+    eight = me.estimate_memory(_with(all_moe, 8), VOCAB, 1, on_cuda=True).total
+    four = me.estimate_memory(_with(all_moe, 4), VOCAB, 1, on_cuda=True).total
+    assert four <= limit < eight
+    assert resolve_wgrad_window(all_moe, True, 1, VOCAB, H200)[0].moe.expert_wgrad_window == 4
     # on the 80 GB card the 4-window does not fit under 90 %, the 2-window does
     limit = 0.9 * H100_80GB
     four = me.estimate_memory(_with(cfg, 4), VOCAB, 1, on_cuda=True).total
@@ -62,7 +69,7 @@ def test_only_windows_that_divide_the_step():
     # data parallelism divides the micro-batches: 16 over 4 ranks leaves 4 each
     dp4 = _cfg("zoo/dmoe_small", "parallel.expert_model_parallel_size=4")
     assert me.micro_batches_per_step(dp4, 4) == 4
-    assert resolve_wgrad_window(dp4, True, 4, VOCAB, H200)[0].moe.expert_wgrad_window == 4
+    assert resolve_wgrad_window(dp4, True, 4, VOCAB, H200)[0].moe.expert_wgrad_window == 4  # 8 does not divide 4
     dp8 = _cfg("zoo/dmoe_small", "training.global_batch_size=256")  # 8 micro-batches; over 8 ranks: 1
     assert resolve_wgrad_window(dp8, True, 8, VOCAB, H200)[0].moe.expert_wgrad_window == 1
 
@@ -108,7 +115,7 @@ def test_asked_for_overlap_takes_no_window_and_auto_overlap_declines_one():
     # auto overlap is decided after the window: with the window auto took, it stays off (2 ranks)
     windowed, _ = resolve_wgrad_window(_cfg("zoo/dmoe_small", "parallel.expert_model_parallel_size=2"),
                                        True, 2, VOCAB, H200)
-    assert windowed.moe.expert_wgrad_window == 4
+    assert windowed.moe.expert_wgrad_window == 8
     overlapped, overlap_notes = resolve_overlap(_with_graphs_off(windowed), True, 2, local_world_size=1)
     assert overlapped.parallel.overlap_grad_reduce is False and "moe.expert_wgrad_window" in overlap_notes[0]
     # an unresolved auto window is no refusal of its own
