@@ -85,6 +85,7 @@ def expand(
     out: Optional[torch.Tensor] = None,
     scale_rows: Optional[torch.Tensor] = None,
     valid_rows: Optional[torch.Tensor] = None,
+    slot: Optional[torch.Tensor] = None,
 ):
     """out [rows, H] with out[pos[t, j]] = scale[t, j] * src[t] and every padding row zero.
 
@@ -94,7 +95,10 @@ def expand(
     scale_rows: a [rows] buffer (with scale) that also gets scale_rows[pos[t, j]] = scale[t, j] and
     zeros on the padding rows, in the same launch (rows past the last expert's group are left as
     they are). valid_rows: a one-element integer tensor on the device; source rows from its value on
-    write nothing (their dot entries are zero).
+    write nothing (their dot entries are zero). slot: a one-element int32 tensor on the device, out
+    then stacked [W, rows, H] and written at out[slot] (a weight-gradient window's slot,
+    products/window.py: no copy into it afterwards); returns None then (out[slot] is not a view the
+    host can name while the slot is read on the device).
     """
     op = "expand"
     src = _rows_major(op, "src", src)
@@ -106,10 +110,18 @@ def expand(
     if expert_offsets.shape != (E + 1,) or expert_offsets.dtype != torch.int32:
         raise ValueError(f"{op}: expert_offsets must be int32 [{E + 1}] (counts has {E} experts), got "
                          f"{expert_offsets.dtype} {tuple(expert_offsets.shape)}")
-    if out is None:
+    if slot is not None:
+        if (out is None or out.dim() != 3 or tuple(out.shape[1:]) != (rows, H) or not out.is_contiguous()
+                or out.dtype != src.dtype or other is not None):
+            raise ValueError(f"{op}: with a slot, out must be a contiguous stacked [W, {rows}, {H}] {src.dtype} "
+                             "tensor (and no other)")
+        if slot.numel() != 1 or slot.dtype != torch.int32 or slot.device != src.device:
+            raise ValueError(f"{op}: slot must be a one-element int32 tensor on {src.device}")
+    elif out is None:
         out = torch.empty(rows, H, dtype=src.dtype, device=src.device)
     elif tuple(out.shape) != (rows, H) or out.dtype != src.dtype or out.stride(1) != 1 or out.device != src.device:
         raise ValueError(f"{op}: out must be a row-major [{rows}, {H}] {src.dtype} tensor on {src.device}")
+    rows_out = out[0] if slot is not None else out  # one slot's [rows, H]
     if scale_rows is not None and (scale is None or scale_rows.shape != (rows,) or not scale_rows.is_contiguous()
                                    or scale_rows.device != src.device):
         raise ValueError(f"{op}: scale_rows must be a contiguous [{rows}] tensor on {src.device}, given with scale")
@@ -130,11 +142,12 @@ def expand(
             src, out, pos, scale if scale is not None else src, other if other is not None else out,
             dot if dot is not None else src,
             expert_offsets, counts,
-            E, H, src.stride(0), out.stride(0), (other if other is not None else out).stride(0),
+            E, H, src.stride(0), rows_out.stride(0), (other if other is not None else rows_out).stride(0),
             K=K, K_POW2=k_pow2, BLOCK_H=block_h, PAD_ROWS=max(1, _TILE_ELEMENTS // block_h),
             HAS_SCALE=scale is not None, HAS_DOT=other is not None,
             scale_rows_ptr=scale_rows, HAS_SCALE_ROWS=scale_rows is not None,
             valid_ptr=valid_rows, HAS_VALID=valid_rows is not None,
+            slot_ptr=slot, slot_stride=rows * H, SLOT=slot is not None,
             num_warps=4,
         )
     else:
@@ -142,6 +155,8 @@ def expand(
             dot.zero_()
         if scale_rows is not None:  # no hidden columns: the row weights still get written
             scale_rows.zero_().index_put_((pos.reshape(-1).long(),), scale.reshape(-1).to(scale_rows.dtype))
+    if slot is not None:
+        return None
     return out if other is None else (out, dot)
 
 

@@ -11,7 +11,8 @@ micro-batch (the product kernel returns at once until the window is full).
                          (ordering the experts by their work when the window fills), add the
                          window's sum into out when it is full, move the counter on; data=None when the kernel
                          that made it stored it into `data_slot` already (the activation's
-                         backward does: activations/ops.py)
+                         backward does: activations/ops.py); b=None likewise for `b_slot`
+                         (the permutation's expand of the output gradient)
 
 The product adds its tiles into out by the tensor-memory accelerator's reduce (`epilogue=
 "tma_reduce"`, Hopper's bulk reduce-add: the program goes on to its next tile without waiting for
@@ -98,6 +99,12 @@ class WindowSlots:
         slot `counter`, before add(None, ...)."""
         return self.data, self.counter
 
+    @property
+    def b_slot(self):
+        """(stacked b slots, counter): where a producing kernel stores b's rows itself (the
+        permutation's expand: ops.expand(..., out=, slot=)), before add(..., b=None, ...)."""
+        return self.b, self.counter
+
     def restart(self) -> None:
         """The next micro-batch fills slot 0 (a new training step; slots need no clearing)."""
         self.counter.zero_()
@@ -107,7 +114,8 @@ class WindowSlots:
     def add(self, data, topology: Topology, b: torch.Tensor, out: torch.Tensor) -> None:
         """Stash this micro-batch's operands; when they complete the window, out += the sum over its
         slots of S_w^T @ b_w (out: fp32 [E * F * bs, n], row-major). Then the counter moves on.
-        data None: S's used blocks are in slot `counter` already (see data_slot).
+        data None: S's used blocks are in slot `counter` already (see data_slot); b None: b's used
+        rows are (see b_slot), and the launch that stashes the offsets copies nothing.
 
         Run eagerly, the host knows the slot (it counts the adds since the last restart): the
         kernels read it from a constant, the copy's launch moves the device counter on, and the
@@ -117,7 +125,7 @@ class WindowSlots:
         host), every launch reads the device counter and the product returns at once while the
         window is not full."""
         self._check(data, topology, b, out)
-        dev = b.device
+        dev = out.device
         host_slot = self._host_slot
         if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # replays move the counter without the host, for good: eager adds between them must
@@ -131,8 +139,10 @@ class WindowSlots:
         # the used (padded) rows of b with the offsets (and the order when the window fills), then
         # the used blocks of S: counts read on the device
         bs = self.block_size
-        copy[(programs,)](b, self.b, slot, offsets[-1:], 0, self.b[0].numel(), programs,
-                          COUNT_SCALE=b.shape[1], HAS_COUNT=True, BLOCK=_COPY_BLOCK,
+        # (b None: its rows are in the slot already; one program stashes the offsets alone)
+        b_programs = programs if b is not None else 1
+        copy[(b_programs,)](self.b if b is None else b, self.b, slot, offsets[-1:], 0, self.b[0].numel(), b_programs,
+                          COUNT_SCALE=self.b.shape[2], HAS_COUNT=b is not None, BLOCK=_COPY_BLOCK,
                           new_offsets_ptr=offsets, offsets_ptr=self.offsets, order_ptr=self.order,
                           next_counter_ptr=self.counter, num_experts=self.order.numel(), OFFSETS=True,
                           ADVANCE=host_slot is not None, W=self.window, BS=bs,
@@ -178,6 +188,8 @@ class WindowSlots:
     def _check(self, data, topology, b, out) -> None:
         if data is None:
             data = self.data[0]
+        if b is None:
+            b = self.b[0]
         if (tuple(data.shape) != tuple(self.data.shape[1:]) or tuple(b.shape) != tuple(self.b.shape[1:])
                 or data.dtype != self.data.dtype or b.dtype != self.b.dtype
                 or topology.block_size != self.block_size or topology.blocks_per_row != self.blocks_per_row

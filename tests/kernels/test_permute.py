@@ -221,3 +221,24 @@ def test_rows_past_valid_rows_move_nothing(valid, device):
     assert (row_sums[valid:] == 0).all() and (row_sums[:valid] == 3).all()
     with pytest.raises(ValueError, match="valid_rows must be a one-element integer tensor"):
         P.reduce(m, pos, valid_rows=torch.tensor([1.0, 2.0], device=device))
+
+
+def test_expand_into_a_window_slot(device):
+    """out stacked [W, rows, H] with slot: the slot read on the device gets what a plain expand
+    writes (copies and zeroed padding rows), every other slot is left as it was."""
+    indices = _routing("random", 40, 4, 2, device)
+    counts, offsets, rows = _layout(indices, 4, 16)
+    pos = P.padded_positions(indices, counts, offsets)
+    src = torch.randn(40, 24, device=device)
+    scale = torch.rand(40, 2, device=device)
+    used = int(offsets[-1])
+    stacked = torch.full((3, rows, 24), float("nan"), device=device)
+    slot = torch.tensor([1], dtype=torch.int32, device=device)
+    assert P.expand(src, pos, rows, offsets, counts, scale=scale, out=stacked, slot=slot) is None
+    plain = P.expand(src, pos, rows, offsets, counts, scale=scale)
+    assert torch.equal(stacked[1, :used], plain[:used])
+    assert stacked[0].isnan().all() and stacked[2].isnan().all()
+    with pytest.raises(ValueError, match="with a slot, out must be a contiguous stacked"):
+        P.expand(src, pos, rows, offsets, counts, out=stacked[0], slot=slot)
+    with pytest.raises(ValueError, match="slot must be a one-element int32"):
+        P.expand(src, pos, rows, offsets, counts, out=stacked, slot=slot.long())

@@ -30,8 +30,11 @@ def expand_kernel(
     K: tl.constexpr, K_POW2: tl.constexpr, BLOCK_H: tl.constexpr, PAD_ROWS: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_DOT: tl.constexpr, scale_rows_ptr, HAS_SCALE_ROWS: tl.constexpr,
     valid_ptr, HAS_VALID: tl.constexpr,
+    slot_ptr=None, slot_stride=0, SLOT: tl.constexpr = False,
 ):
     cols = tl.arange(0, BLOCK_H)
+    if SLOT:  # out is stacked slots: this launch writes slot slot_ptr[0]
+        out_ptr += tl.load(slot_ptr).to(tl.int64) * slot_stride
     if tl.program_id(0) < num_experts:
         # Expert e's group ends in up to bs - 1 padding rows; the weight-gradient products read them.
         e = tl.program_id(0)

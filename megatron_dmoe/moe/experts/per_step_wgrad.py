@@ -85,11 +85,16 @@ class WgradStash:
             entry = self._slots[id(weight)] = (weight, WindowSlots(self.window, data, topology, b))
         return entry[1]
 
-    def windowed(self, weight: torch.Tensor, data: Optional[torch.Tensor], topology, b: torch.Tensor) -> bool:
+    def windowed(self, weight: torch.Tensor, data: Optional[torch.Tensor], topology,
+                 b: Optional[torch.Tensor]) -> bool:
         """Hand weight's gradient (S^T @ b) to its window, which adds into main_grad when full. False
         when not windowing (see window_slots): the caller adds now. data None: S is in the window's
-        slot already (its producer stored it there through window_slots(...).data_slot)."""
-        slots = self._slots[id(weight)][1] if data is None else self.window_slots(weight, data, topology, b)
+        slot already (its producer stored it there through window_slots(...).data_slot); b None
+        likewise (through .b_slot)."""
+        if data is None or b is None:
+            slots = self._slots[id(weight)][1]
+        else:
+            slots = self.window_slots(weight, data, topology, b)
         if slots is None:
             return False
         E, f, h = weight.shape

@@ -230,14 +230,15 @@ def _windowed_backward(ctx, x, w1, v1, w2, slots, output_grad_rows, unweighted_g
                        dx_targets=None):
     """_expert_mlp_backward with every weight gradient going to a window (slots: w1's, v1's, w2's
     WindowSlots): the activation's backward stores a, d_h1 (and d_h2) into the windows' slots and
-    nowhere else, dx reads d_h1 (and d_h2) there, and only g_out and x are copied into their slots.
-    -> (dx, None, None, None)."""
+    nowhere else, dx reads d_h1 (and d_h2) there, and only x (and g_out where its producer cannot
+    write it into w2's slot itself: output_grad_rows(slot) returns None when it did) is copied into
+    its slot. -> (dx, None, None, None)."""
     from dmoe_kernels import ops
 
     topo, owners, stash = ctx.topology, ctx.owners, ctx.stash
     E, f, h = w1.shape
     w1_slots, v1_slots, w2_slots = slots
-    g_out = output_grad_rows()
+    g_out = output_grad_rows(w2_slots.b_slot)  # None: written into w2's slot by its producer
     da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
     activation_backward(da, (w2_slots.data_slot, w1_slots.data_slot, None if v1_slots is None else v1_slots.data_slot))
     del da
@@ -259,7 +260,9 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
     dx_targets (RowTargets: another rank's buffers):
 
       dw2 = DSD^T(a, g_out)      a recomputed when not kept; g_out = output_grad_rows(), called
-                                 only when dw2 is needed
+                                 only when dw2 is needed (output_grad_rows(slot): the same rows
+                                 written into a window's slot (stacked, counter) where the producer
+                                 can, then None; else returned)
       da  = SDD(g, w2^T)         g = unweighted_grad_rows()
       d_h1, d_h2 = activation_backward(da, None)   (d_h1 may overwrite da)
       dx, dw1, dv1 through the up-projection(s)
@@ -312,7 +315,7 @@ class _SparseExpertMLP(torch.autograd.Function):
         nnz = ctx.topology.nnz
         h1, h2 = ctx.saved_tensors[4:6]
         dx, dw1, dv1, dw2 = _expert_mlp_backward(
-            ctx, ctx.saved_tensors, lambda: dy, lambda: dy,
+            ctx, ctx.saved_tensors, lambda slot=None: dy, lambda: dy,
             lambda da, slots: act.activation_backward(ctx.activation, da, h1, h2, nnz, slots, keep=slots is None),
         )
         return dx, dw1, dv1, dw2, None, None, None, None, None
@@ -383,9 +386,11 @@ class _SparseExpertsCombine(torch.autograd.Function):
         row_weights = torch.empty(rows, dtype=weights.dtype, device=weights.device)
         row_weights_written = []
 
-        def weighted_grad_rows():  # the weighted copies of dy write the row weights in the same launch
+        def weighted_grad_rows(slot=None):  # the weighted copies of dy write the row weights in the same launch
             row_weights_written.append(True)
-            return expand(dy, positions, rows, offsets, counts, scale=weights, scale_rows=row_weights)
+            stacked, index = slot if slot is not None else (None, None)
+            return expand(dy, positions, rows, offsets, counts, scale=weights, scale_rows=row_weights,
+                          out=stacked, slot=index)
 
         row_dot = []
 

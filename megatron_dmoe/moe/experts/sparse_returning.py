@@ -72,7 +72,7 @@ class _SparseExpertsReturning(torch.autograd.Function):
         arrived = exchange.to_experts(grad.contiguous(), plan)
         dy = expand(arrived, pos, topo.shape[0], topo.expert_offsets, plan.tokens_per_expert, valid_rows=real_rows)
         _, dw1, dv1, dw2 = _expert_mlp_backward(
-            ctx, saved[:7], lambda: dy, lambda: dy,
+            ctx, saved[:7], lambda slot=None: dy, lambda: dy,
             lambda da, slots: act.activation_backward(ctx.activation, da, h1, h2, topo.nnz, slots, keep=slots is None),
             dx_targets=dx_targets,
         )
