@@ -13,17 +13,28 @@ from typing import Optional
 
 import torch
 
-IMPLS = ("auto", "torch", "triton")
+IMPLS = ("auto", "torch", "triton", "cublas")
 
 
 def _ops(impl: str, device: torch.device):
     if impl not in IMPLS:
         raise ValueError(f"fp8 linear: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-    if impl == "triton" or (impl == "auto" and device.type == "cuda"):
+    if impl in ("triton", "cublas") or (impl == "auto" and device.type == "cuda"):
         from . import ops
         return ops
     from . import reference
     return reference
+
+
+def _product(impl, ops, a, a_scale, b, b_scale, out_dtype):
+    """a @ b: through cuBLAS where impl allows it and it takes these operands (fp8/cublas.py),
+    else through ops.matmul."""
+    if impl in ("auto", "cublas"):
+        from . import cublas
+
+        if cublas.supported(a, b):
+            return cublas.matmul(a, a_scale, b, b_scale, out_dtype)
+    return ops.matmul(a, a_scale, b, b_scale, out_dtype=out_dtype)
 
 
 class _Fp8Linear(torch.autograd.Function):
@@ -33,7 +44,7 @@ class _Fp8Linear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         xq, xs = ops.quantize_rows(x2)
         wq, ws = ops.quantize_blocks(weight)
-        y = ops.matmul(xq, xs, wq.t(), ws.t(), out_dtype=x.dtype)
+        y = _product(impl, ops, xq, xs, wq.t(), ws.t(), x.dtype)
         # x as a bf16 linear keeps it (the weight gradient quantizes it along the tokens); the
         # weight's fp8 copy, so that the backward does not quantize it again
         ctx.save_for_backward(x, wq, ws)
@@ -48,7 +59,12 @@ class _Fp8Linear(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             gq, gs = ops.quantize_rows(dy2)
-            dx = ops.matmul(gq, gs, wq, ws, out_dtype=x.dtype).reshape(x.shape)
+            w_kmajor = wq
+            if ctx.impl in ("auto", "cublas") and wq.is_cuda:
+                # cuBLAS reads b column-major: W's transpose, the same blocks and scales (one copy of
+                # the fp8 weight, a quarter of a bf16 weight's bytes)
+                w_kmajor = wq.t().contiguous().t()
+            dx = _product(ctx.impl, ops, gq, gs, w_kmajor, ws, x.dtype).reshape(x.shape)
         if ctx.needs_input_grad[1]:
             gtq, gts = ops.quantize_rows(dy2.t())
             xtq, xts = ops.quantize_rows(x.reshape(-1, x.shape[-1]).t())
@@ -59,8 +75,9 @@ class _Fp8Linear(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            impl: str = "auto") -> torch.Tensor:
     """torch.nn.functional.linear in block-scaled fp8. x [..., K], weight [N, K]. impl: torch (the
-    reference, any device), triton (the kernels: CUDA, or CPU under TRITON_INTERPRET=1), auto
-    (triton on CUDA tensors, else torch)."""
+    reference, any device), triton (the kernels: CUDA, or CPU under TRITON_INTERPRET=1), cublas
+    (the forward and input-gradient products through torch._scaled_mm where it takes them,
+    fp8/cublas.py, else as triton), auto (cublas on CUDA tensors, else torch)."""
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"fp8 linear: expects x [..., K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")

@@ -100,7 +100,7 @@ def test_fp8_linear_refuses_bad_arguments(device):
     x = torch.randn(3, 128, device=device)
     with pytest.raises(ValueError, match=r"expects x \[..., K\] and weight \[N, K\]"):
         linear(x, torch.randn(4, 64, device=device))
-    with pytest.raises(ValueError, match="impl must be one of auto, torch, triton, got 'cuda'"):
+    with pytest.raises(ValueError, match="impl must be one of auto, torch, triton, cublas, got 'cuda'"):
         linear(x, torch.randn(4, 128, device=device), impl="cuda")
 
 
@@ -115,12 +115,39 @@ def test_fp8_linear_kernels_match_the_reference_on_gpu(seeded_by_name):
     weight = (torch.randn(4096, 2048, device="cuda") * 0.02).to(torch.bfloat16).requires_grad_()
     dy = torch.randn(8, 512, 4096, device="cuda", dtype=torch.bfloat16)
     results = {}
-    for impl in ("triton", "torch"):
+    for impl in ("triton", "torch", "cublas"):
         xi, wi = x.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
         linear(xi, wi, impl=impl).backward(dy)
         results[impl] = (xi.grad.float(), wi.grad.float())
-    for got, expected in zip(results["triton"], results["torch"]):
-        assert float((got - expected).norm() / expected.norm()) < 8e-3
+    for impl in ("triton", "cublas"):  # cuBLAS: the forward and the input gradient (K/128 = 16, 32)
+        for got, expected in zip(results[impl], results["torch"]):
+            assert float((got - expected).norm() / expected.norm()) < 8e-3, impl
     F.linear(x, weight).backward(dy)
     for got, plain in zip(results["triton"], (x.grad.float(), weight.grad.float())):
         assert float((got - plain).norm() / plain.norm()) < 0.08
+
+
+@pytest.mark.gpu
+def test_cublas_products_where_cublas_takes_them(seeded_by_name):
+    """fp8/cublas.py against the pure-torch product of the same fp8 operands, and refused where
+    cuBLAS misreads the scales (K / 128 not a multiple of 4)."""
+    from dmoe_kernels.fp8 import cublas, ops
+
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(384, 1024, device="cuda") * 0.02).to(torch.bfloat16)
+    xq, xs = ops.quantize_rows(x)
+    wq, ws = ops.quantize_blocks(w)
+    assert cublas.supported(xq, wq.t())
+    got = cublas.matmul(xq, xs, wq.t(), ws.t(), torch.float32)
+    want = ref.matmul(xq, xs, wq.t(), ws.t(), torch.float32)
+    assert float((got - want).abs().max() / want.abs().max()) < 2e-3
+    narrow_q, _ = ops.quantize_rows(torch.randn(256, 768, device="cuda"))
+    assert not cublas.supported(narrow_q, ops.quantize_blocks(torch.randn(384, 768, device="cuda"))[0].t())
+
+
+def test_cublas_impl_falls_back_off_cuda(device, seeded_by_name):
+    """impl='cublas' where cuBLAS cannot take the products (CPU, the interpreter; on CUDA 4 rows,
+    not a multiple of 16, and K / 128 = 1) gives the Triton kernels' results."""
+    x = torch.randn(4, 128, device=device)
+    w = torch.randn(32, 128, device=device) * 0.05
+    assert torch.equal(linear(x, w, impl="cublas"), linear(x, w, impl="triton"))
