@@ -1,7 +1,8 @@
 """Compile a Triton kernel for Hopper (sm_90) on a machine without a GPU: Triton compiles ahead of
 time with its bundled ptxas. In a subprocess, because the test session runs Triton in interpreter
-mode, whose kernels cannot be compiled. The script prints one JSON line (its last), returned here. spill_bytes assembles a kernel's PTX
-with ptxas -v to read its register spills (Triton's metadata has them only once loaded on a GPU)."""
+mode, whose kernels cannot be compiled. The script prints one JSON line (its last), returned here.
+spill_bytes assembles a kernel's PTX with ptxas -v to read its register spills (Triton's metadata
+has them only once loaded on a GPU)."""
 import json
 import os
 import re

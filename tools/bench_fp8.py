@@ -232,7 +232,8 @@ def main(argv=None) -> int:
                  "fp8_pointers": lambda: ops.matmul(*fp8_operands, tma=False, **fp8_kw),
                  "fp8+quant": lambda: with_quant(**fp8_kw)}
         for cfg in args.tma_list:
-            calls[f"fp8_tma {':'.join(map(str, cfg))}"] = lambda cfg=cfg: ops.matmul(*fp8_operands, tma_config=cfg, **fp8_kw)
+            calls[f"fp8_tma {':'.join(map(str, cfg))}"] = (
+                lambda cfg=cfg: ops.matmul(*fp8_operands, tma_config=cfg, **fp8_kw))
         notes = {}
         if not args.toy:
             layout, call, result = _pick_scaled_mm(kind, fp8_operands, dtype, exact)

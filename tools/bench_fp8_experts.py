@@ -113,16 +113,22 @@ def measure(name, table, dev, rep_ms, toy, sdd_configs=(), dsd_configs=()):
     def sdd_row(out):  # the first block row's F blocks as [bs, F * bs]
         return out[:F].permute(1, 0, 2).reshape(bs, F * bs)
 
+    def sdd8(lq, ls, wq, ws):
+        return lambda c=None: fp8_ops.sdd_fp8(lq, ls, wq, ws, topo, config=c)
+
+    def dsd8(sq, ss, wq, ws):
+        return lambda c=None: fp8_ops.dsd_fp8(sq, ss, topo, wq, ws, config=c)
+
     calls = {
-        "fwd_sdd": (lambda: dk.ops.sdd(x, w1.t(), topo), lambda c=None: fp8_ops.sdd_fp8(xq, xs, w1q, w1s, topo, config=c),
+        "fwd_sdd": (lambda: dk.ops.sdd(x, w1.t(), topo), sdd8(xq, xs, w1q, w1s),
                     sdd_row, lambda: first_sdd(xq, xs, w1q, w1s)),
-        "fwd_dsd": (lambda: dk.ops.dsd(a, topo, w2), lambda c=None: fp8_ops.dsd_fp8(aq, as_, topo, w2tq.t(), w2ts.t(), config=c),
+        "fwd_dsd": (lambda: dk.ops.dsd(a, topo, w2), dsd8(aq, as_, w2tq.t(), w2ts.t()),
                     lambda out: out[:bs], lambda: first_dsd(aq, as_, w2q, w2s)),
-        "fwd_dsd_row_major_w": (None, lambda: fp8_ops.dsd_fp8(aq, as_, topo, w2q, w2s),
+        "fwd_dsd_row_major_w": (None, dsd8(aq, as_, w2q, w2s),
                                 lambda out: out[:bs], lambda: first_dsd(aq, as_, w2q, w2s)),
-        "bwd_sdd": (lambda: dk.ops.sdd(dy, w2.t(), topo), lambda c=None: fp8_ops.sdd_fp8(dyq, dys, w2q, w2s, topo, config=c),
+        "bwd_sdd": (lambda: dk.ops.sdd(dy, w2.t(), topo), sdd8(dyq, dys, w2q, w2s),
                     sdd_row, lambda: first_sdd(dyq, dys, w2q, w2s)),
-        "bwd_dx": (lambda: dk.ops.dsd(dh, topo, w1), lambda c=None: fp8_ops.dsd_fp8(dhq, dhs, topo, w1tq.t(), w1ts.t(), config=c),
+        "bwd_dx": (lambda: dk.ops.dsd(dh, topo, w1), dsd8(dhq, dhs, w1tq.t(), w1ts.t()),
                    lambda out: out[:bs], lambda: first_dsd(dhq, dhs, w1q, w1s)),
     }
     flops = 2.0 * T * k * d * f

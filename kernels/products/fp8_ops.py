@@ -43,7 +43,8 @@ class Fp8Config(NamedTuple):
         """'WIDTH:SPLIT:STAGES:WARPS:PER_SM' (tools' --configs)."""
         parts = text.split(":")
         if len(parts) != 5 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"an fp8 product config is WIDTH:SPLIT:STAGES:WARPS:PER_SM (positive integers), got {text!r}")
+            raise ValueError(f"an fp8 product config is WIDTH:SPLIT:STAGES:WARPS:PER_SM (positive integers), "
+                             f"got {text!r}")
         return cls(*(int(p) for p in parts))
 
 

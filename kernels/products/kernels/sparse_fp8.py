@@ -107,7 +107,8 @@ def dsd_fp8_kernel(
                 ss = tl.load(s_scale_ptr + rows + j * BS)
                 part = tl.dot(s, b, out_dtype=tl.float32, max_num_imprecise_acc=IMPRECISE_ACC)
                 if TILE % BLOCK_N == 0:  # one scale of b for the tile's columns
-                    sb = tl.load(b_scale_ptr + ((k_block * BS) // TILE) * stride_bsk + ((ct * BLOCK_N) // TILE) * stride_bsn)
+                    sb = tl.load(b_scale_ptr + ((k_block * BS) // TILE) * stride_bsk
+                                 + ((ct * BLOCK_N) // TILE) * stride_bsn)
                     acc += part * (ss * sb)[:, None]
                 else:
                     sb = tl.load(b_scale_ptr + ((k_block * BS) // TILE) * stride_bsk + (cols // TILE) * stride_bsn,
