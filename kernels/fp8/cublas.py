@@ -40,18 +40,20 @@ def _probe(device_index: int) -> bool:
     return bool(((got - want).abs().max() <= 1e-3 * want.abs().max()).item())
 
 
+def takes(m: int, k: int, n: int, device: torch.device) -> bool:
+    """Can cuBLAS take an [M, K] @ [K, N] product with block scales here, in the layouts it wants?"""
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return False
+    if tiles(k) % K_TILES_MULTIPLE or k % TILE or n % 16 or m % 16:  # torch's 16-multiples
+        return False
+    return _probe(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Can cuBLAS take a @ b (fp8 a [M, K] row-major, b [K, N] column-major) with block scales?"""
-    if a.device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
-        return False
-    if torch.cuda.get_device_capability(a.device) < (9, 0):
-        return False
-    k, n = b.shape
-    if tiles(k) % K_TILES_MULTIPLE or k % TILE or n % 16 or a.shape[0] % 16:  # torch's 16-multiples
-        return False
-    if not (a.stride(1) == 1 and b.stride(0) == 1):
-        return False
-    return _probe(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    """Can cuBLAS take a @ b as given: fp8 a [M, K] row-major, b [K, N] column-major?"""
+    return a.stride(1) == 1 and b.stride(0) == 1 and takes(a.shape[0], *b.shape, a.device)
 
 
 def _scaled_mm(a, a_scale, b, b_scale, out_dtype):

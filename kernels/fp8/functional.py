@@ -59,12 +59,15 @@ class _Fp8Linear(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             gq, gs = ops.quantize_rows(dy2)
-            w_kmajor = wq
-            if ctx.impl in ("auto", "cublas") and wq.is_cuda:
-                # cuBLAS reads b column-major: W's transpose, the same blocks and scales (one copy of
-                # the fp8 weight, a quarter of a bf16 weight's bytes)
-                w_kmajor = wq.t().contiguous().t()
-            dx = _product(ctx.impl, ops, gq, gs, w_kmajor, ws, x.dtype).reshape(x.shape)
+            w = wq
+            if ctx.impl in ("auto", "cublas"):
+                from . import cublas
+
+                if cublas.takes(gq.shape[0], *wq.shape, wq.device):
+                    # cuBLAS reads b column-major: W's transpose, the same blocks and scales (one
+                    # copy of the fp8 weight, a quarter of a bf16 weight's bytes)
+                    w = wq.t().contiguous().t()
+            dx = _product(ctx.impl, ops, gq, gs, w, ws, x.dtype).reshape(x.shape)
         if ctx.needs_input_grad[1]:
             gtq, gts = ops.quantize_rows(dy2.t())
             xtq, xts = ops.quantize_rows(x.reshape(-1, x.shape[-1]).t())

@@ -112,9 +112,9 @@ def expand(
                          f"{expert_offsets.dtype} {tuple(expert_offsets.shape)}")
     if slot is not None:
         if (out is None or out.dim() != 3 or tuple(out.shape[1:]) != (rows, H) or not out.is_contiguous()
-                or out.dtype != src.dtype or other is not None):
+                or out.dtype != src.dtype or out.device != src.device or other is not None):
             raise ValueError(f"{op}: with a slot, out must be a contiguous stacked [W, {rows}, {H}] {src.dtype} "
-                             "tensor (and no other)")
+                             f"tensor on {src.device} (and no other)")
         if slot.numel() != 1 or slot.dtype != torch.int32 or slot.device != src.device:
             raise ValueError(f"{op}: slot must be a one-element int32 tensor on {src.device}")
     elif out is None:

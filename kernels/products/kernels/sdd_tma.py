@@ -20,14 +20,15 @@ from .tile_mapping import grouped_tile
 
 
 @triton.jit
-def _store_tile(desc, out, blk, BS: tl.constexpr, NB: tl.constexpr):
-    # Each block of the tile is a separate [BS, BS] slab of the data tensor.
+def _store_tile(desc, out, blk, BS: tl.constexpr, NB: tl.constexpr, ROWS: tl.constexpr, within):
+    # Each block of the tile is a separate [BS, BS] slab of the data tensor; the tile holds ROWS of
+    # each block's rows, from row `within` of the block on.
     if NB == 1:
-        desc.store([blk * BS, 0], out)
+        desc.store([blk * BS + within, 0], out)
     else:
-        o0, o1 = halves(out, BS, 2 * BS)
-        desc.store([blk * BS, 0], o0)
-        desc.store([(blk + 1) * BS, 0], o1)
+        o0, o1 = halves(out, ROWS, 2 * BS)
+        desc.store([blk * BS + within, 0], o0)
+        desc.store([(blk + 1) * BS + within, 0], o1)
 
 
 @triton.jit(do_not_specialize=["K", "blocks_per_row", "num_programs"])
@@ -68,6 +69,6 @@ def sdd_tma_kernel(
             out_desc.store([(blk + 1) * BS, 0], o1)
             act_desc.store([(blk + 1) * BS, 0], gelu(o1.to(tl.float32)).to(OUT_DTYPE))
         else:
-            _store_tile(out_desc, out, blk, BS, NB)
+            _store_tile(out_desc, out, blk, BS, NB, BS, 0)
             if GELU_OUT:
-                _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB)
+                _store_tile(act_desc, gelu(out.to(tl.float32)).to(OUT_DTYPE), blk, BS, NB, BS, 0)

@@ -23,7 +23,7 @@ K before Triton adds them in fp32 (0: after every instruction); the interpreter 
 import triton
 import triton.language as tl
 
-from .dsd_tma import halves
+from .sdd_tma import _store_tile
 from .tile_mapping import grouped_tile
 
 
@@ -61,14 +61,7 @@ def sdd_fp8_kernel(
             else:
                 sb = tl.load(b_scale_ptr + (cols // TILE) * stride_bs + ki)
                 acc += part * (sa[:, None] * sb[None, :])
-        out = acc.to(OUT_DTYPE)
-        within = (sub_row % SPLIT) * SUB  # the tile's first row within its blocks
-        if NB == 1:
-            out_desc.store([blk * BS + within, 0], out)
-        else:
-            o0, o1 = halves(out, SUB, 2 * BS)
-            out_desc.store([blk * BS + within, 0], o0)
-            out_desc.store([(blk + 1) * BS + within, 0], o1)
+        _store_tile(out_desc, acc.to(OUT_DTYPE), blk, BS, NB, SUB, (sub_row % SPLIT) * SUB)
 
 
 @triton.jit(do_not_specialize=["N", "out_block_rows", "blocks_per_row", "num_programs"])
