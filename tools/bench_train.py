@@ -96,7 +96,11 @@ ZOO_MODELS = {
     "zoo-dmoe": ("zoo/dmoe_small", []),
     "zoo-dmoe-all-moe": ("zoo/dmoe_small", [ALL_MOE]),
     "zoo-dmoe-8x": ("zoo/dmoe_small", ["moe.num_experts=8"]),
+    # training.fp8: blockwise beside them (Hopper or newer; named, not by default)
+    "zoo-dense-fp8": ("zoo/dense_small", ["training.fp8=blockwise"]),
+    "zoo-dmoe-fp8": ("zoo/dmoe_small", ["training.fp8=blockwise"]),
 }
+ZOO_NOT_BY_DEFAULT = ("zoo-dense-fp8", "zoo-dmoe-fp8")
 DEFAULT_VOCAB = 50257  # GPT-2's
 
 
@@ -174,7 +178,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error("--ep with --zoo: the zoo's configs run as shipped; drop --ep (zoo-dmoe-8x is the "
                     "per-GPU part of expert parallelism 8)")
     # dmoe-nvshmem differs from dmoe-balanced only where experts are spread (--ep): named, not by default
-    args.models = args.models or ",".join(ZOO_MODELS if args.zoo else [m for m in MODELS if m not in NOT_BY_DEFAULT])
+    default = [m for m in ZOO_MODELS if m not in ZOO_NOT_BY_DEFAULT] if args.zoo else \
+        [m for m in MODELS if m not in NOT_BY_DEFAULT]
+    args.models = args.models or ",".join(default)
     args.cuda_graphs = args.cuda_graphs or ("auto" if args.zoo else "off")
     if args.ep < 1:
         p.error(f"--ep: {args.ep} is not a process count; use 1 (no expert parallelism) or more")

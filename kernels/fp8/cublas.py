@@ -21,9 +21,10 @@ K_TILES_MULTIPLE = 4  # K / 128 must be a multiple of this (cuBLAS's scale layou
 
 
 @functools.lru_cache(maxsize=None)
-def _probe(device_index: int) -> bool:
+def probe(device_index: int) -> bool:
     """Whether torch._scaled_mm computes block-scaled products right on this GPU (a small product
-    against reference.matmul on the same fp8 operands)."""
+    against reference.matmul on the same fp8 operands). It reads its answer back to the host: a
+    model that will be captured into CUDA graphs calls it before the capture."""
     from . import reference
 
     dev = torch.device("cuda", device_index)
@@ -48,7 +49,7 @@ def takes(m: int, k: int, n: int, device: torch.device) -> bool:
         return False
     if tiles(k) % K_TILES_MULTIPLE or k % TILE or n % 16 or m % 16:  # torch's 16-multiples
         return False
-    return _probe(device.index if device.index is not None else torch.cuda.current_device())
+    return probe(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def supported(a: torch.Tensor, b: torch.Tensor) -> bool:

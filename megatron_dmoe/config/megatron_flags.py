@@ -56,6 +56,9 @@ VALUE_MAPS: Dict[str, Dict[str, Optional[Tuple[str, str]]]] = {
                                        "none": ("moe.aux_loss_coeff", "0")},
     "optimizer": {"adam": None},
     "ckpt_format": {"torch_dist": None},
+    # fp8 is DeepSeek-V3's block-scaled e4m3 recipe here (training.fp8: blockwise), without Transformer Engine
+    "fp8_format": {"e4m3": ("training.fp8", "blockwise")},
+    "fp8_recipe": {"blockwise": None},
 }
 REFUSED_VALUES: Dict[str, str] = {
     "moe_router_load_balancing_type": "sinkhorn balancing is not implemented here; use aux_loss, seq_aux_loss, "
@@ -63,6 +66,10 @@ REFUSED_VALUES: Dict[str, str] = {
     "optimizer": "only Adam (AdamW, decoupled weight decay) trains here; use --optimizer adam or leave it out",
     "ckpt_format": "checkpoints are torch_dist here (megatron-core's distributed format); use --ckpt-format "
                    "torch_dist or leave it out",
+    "fp8_format": "fp8 here is e4m3 throughout, gradients included, with block scales (DeepSeek-V3's recipe); "
+                  "use --fp8-format e4m3 --fp8-recipe blockwise, or --bf16",
+    "fp8_recipe": "fp8 here scales 1 x 128 tiles of activations and gradients and 128 x 128 blocks of weights; "
+                  "use --fp8-recipe blockwise (with --fp8-format e4m3), or --bf16",
 }
 
 # Refused: flag -> (why, what to use instead). Each is one line of its own.
@@ -95,7 +102,6 @@ REFUSED: Dict[str, Tuple[str, str]] = {
                                               "chunks per pipeline rank)"),
     "use_torch_fsdp2": ("FSDP is not supported", "use --use-distributed-optimizer (sharded optimizer state)"),
     "use_megatron_fsdp": ("FSDP is not supported", "use --use-distributed-optimizer (sharded optimizer state)"),
-    "fp8_format": ("fp8 training is not supported", "use --bf16"),
     "apply_layernorm_1p": ("zero-centred norm weights are not supported", "leave it out (plain LayerNorm/RMSNorm)"),
     "rotary_seq_len_interpolation_factor": ("RoPE scaling is not supported", "leave it out"),
     "use_rope_scaling": ("RoPE scaling is not supported", "leave it out"),

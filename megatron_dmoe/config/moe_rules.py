@@ -95,6 +95,15 @@ def option_problems(values: Dict[str, Any], key: Callable[[str], str] = lambda f
         report("shared_expert_gate", f"true without a shared expert ({key('shared_expert_ffn_hidden_size')} "
                                      f"is 0); set {key('shared_expert_ffn_hidden_size')} or "
                                      f"{key('shared_expert_gate')}: false")
+    if get("fp8") is not None and "fp8" not in bad:
+        if get("backend") in ("grouped", "reference"):
+            report("fp8", f"{fmt(get('fp8'))} runs the experts' products as block-sparse fp8 kernels, which "
+                          f"{key('backend')}: {get('backend')} does not have; set {key('backend')}: sparse "
+                          f"(or auto) or {key('fp8')}: null")
+        elif get("capacity_factor") is not None:
+            report("fp8", f"{fmt(get('fp8'))} is for the dropless experts; the token-dropping baseline "
+                          f"({key('capacity_factor')} {fmt(get('capacity_factor'))}) runs in bf16; set "
+                          f"{key('capacity_factor')}: null or {key('fp8')}: null")
     if sparse is None:
         sparse = get("backend") == "sparse"
     if sparse and have("ffn_hidden_size", "block_size"):

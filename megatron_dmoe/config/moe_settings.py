@@ -120,6 +120,8 @@ MOE_SETTINGS: Tuple[MoESetting, ...] = (
     # random router logits (straight-through gradient): evenly loaded experts, for speed measurements
     MoESetting("moe.router_force_load_balancing", "force_load_balancing", "moe_router_force_load_balancing",
                "--moe-router-force-load-balancing", default=False),
+    # the experts' products in block-scaled fp8 (moe/experts/products.py); the dense linears read it too
+    MoESetting("training.fp8", "fp8", choices=(None, "blockwise"), default=None),
     # where the MoE layers are: TransformerConfig's moe_layer_freq is the resulting pattern
     MoESetting("moe.layer_freq", megatron="moe_layer_freq", flag="--moe-layer-freq", key_limits=_AT_LEAST_1),
     MoESetting("moe.first_dense_layers", key_limits=_AT_LEAST_0),

@@ -56,8 +56,9 @@ class GPTModelWithFusedLoss(GPTModel):
 
 def use_transformer_engine(cfg: RunConfig, on_cuda: bool) -> bool:
     impl = cfg.model.transformer_impl
-    if impl == "auto":  # multi-latent attention: megatron-core's local modules (validation refuses TE)
-        return on_cuda and transformer_engine_available() and not cfg.model.multi_latent_attention
+    if impl == "auto":  # multi-latent attention and fp8: megatron-core's local modules (validation refuses TE)
+        return (on_cuda and transformer_engine_available() and not cfg.model.multi_latent_attention
+                and cfg.training.fp8 is None)
     return impl == "transformer_engine"
 
 
@@ -101,6 +102,7 @@ def build_gpt_model(
         attention_recompute=attention_recompute,
         qk_layernorm=cfg.model.qk_layernorm_scope if cfg.model.qk_layernorm else None,
         multi_latent_attention=cfg.model.multi_latent_attention,
+        fp8=cfg.training.fp8,
     )
     model = GPTModelWithFusedLoss(
         config=config,
@@ -118,6 +120,10 @@ def build_gpt_model(
     )
     if on_cuda:
         model.cuda(torch.cuda.current_device())
+        if cfg.training.fp8:  # its one host read-back, before any CUDA graph capture
+            from dmoe_kernels.fp8 import cublas
+
+            cublas.probe(torch.cuda.current_device())
     return model
 
 

@@ -13,6 +13,11 @@ sum of the output gradient over tokens.
 Anything megatron's own path handles beyond a plain matmul (tensor or sequence parallelism,
 gradient-accumulation fusion, deferred embedding gradients, CPU offloading, expert communication)
 takes that path unchanged. `fuse_bias = False` on an instance does too.
+
+Fp8ColumnLinear / Fp8RowLinear (training.fp8: blockwise) run the same plain matmul's three
+products in block-scaled fp8 (dmoe_kernels.fp8.functional.linear), the bias added in bf16. The
+configuration check refuses fp8 with the settings that leave the plain matmul (tensor or sequence
+parallelism); a layer that still finds itself outside it says so rather than train in bf16.
 """
 from __future__ import annotations
 
@@ -51,3 +56,25 @@ class FusedBiasRowLinear(RowParallelLinear):
         if not _plain_matmul(self, self.input_size_per_partition == self.input_size):
             return super().forward(input_)
         return F.linear(input_, self.weight, self.bias), None
+
+
+def _fp8_linear(layer, input_: torch.Tensor, unsharded: bool):
+    if not _plain_matmul(layer, unsharded):
+        raise RuntimeError(f"{type(layer).__name__}: training.fp8 runs unsharded linears only (tensor-parallel "
+                           "size 1, no sequence parallelism, no gradient-accumulation fusion); set "
+                           "training.fp8: null for this layout")
+    from dmoe_kernels.fp8.functional import linear
+
+    return linear(input_, layer.weight, layer.bias), None
+
+
+class Fp8ColumnLinear(FusedBiasColumnLinear):
+    def forward(self, input_: torch.Tensor, weight=None, runtime_gather_output=None):
+        if weight is not None:
+            raise RuntimeError("Fp8ColumnLinear: an externally supplied weight is not run in fp8")
+        return _fp8_linear(self, input_, self.output_size_per_partition == self.output_size)
+
+
+class Fp8RowLinear(FusedBiasRowLinear):
+    def forward(self, input_: torch.Tensor):
+        return _fp8_linear(self, input_, self.input_size_per_partition == self.input_size)

@@ -38,7 +38,7 @@ from megatron_dmoe.compat.mla_without_te import allow_mla_without_te
 from megatron_dmoe.config.moe_layers import moe_layer_pattern
 from megatron_dmoe.model.attention import ProjectionQKNorm, SDPAttention
 from megatron_dmoe.model.layer_seed import seeded_layer_class
-from megatron_dmoe.model.linear import FusedBiasColumnLinear, FusedBiasRowLinear
+from megatron_dmoe.model.linear import Fp8ColumnLinear, Fp8RowLinear, FusedBiasColumnLinear, FusedBiasRowLinear
 from megatron_dmoe.model.norm import FusedNorm
 from megatron_dmoe.moe.layer import MoELayer
 from megatron_dmoe.moe.run_state import MoERunState
@@ -72,24 +72,26 @@ def _with_submodule(spec: ModuleSpec, **changes) -> ModuleSpec:
 
 
 _FUSED_BIAS = {ColumnParallelLinear: FusedBiasColumnLinear, RowParallelLinear: FusedBiasRowLinear}
+_FP8 = {ColumnParallelLinear: Fp8ColumnLinear, RowParallelLinear: Fp8RowLinear}
 
 
-def _swap_linears(spec: ModuleSpec, names) -> ModuleSpec:
-    changes = {n: _FUSED_BIAS[getattr(spec.submodules, n)] for n in names
-               if getattr(spec.submodules, n, None) in _FUSED_BIAS}
+def _swap_linears(spec: ModuleSpec, names, classes) -> ModuleSpec:
+    changes = {n: classes[getattr(spec.submodules, n)] for n in names
+               if getattr(spec.submodules, n, None) in classes}
     return _with_submodule(spec, **changes) if changes else spec
 
 
-def _with_fused_bias_linears(spec: ModuleSpec) -> ModuleSpec:
-    """megatron's local linear layers in attention and the dense MLP -> model/linear.py's (multi-latent
-    attention's projections have no biases but its output's, and it accepts only megatron's classes
-    for its down projections)."""
+def _with_fused_bias_linears(spec: ModuleSpec, fp8: Optional[str] = None) -> ModuleSpec:
+    """megatron's local linear layers in attention and the dense MLP -> model/linear.py's, in fp8 with
+    training.fp8 (multi-latent attention's projections have no biases but its output's, and it
+    accepts only megatron's classes for its down projections)."""
+    classes = _FP8 if fp8 else _FUSED_BIAS
     sub = spec.submodules
-    changes = {"self_attention": _swap_linears(sub.self_attention, ("linear_qkv", "linear_proj"))}
+    changes = {"self_attention": _swap_linears(sub.self_attention, ("linear_qkv", "linear_proj"), classes)}
     mlp = mcore_compat.mlp_spec_submodules(sub.mlp)  # the dense MLP's (an MoE layer has none)
     if mlp is not None:
-        swapped = {n: _FUSED_BIAS[getattr(mlp, n)] for n in ("linear_fc1", "linear_fc2")
-                   if getattr(mlp, n, None) in _FUSED_BIAS}
+        swapped = {n: classes[getattr(mlp, n)] for n in ("linear_fc1", "linear_fc2")
+                   if getattr(mlp, n, None) in classes}
         changes["mlp"] = mcore_compat.with_mlp_spec_submodules(sub.mlp, dataclasses.replace(mlp, **swapped))
     return _with_submodule(spec, **changes)
 
@@ -133,11 +135,14 @@ def layer_spec(
     attention_recompute: bool = False,
     qk_layernorm: Optional[str] = None,
     multi_latent_attention: bool = False,
+    fp8: Optional[str] = None,
 ) -> ModuleSpec:
     """One TransformerLayer spec: dense (megatron's MLP) or MoE (ours). attention_recompute: SDPA's
     own selective recompute (model/attention.py), where megatron's is switched off. qk_layernorm:
     None, or a norm of the queries and keys per "head" (megatron's) or over the "projection"; with
-    multi_latent_attention (megatron-core's MLA, local modules only) "head" norms its latents."""
+    multi_latent_attention (megatron-core's MLA, local modules only) "head" norms its latents.
+    fp8: None, or "blockwise" for attention's and the dense MLP's linears in block-scaled fp8 (local
+    modules; the MoE layer takes its own fp8 setting from moe_params)."""
     if core_attention not in CORE_ATTENTIONS:
         raise ValueError(f"core_attention must be one of {CORE_ATTENTIONS}, got {core_attention!r}")
     if qk_layernorm not in (None, *QK_NORM_SCOPES):
@@ -148,6 +153,8 @@ def layer_spec(
     qk = qk_layernorm is not None
     if use_transformer_engine and multi_latent_attention:
         raise ValueError("multi-latent attention is built from megatron-core's local modules only")
+    if fp8 and (use_transformer_engine or multi_latent_attention):
+        raise ValueError("fp8 linears are built into megatron-core's local modules, without multi-latent attention")
     if use_transformer_engine:
         spec = get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts, qk_layernorm=qk)
     else:
@@ -157,7 +164,7 @@ def layer_spec(
             allow_mla_without_te()
             spec = _with_submodule(spec, self_attention=dataclasses.replace(
                 spec.submodules.self_attention, module=mcore_compat.local_mla_self_attention()))
-        spec = _with_fused_bias_linears(_with_fused_norms(spec))
+        spec = _with_fused_bias_linears(_with_fused_norms(spec), fp8)
         if core_attention == "sdpa":
             attention = spec.submodules.self_attention
             core = ModuleSpec(module=SDPAttention, params={"recompute": attention_recompute})
@@ -192,6 +199,7 @@ def block_spec(
     attention_recompute: bool = False,
     qk_layernorm: Optional[str] = None,
     multi_latent_attention: bool = False,
+    fp8: Optional[str] = None,
 ) -> TransformerBlockSubmodules:
     """Layer-by-layer specs for this pipeline stage, MoE where `config_moe_layers` says."""
     kinds = {
@@ -204,6 +212,7 @@ def block_spec(
             attention_recompute=attention_recompute,
             qk_layernorm=qk_layernorm,
             multi_latent_attention=multi_latent_attention,
+            fp8=fp8,
         )
         for moe in (False, True)
     }

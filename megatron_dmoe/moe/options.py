@@ -51,6 +51,7 @@ class MoEOptions:
     router_impl: str = "auto"  # auto | fused | torch: see ROUTER_IMPLS (config/moe_settings.py)
     router_dtype: str = "fp32"  # fp32 | fp64: the router's logits, scores, choice and weights
     force_load_balancing: bool = False  # random logits instead of the router's (benchmarks only)
+    fp8: Optional[str] = None  # None | "blockwise": the sparse experts' products in block-scaled fp8
 
     def __post_init__(self):
         problems = option_problems(dataclasses.asdict(self))

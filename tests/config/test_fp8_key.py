@@ -1,10 +1,10 @@
 """training.fp8: one problem, before anything is built, naming what to use instead: on CPU, on GPUs
-before Hopper, without bf16, and (while the model's layers do not run fp8) everywhere else."""
+before Hopper, without bf16, and with the layouts that have no fp8 path; accepted on Hopper
+otherwise, and from Megatron-LM's --fp8-format e4m3 --fp8-recipe blockwise."""
 import pytest
 import torch
 
 from megatron_dmoe.config import Environment, find_problems, schema
-from megatron_dmoe.config.section_checks import fp8 as fp8_check
 
 CPU = Environment(cuda=False, transformer_engine=False, apex=False)
 
@@ -35,14 +35,47 @@ def test_refused_before_hopper(capability):
                        f"GPU has {capability[0]}.{capability[1]}; set training.fp8: null and training.bf16: true")
 
 
-def test_on_hopper_it_needs_bf16_and_layers_that_use_it(monkeypatch):
+def test_on_hopper_it_needs_bf16_and_runs():
     assert "set training.bf16: true" in _problems(_gpu((9, 0)), fp8="blockwise")[0][1]
-    [(_, message)] = _problems(_gpu((9, 0)), fp8="blockwise", bf16=True)
-    assert "is not used by the model's layers in this version" in message
-    monkeypatch.setattr(fp8_check, "LAYERS_USE_FP8", True)
     assert _problems(_gpu((9, 0)), fp8="blockwise", bf16=True) == []
     assert _problems(_gpu((10, 0)), fp8="blockwise", bf16=True) == []
     assert _problems(_gpu(None), fp8="blockwise", bf16=True) == []  # capability unknown: not refused
+
+
+def _layout_problems(*overrides):
+    from megatron_dmoe.config import load_config, resolve
+
+    cfg = resolve(load_config(None, ["training.fp8=blockwise", "training.bf16=true", *overrides]))
+    return [p for p in find_problems(cfg, world_size=2, env=_gpu((9, 0)))
+            if "fp8" in p[0] or "fp8" in p[1]]
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["parallel.tensor_model_parallel_size=2"], "runs unsharded linears only; parallel.tensor_model_parallel_size"),
+    (["model.multi_latent_attention=true"], "no fp8 path for multi-latent attention"),
+    (["model.transformer_impl=transformer_engine"], "this package's own fp8 (no Transformer Engine)"),
+    (["moe.block_size=16"], "needs moe.block_size 32 or more"),
+    (["moe.backend=grouped"], "which moe.backend: grouped does not have"),
+    (["moe.expert_capacity_factor=1.0"], "the token-dropping baseline"),
+], ids=["tp2", "mla", "te", "block16", "grouped", "capacity"])
+def test_layouts_without_an_fp8_path_are_refused_in_one_line(overrides, expected):
+    problems = _layout_problems(*overrides)
+    assert len(problems) == 1 and expected in problems[0][1], problems
+
+
+def test_the_default_dmoe_run_takes_fp8_on_two_gpus():
+    assert _layout_problems() == []
+
+
+def test_megatron_lm_s_fp8_flags():
+    from megatron_dmoe.config.megatron_names import flags_to_overrides
+
+    _, overrides, problems, _ = flags_to_overrides(["--fp8-format", "e4m3", "--fp8-recipe", "blockwise"], [])
+    assert problems == [] and overrides == ["training.fp8=blockwise"]
+    for flags, fix in ((["--fp8-format", "hybrid"], "use --fp8-format e4m3 --fp8-recipe blockwise"),
+                       (["--fp8-recipe", "delayed"], "use --fp8-recipe blockwise")):
+        _, _, problems, _ = flags_to_overrides(flags, [])
+        assert len(problems) == 1 and fix in problems[0], problems
 
 
 def test_null_is_never_refused_and_other_values_are():

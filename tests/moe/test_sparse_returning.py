@@ -82,7 +82,7 @@ def test_outputs_and_gradients_match_a_float64_moe(activation):
         dispatcher.combine(rows, state)
     # as the layer's path runs them
     experts = SimpleNamespace(w1=w1, v1=v1, w2=w2, wgrad_stash=None,
-                              options=SimpleNamespace(activation=activation, memory_optimized=False))
+                              options=SimpleNamespace(activation=activation, memory_optimized=False, fp8=None))
     path = ExpertParallelPath(dispatcher, SparseBackend(block_size=16))
     y = path.experts_and_combine(SimpleNamespace(experts=experts), rows, tokens_per_expert, state)
     dy = torch.randn(T, h, generator=g)

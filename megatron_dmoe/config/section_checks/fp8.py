@@ -7,10 +7,6 @@ from .state import CheckState
 
 KEY = "training.fp8"
 HOPPER = (9, 0)
-# The model's layers and expert products do not run in fp8 yet (dmoe_kernels.fp8 has the
-# quantization, the products and an fp8 linear): until they do, a run that asks for fp8 is refused
-# rather than trained in bf16 under an fp8 label.
-LAYERS_USE_FP8 = False
 
 
 def check(state: CheckState) -> None:
@@ -33,7 +29,29 @@ def check(state: CheckState) -> None:
         state.problem(KEY, f"{value} runs the operations outside its products in bf16; set "
                       f"training.bf16: true")
         return
-    if not LAYERS_USE_FP8:
-        state.problem(KEY, f"{value} is not used by the model's layers in this version (only "
-                      f"dmoe_kernels.fp8 has the kernels); set training.fp8: null and "
-                      f"training.bf16: true")
+    _check_layout(state, value)
+
+
+def _check_layout(state: CheckState, value: str) -> None:
+    """The fp8 linears are unsharded plain matmuls in megatron-core's local modules (model/linear.py);
+    the experts' fp8 products need TMA-sized rows and K steps of at least 32 (moe/experts/products.py)."""
+    v, ok = state.v, state.ok
+    fix = "set training.fp8: null"
+    if ok("parallel.tensor_model_parallel_size") and v("parallel.tensor_model_parallel_size") > 1:
+        state.problem(KEY, f"{value} runs unsharded linears only; parallel.tensor_model_parallel_size is "
+                      f"{v('parallel.tensor_model_parallel_size')}; use 1 (with data or expert parallelism) "
+                      f"or {fix}")
+    elif ok("parallel.sequence_parallel") and v("parallel.sequence_parallel"):
+        state.problem(KEY, f"{value} does not run with parallel.sequence_parallel; set it to false or {fix}")
+    elif ok("model.multi_latent_attention") and v("model.multi_latent_attention"):
+        state.problem(KEY, f"{value} has no fp8 path for multi-latent attention's projections; set "
+                      f"model.multi_latent_attention: false or {fix}")
+    elif ok("model.transformer_impl") and v("model.transformer_impl") == "transformer_engine":
+        state.problem(KEY, f"{value} is this package's own fp8 (no Transformer Engine); set "
+                      f"model.transformer_impl: local (or auto) or {fix}")
+    elif ok("model.hidden_size") and v("model.hidden_size") % 16:
+        state.problem(KEY, f"{value} needs model.hidden_size to be a multiple of 16 (fp8 rows of 16-byte "
+                      f"multiples for the tensor-memory loads); it is {v('model.hidden_size')}; {fix}")
+    elif ok("moe.num_experts", "moe.block_size") and v("moe.num_experts") > 0 and v("moe.block_size") < 32:
+        state.problem(KEY, f"{value} needs moe.block_size 32 or more (fp8 tensor cores take K steps of 32); "
+                      f"it is {v('moe.block_size')}; {fix}")

@@ -25,7 +25,6 @@ CHOICES = {
     "logging.wandb_mode": (None, "online", "offline"),
     "training.recompute_granularity": (None, "full", "selective"),
     "training.device": ("auto", "cpu", "cuda"),
-    "training.fp8": (None, "blockwise"),
     "training.cuda_graphs": ("auto", True, False),
     "parallel.overlap_grad_reduce": ("auto", True, False),
     "parallel.overlap_param_gather": ("auto", True, False),

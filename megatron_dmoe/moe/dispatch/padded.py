@@ -73,5 +73,5 @@ def padded_experts_combine(experts, x: torch.Tensor, state: PaddedState, aux_los
     opts = experts.options
     return sparse_experts_combine(
         x, experts.w1, experts.v1, experts.w2, state.weights, state.topology, state.positions, state.counts,
-        opts.activation, opts.memory_optimized, experts.wgrad_stash, aux_loss=aux_loss,
+        opts.activation, opts.memory_optimized, experts.wgrad_stash, aux_loss=aux_loss, fp8=opts.fp8,
     )

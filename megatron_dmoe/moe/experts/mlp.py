@@ -27,21 +27,22 @@ class ExpertBackend(abc.ABC):
 
     @abc.abstractmethod
     def mlp(self, x, tokens_per_expert, w1, v1, w2, activation: str, memory_optimized: bool,
-            wgrad_stash=None) -> torch.Tensor:
+            wgrad_stash=None, fp8=None) -> torch.Tensor:
         """x [N, h] grouped by expert, tokens_per_expert [E] -> [N, h]. wgrad_stash: the run's
-        WgradStash, for a backend that can defer weight gradients to the step's end (else unused)."""
+        WgradStash, for a backend that can defer weight gradients to the step's end (else unused).
+        fp8: None, or "blockwise" where the backend has block-scaled fp8 products (else refused)."""
 
     def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation: str, memory_optimized: bool,
-                             wgrad_stash=None):
+                             wgrad_stash=None, fp8=None):
         """x [N, h] as runs of expert groups, one run per source (counts_by_source [R, E], see
         arrival.py) -> [N, h] in the same order. Regrouped by expert around `mlp`, unless the rows
         are grouped already (one source or one expert)."""
         tokens_per_expert = counts_by_source.sum(0)
         if 1 in counts_by_source.shape:
-            return self.mlp(x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash)
+            return self.mlp(x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash, fp8)
         positions = arrival_positions(counts_by_source, compact_offsets(tokens_per_expert), x.shape[0])
         y = self.mlp(group_rows(x, positions), tokens_per_expert, w1, v1, w2, activation, memory_optimized,
-                     wgrad_stash)
+                     wgrad_stash, fp8)
         return ungroup_rows(y, positions)
 
 
@@ -50,7 +51,10 @@ class GemmBackend(ExpertBackend):
     def make_gemm(self, tokens_per_expert: torch.Tensor) -> GroupedGemm:
         ...
 
-    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
+    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash=None, fp8=None):
+        if fp8 is not None:
+            raise ValueError(f"the {self.name!r} expert backend has no fp8 products; fp8={fp8!r} needs "
+                             "backend='sparse' (or 'auto' on a GPU)")
         return expert_mlp(x, w1, v1, w2, self.make_gemm(tokens_per_expert), activation, memory_optimized)
 
 

@@ -82,10 +82,10 @@ class ExpertMLP(torch.nn.Module):
         if counts_by_source is not None:
             return backend.mlp_in_arrival_order(
                 x_perm, counts_by_source, self.w1, self.v1, self.w2, opts.activation, opts.memory_optimized,
-                self.wgrad_stash,
+                self.wgrad_stash, opts.fp8,
             )
         return backend.mlp(x_perm, tokens_per_expert, self.w1, self.v1, self.w2, opts.activation,
-                           opts.memory_optimized, self.wgrad_stash)
+                           opts.memory_optimized, self.wgrad_stash, opts.fp8)
 
     def forward_batched(self, x_buf: torch.Tensor) -> torch.Tensor:
         """x_buf [E, capacity, h] (the token-dropping baseline) -> [E, capacity, h], by torch.bmm."""

@@ -56,6 +56,7 @@ from megatron_dmoe.parallel import param_roles
 
 from ..options import BLOCK_SIZES
 from .mlp import ExpertBackend
+from .products import products_for
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -163,29 +164,25 @@ def _weight_grad(data, topo, b, weight: torch.Tensor, owner: Optional[torch.Tens
     return torch.empty_like(weight)
 
 
-def _input_grad(d_h1, d_h2, topo, w1, v1, slots=None, dx_targets=None):
+def _input_grad(products, d_h1, d_h2, topo, w1, v1, slots=None, dx_targets=None):
     """dx = d_h1 w1 (+ d_h2 v1), d_h1 and d_h2 read from slot `slots[i].counter` of their windows'
     stacked data when slots are given. With dx_targets (RowTargets: other ranks' buffers) dx's
     rows are pushed there from the padded buffer and None is returned."""
-    from dmoe_kernels import ops
-
-    E, f, h = w1.shape
-    counter = (lambda i: None) if slots is None else (lambda i: slots[i].counter)
-    dx = ops.dsd(d_h1, topo, w1.reshape(E * f, h), slot=counter(0))
-    if v1 is not None:
-        dx += ops.dsd(d_h2, topo, v1.reshape(E * f, h), slot=counter(1))
+    counters = (None, None) if slots is None else (slots[0].counter, slots[1] and slots[1].counter)
+    dx = products.input_grad(d_h1, d_h2, topo, w1, v1, counters)
     if dx_targets is None:
         return dx
     dx_targets.push(dx)
     return None
 
 
-def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, stash, dx_targets=None):
+def _up_projection_grads(products, d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, stash,
+                         dx_targets=None):
     """Gradients through the up-projection(s) h1 = x w1^T (and h2 = x v1^T): dx, dw1, dv1; dx's
     rows pushed to dx_targets instead when given (see _input_grad)."""
     dx = dw1 = dv1 = None
     if need_x:
-        dx = _input_grad(d_h1, d_h2, topo, w1, v1, dx_targets=dx_targets)
+        dx = _input_grad(products, d_h1, d_h2, topo, w1, v1, dx_targets=dx_targets)
     if need_w1 or owners[0] is not None:
         dw1 = _weight_grad(d_h1, topo, x, w1, owners[0], stash)
     if v1 is not None and (need_v1 or owners[1] is not None):
@@ -193,31 +190,18 @@ def _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, 
     return dx, dw1, dv1
 
 
-def _hidden(x, w1, v1, topology, activation):
-    """(h1, h2, a): the pre-activation(s) and the activation of the experts' hidden layer. GELU
-    takes its activation from the product's epilogue (no separate pass reads h1 back)."""
-    from dmoe_kernels import activation as act, ops
-
-    E, f, h = w1.shape
-    if activation == "gelu" and v1 is None:
-        h1, a = ops.sdd_gelu(x, w1.reshape(E * f, h).t(), topology)
-        return h1, None, a
-    h1 = ops.sdd(x, w1.reshape(E * f, h).t(), topology)
-    h2 = ops.sdd(x, v1.reshape(E * f, h).t(), topology) if v1 is not None else None
-    return h1, h2, act.activation_forward(activation, h1, h2, topology.nnz)
-
-
-def _windows_wanted(stash, owners) -> bool:
-    """Whether every expert weight's gradient may go to a window (moe.expert_wgrad_window): then
-    the backward's activation pass stores the windows' left operands itself, and the forward keeps
-    no activation for them."""
-    return stash is not None and stash.window > 1 and owners[0] is not None and owners[2] is not None
+def _windows_wanted(stash, owners, products) -> bool:
+    """Whether every expert weight's gradient may go to a window (moe.expert_wgrad_window; products
+    that read the windows' slots): then the backward's activation pass stores the windows' left
+    operands itself, and the forward keeps no activation for them."""
+    return (products.windows and stash is not None and stash.window > 1 and owners[0] is not None
+            and owners[2] is not None)
 
 
 def _window_slots(ctx, x, h1, v1):
     """(w1's, v1's, w2's WindowSlots; v1's None without v1) when each weight's gradient goes to a
     window, else None."""
-    if not _windows_wanted(ctx.stash, ctx.owners) or (v1 is not None and ctx.owners[1] is None):
+    if not _windows_wanted(ctx.stash, ctx.owners, ctx.products) or (v1 is not None and ctx.owners[1] is None):
         return None
     # the down-projection's operands (a, its output gradient) have the up-projection's shapes
     slots = tuple(None if o is None else ctx.stash.window_slots(o, h1, ctx.topology, x) for o in ctx.owners)
@@ -233,20 +217,17 @@ def _windowed_backward(ctx, x, w1, v1, w2, slots, output_grad_rows, unweighted_g
     nowhere else, dx reads d_h1 (and d_h2) there, and only x (and g_out where its producer cannot
     write it into w2's slot itself: output_grad_rows(slot) returns None when it did) is copied into
     its slot. -> (dx, None, None, None)."""
-    from dmoe_kernels import ops
-
     topo, owners, stash = ctx.topology, ctx.owners, ctx.stash
-    E, f, h = w1.shape
     w1_slots, v1_slots, w2_slots = slots
     g_out = output_grad_rows(w2_slots.b_slot)  # None: written into w2's slot by its producer
-    da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
+    da = ctx.products.output_grad(unweighted_grad_rows(), topo, w2)
     activation_backward(da, (w2_slots.data_slot, w1_slots.data_slot, None if v1_slots is None else v1_slots.data_slot))
     del da
     stash.windowed(owners[2], None, topo, g_out)
     del g_out
     dx = None
     if ctx.needs_input_grad[0]:
-        dx = _input_grad(w1_slots.data, None if v1_slots is None else v1_slots.data, topo, w1, v1,
+        dx = _input_grad(ctx.products, w1_slots.data, None if v1_slots is None else v1_slots.data, topo, w1, v1,
                          (w1_slots, v1_slots), dx_targets)
     for owner in owners[:2]:
         if owner is not None:
@@ -269,7 +250,7 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
 
     With weight-gradient windows: _windowed_backward.
     """
-    from dmoe_kernels import activation as act, ops
+    from dmoe_kernels import activation as act
 
     x, w1, v1, w2, h1, h2, a = saved
     slots = _window_slots(ctx, x, h1, v1)
@@ -278,31 +259,29 @@ def _expert_mlp_backward(ctx, saved, output_grad_rows, unweighted_grad_rows, act
                                   activation_backward, dx_targets)
     topo, owners = ctx.topology, ctx.owners
     need_x, need_w1, need_v1, need_w2 = ctx.needs_input_grad[:4]
-    E, f, h = w1.shape
     dw2 = None
     if need_w2 or owners[2] is not None:
         if a is None:  # memory-optimised (or windows that could not be made): recompute the activation
             a = act.activation_forward(ctx.activation, h1, h2, topo.nnz)
         dw2 = _weight_grad(a, topo, output_grad_rows(), w2, owners[2], ctx.stash)
     del a
-    da = ops.sdd(unweighted_grad_rows(), w2.reshape(E * f, h).t(), topo)
+    da = ctx.products.output_grad(unweighted_grad_rows(), topo, w2)
     d_h1, d_h2 = activation_backward(da, None)
-    dx, dw1, dv1 = _up_projection_grads(d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners, ctx.stash,
-                                        dx_targets)
+    dx, dw1, dv1 = _up_projection_grads(ctx.products, d_h1, d_h2, topo, x, w1, v1, need_x, need_w1, need_v1, owners,
+                                        ctx.stash, dx_targets)
     return dx, dw1, dv1, dw2
 
 
 class _SparseExpertMLP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized, owners, stash):
-        from dmoe_kernels import ops
-
-        E, f, h = w1.shape
-        h1, h2, a = _hidden(x, w1, v1, topology, activation)
-        y = ops.dsd(a, topology, w2.reshape(E * f, h))
-        keep_a = not (memory_optimized or _windows_wanted(stash, owners))
+    def forward(ctx, x, w1, v1, w2, topology, activation, memory_optimized, owners, stash, fp8):
+        products = products_for(fp8)
+        h1, h2, a = products.hidden(x, w1, v1, topology, activation)
+        y = products.down(a, topology, w2)
+        keep_a = not (memory_optimized or _windows_wanted(stash, owners, products))
         ctx.save_for_backward(x, w1, v1, w2, h1, h2, a if keep_a else None)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
+        ctx.products = products
         return y
 
     @staticmethod
@@ -318,13 +297,14 @@ class _SparseExpertMLP(torch.autograd.Function):
             ctx, ctx.saved_tensors, lambda slot=None: dy, lambda: dy,
             lambda da, slots: act.activation_backward(ctx.activation, da, h1, h2, nnz, slots, keep=slots is None),
         )
-        return dx, dw1, dv1, dw2, None, None, None, None, None
+        return dx, dw1, dv1, dw2, None, None, None, None, None, None
 
 
 def sparse_expert_mlp(x_pad, w1, v1, w2, topology, activation: str, memory_optimized: bool = False,
-                      wgrad_stash=None) -> torch.Tensor:
+                      wgrad_stash=None, fp8: Optional[str] = None) -> torch.Tensor:
     """x_pad [rows, h] (the padded buffer of `topology`); w1, v1 (SwiGLU only), w2 [E, f, h] -> [rows, h].
     wgrad_stash: the run's WgradStash (weight gradients deferred to the step's end inside its block).
+    fp8: None, or "blockwise" for the block-scaled fp8 products (products.py).
 
     Rows past the used ones come out zero; padding rows of x_pad must be zero (the permutation
     writes them so), which keeps them out of the weight gradients.
@@ -336,7 +316,8 @@ def sparse_expert_mlp(x_pad, w1, v1, w2, topology, activation: str, memory_optim
             f"{f} ffn]; build it from this layer's counts with ffn_hidden_size={f}"
         )
     (w1, v1, w2), owners = _grad_owners(x_pad, w1, v1, w2)
-    return _SparseExpertMLP.apply(x_pad, w1, v1, w2, topology, activation, memory_optimized, owners, wgrad_stash)
+    return _SparseExpertMLP.apply(x_pad, w1, v1, w2, topology, activation, memory_optimized, owners, wgrad_stash,
+                                  fp8)
 
 
 class _SparseExpertsCombine(torch.autograd.Function):
@@ -353,18 +334,18 @@ class _SparseExpertsCombine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, v1, w2, weights, aux_loss, topology, positions, counts, activation, memory_optimized,
-                owners, stash):
-        from dmoe_kernels import ops
+                owners, stash, fp8):
         from dmoe_kernels.permutation.ops import expand, reduce
 
-        E, f, h = w1.shape
+        products = products_for(fp8)
         x_pad = expand(x, positions, topology.shape[0], topology.expert_offsets, counts)
-        h1, h2, a = _hidden(x_pad, w1, v1, topology, activation)
-        y = reduce(ops.dsd(a, topology, w2.reshape(E * f, h)), positions, weights)
-        keep_a = not (memory_optimized or _windows_wanted(stash, owners))
+        h1, h2, a = products.hidden(x_pad, w1, v1, topology, activation)
+        y = reduce(products.down(a, topology, w2), positions, weights)
+        keep_a = not (memory_optimized or _windows_wanted(stash, owners, products))
         ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, a if keep_a else None, weights, positions,
                               counts, aux_loss)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topology, activation, owners, stash
+        ctx.products = products
         return y
 
     @staticmethod
@@ -419,15 +400,16 @@ class _SparseExpertsCombine(torch.autograd.Function):
         if d_weights is not None:
             d_weights = d_weights.to(weights.dtype)
         d_aux = aux_loss_gradient(aux_loss) if aux_loss is not None and ctx.needs_input_grad[5] else None
-        return dx, dw1, dv1, dw2, d_weights, d_aux, None, None, None, None, None, None, None
+        return dx, dw1, dv1, dw2, d_weights, d_aux, None, None, None, None, None, None, None, None
 
 
 def sparse_experts_combine(x, w1, v1, w2, weights, topology, positions, counts, activation: str,
-                           memory_optimized: bool = False, wgrad_stash=None, aux_loss=None) -> torch.Tensor:
+                           memory_optimized: bool = False, wgrad_stash=None, aux_loss=None,
+                           fp8: Optional[str] = None) -> torch.Tensor:
     """y [T, h] = sum_j weights[t, j] * MLP(x_pad)[positions[t, j]] for the tokens x [T, h]: their
     permutation into the padded buffer x_pad, the experts on it and the weighted combine in one
     autograd function (see _SparseExpertsCombine). aux_loss: a 0-dim loss whose gradient is
-    megatron-core's aux-loss scale (see AuxLossScaler)."""
+    megatron-core's aux-loss scale (see AuxLossScaler). fp8: None or "blockwise" (products.py)."""
     E, f, _ = w1.shape
     if topology.shape[1] != E * f or not topology.blocks_per_row:
         raise ValueError(
@@ -437,7 +419,7 @@ def sparse_experts_combine(x, w1, v1, w2, weights, topology, positions, counts, 
     (w1, v1, w2), owners = _grad_owners(x, w1, v1, w2)
     return _SparseExpertsCombine.apply(
         x, w1, v1, w2, weights, aux_loss, topology, positions, counts, activation, memory_optimized, owners,
-        wgrad_stash
+        wgrad_stash, fp8
     )
 
 
@@ -466,14 +448,15 @@ class SparseBackend(ExpertBackend):
             return f"ffn_hidden_size={ffn_hidden_size} is not a multiple of {min(BLOCK_SIZES)}, the smallest block size"
         return None
 
-    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
+    def mlp(self, x, tokens_per_expert, w1, v1, w2, activation, memory_optimized, wgrad_stash=None, fp8=None):
         """Rows grouped by expert WITHOUT padding: copied into a padded buffer and back by the fused
         permutation kernels. The layer without expert parallelism permutes straight into the
         padded buffer instead (moe/dispatch/padded.py)."""
         return self.mlp_in_arrival_order(x, tokens_per_expert.view(1, -1), w1, v1, w2, activation, memory_optimized,
-                                         wgrad_stash)
+                                         wgrad_stash, fp8)
 
-    def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation, memory_optimized, wgrad_stash=None):
+    def mlp_in_arrival_order(self, x, counts_by_source, w1, v1, w2, activation, memory_optimized, wgrad_stash=None,
+                             fp8=None):
         """Rows as the expert-parallel exchange delivers them (runs of expert groups, one per source
         rank): one kernel writes each row to its expert's block-padded group, one brings the
         outputs back in arrival order. A device-side exchange delivers a buffer of a bound's size
@@ -489,5 +472,5 @@ class SparseBackend(ExpertBackend):
         pos = arrival_positions(counts_by_source, topo.expert_offsets, num_rows)
         real_rows = tokens_per_expert.sum().reshape(1)
         x_pad = permute(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
-        y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized, wgrad_stash)
+        y_pad = sparse_expert_mlp(x_pad, w1, v1, w2, topo, activation, memory_optimized, wgrad_stash, fp8)
         return unpermute(y_pad, pos, topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)

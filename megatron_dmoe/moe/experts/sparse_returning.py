@@ -23,35 +23,37 @@ from __future__ import annotations
 
 import torch
 
-from .sparse import _expert_mlp_backward, _grad_owners, _hidden, _windows_wanted, block_size_for
+from .products import products_for
+from .sparse import _expert_mlp_backward, _grad_owners, _windows_wanted, block_size_for
 
 
 class _SparseExpertsReturning(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, v1, w2, exchange, plan, activation, memory_optimized, owners, stash, block_size):
+    def forward(ctx, x, w1, v1, w2, exchange, plan, activation, memory_optimized, owners, stash, block_size, fp8):
         import dmoe_kernels as dk
-        from dmoe_kernels import ops
         from dmoe_kernels.exchange.ops import RowTargets, return_targets
         from dmoe_kernels.permutation.ops import expand
 
         from .arrival import arrival_positions
 
-        E, f, h = w1.shape
+        f, h = w1.shape[1:]
+        products = products_for(fp8)
         num_rows = x.shape[0]
         tokens_per_expert = plan.tokens_per_expert
         topo = dk.Topology.for_experts(tokens_per_expert, num_rows, f, block_size_for(f, block_size))
         pos = arrival_positions(plan.counts_by_source, topo.expert_offsets, num_rows)
         real_rows = tokens_per_expert.sum().reshape(1)
         x_pad = expand(x, pos, topo.shape[0], topo.expert_offsets, tokens_per_expert, valid_rows=real_rows)
-        h1, h2, a = _hidden(x_pad, w1, v1, topo, activation)
+        h1, h2, a = products.hidden(x_pad, w1, v1, topo, activation)
         to_sources = exchange.buffer("to_sources", h, x.dtype)  # reserved by the dispatch
         # the padded rows end with the last expert's group: the push stops there
         targets = RowTargets(return_targets(pos, plan, topo.shape[0]), to_sources.ptrs, topo.expert_offsets[-1:])
-        targets.push(ops.dsd(a, topo, w2.reshape(E * f, h)))
+        targets.push(products.down(a, topo, w2))
         exchange.barrier(channel=1)
-        keep_a = not (memory_optimized or _windows_wanted(stash, owners))
+        keep_a = not (memory_optimized or _windows_wanted(stash, owners, products))
         ctx.save_for_backward(x_pad, w1, v1, w2, h1, h2, a if keep_a else None, pos, real_rows, targets.targets)
         ctx.topology, ctx.activation, ctx.owners, ctx.stash = topo, activation, owners, stash
+        ctx.products = products
         ctx.exchange, ctx.plan, ctx.received_shape = exchange, plan, x.shape
         return exchange.returned_rows(h, x.dtype, plan)
 
@@ -80,14 +82,14 @@ class _SparseExpertsReturning(torch.autograd.Function):
         # the received rows' gradient is in the senders' to_sources now: a placeholder of its shape,
         # never read (no kernel fills it)
         placeholder = grad.new_empty(()).expand(ctx.received_shape)
-        return placeholder, dw1, dv1, dw2, None, None, None, None, None, None, None
+        return placeholder, dw1, dv1, dw2, None, None, None, None, None, None, None, None
 
 
 def sparse_experts_returning(x, w1, v1, w2, exchange, plan, activation: str, memory_optimized: bool = False,
-                             wgrad_stash=None, block_size: int = 128) -> torch.Tensor:
+                             wgrad_stash=None, block_size: int = 128, fp8=None) -> torch.Tensor:
     """x: the received rows (the to_experts view a symmetric dispatch returns, arrival order), the
     plan of that dispatch -> this rank's to_sources view [plan.send_rows, h]: its routed copies'
     expert outputs in its sorted order (what `SymmetricExchange.to_sources` would deliver)."""
     (w1, v1, w2), owners = _grad_owners(x, w1, v1, w2)
     return _SparseExpertsReturning.apply(x, w1, v1, w2, exchange, plan, activation, memory_optimized, owners,
-                                         wgrad_stash, block_size)
+                                         wgrad_stash, block_size, fp8)

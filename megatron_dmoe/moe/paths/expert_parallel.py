@@ -22,7 +22,7 @@ class ExpertParallelPath(DispatchedPath):
         experts, opts = layer.experts, layer.experts.options
         return self.backend.mlp_in_arrival_order(
             rows, self.dispatcher.counts_by_source(state), experts.w1, experts.v1, experts.w2, opts.activation,
-            opts.memory_optimized, experts.wgrad_stash,
+            opts.memory_optimized, experts.wgrad_stash, opts.fp8,
         )
 
     def experts_and_combine(self, layer, rows, tokens_per_expert, state):
@@ -34,6 +34,6 @@ class ExpertParallelPath(DispatchedPath):
         experts, opts = layer.experts, layer.experts.options
         y_sorted = sparse_experts_returning(
             rows, experts.w1, experts.v1, experts.w2, state.exchange, state.plan, opts.activation,
-            opts.memory_optimized, experts.wgrad_stash, self.backend.block_size,
+            opts.memory_optimized, experts.wgrad_stash, self.backend.block_size, opts.fp8,
         )
         return self.dispatcher.sum_copies(y_sorted, state)

@@ -17,4 +17,4 @@ class LocalDroplessPath(DispatchedPath):
     def run_experts(self, layer, rows, tokens_per_expert, state):
         experts, opts = layer.experts, layer.experts.options
         return self.backend.mlp(rows, tokens_per_expert, experts.w1, experts.v1, experts.w2, opts.activation,
-                                opts.memory_optimized, experts.wgrad_stash)
+                                opts.memory_optimized, experts.wgrad_stash, opts.fp8)

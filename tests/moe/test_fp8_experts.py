@@ -1,0 +1,145 @@
+"""The sparse experts with training.fp8: blockwise (moe/experts/products.py): the forward against a
+float64 emulation of the same recipe (x in 1 x 128 row tiles, the activation in 1 x bs tiles of each
+block, weights in 128 x 128 blocks), and every gradient against float64 without quantization within
+the recipe's error; both entry points (the experts alone and with the weighted combine), GELU and
+SwiGLU. On CPU through Triton's interpreter in fp32 (its fp8 dots decode to fp16 exactly), on a
+Hopper GPU in bf16."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dmoe_kernels as dk
+import dmoe_kernels.reference as ref
+from dmoe_kernels.fp8 import reference as fp8_ref
+from megatron_dmoe.moe.experts.sparse import sparse_expert_mlp, sparse_experts_combine
+
+# e4m3 keeps 3 mantissa bits: each operand element is off by up to 2^-4 of its tile's scale; the
+# products' relative error over K terms of random signs stays near 2^-4 / sqrt(3) per operand
+QUANTIZED_TOL = 0.08
+COUNTS = (37, 0, 9, 50)
+E, F_, H, BS = 4, 64, 96, 32
+
+
+def _device_dtype():
+    if torch.cuda.is_available():
+        if torch.cuda.get_device_capability()[0] < 9:
+            pytest.skip("the fp8 products need Hopper")
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+def _rel(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+def _inputs(device, dtype, swiglu, seed):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.tensor(COUNTS, device=device)
+    topo = dk.Topology.for_experts(counts, sum(COUNTS), F_, BS)
+    rows = topo.shape[0]
+    x = torch.zeros(rows, H)
+    offsets = topo.expert_offsets.cpu().tolist()
+    for e, n in enumerate(COUNTS):  # padding rows stay zero, as the permutation writes them
+        x[offsets[e]:offsets[e] + n] = torch.randn(n, H, generator=g) * torch.logspace(-1, 0.5, H)
+    weights = [torch.randn(E, F_, H, generator=g) * 0.05 for _ in range(3 if swiglu else 2)]
+    return topo, x, weights
+
+
+def _emulated_forward(topo, x, w1, v1, w2, activation):
+    """float64 on the operands the fp8 products see: each quantized as the recipe says."""
+    xq = fp8_ref.dequantize_rows(*fp8_ref.quantize_rows(x.double()), torch.float64)
+
+    def up(w):
+        wq = fp8_ref.dequantize_blocks(*fp8_ref.quantize_blocks(w.reshape(E * F_, H).double()), torch.float64)
+        return xq @ wq.t()
+
+    mask = ref.block_mask_dense(topo).cpu().double()
+    h1 = up(w1) * mask
+    a = F.gelu(h1) if activation == "gelu" else F.silu(h1) * (up(v1) * mask)
+    # the activation's blocks quantized one row of one block at a time (1 x bs tiles along K)
+    tiles = a.view(a.shape[0], -1, BS)
+    scale = tiles.abs().amax(-1, keepdim=True)
+    aq = fp8_ref.dequantize_rows(*fp8_ref.quantize_rows(tiles.reshape(-1, BS)), torch.float64).view_as(tiles)
+    aq = torch.where(scale > 0, aq, torch.zeros_like(aq)).reshape_as(a) * mask
+    w2q = fp8_ref.dequantize_blocks(*fp8_ref.quantize_blocks(w2.reshape(E * F_, H).double()), torch.float64)
+    return aq @ w2q
+
+
+def _plain(x, w1, v1, w2, activation, topo):
+    """float64, no quantization: the model the fp8 run approximates."""
+    mask = ref.block_mask_dense(topo).cpu().double()
+    h1 = (x @ w1.reshape(E * F_, H).t()) * mask
+    a = F.gelu(h1) if activation == "gelu" else F.silu(h1) * ((x @ v1.reshape(E * F_, H).t()) * mask)
+    return a @ w2.reshape(E * F_, H)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_fp8_experts_forward_and_gradients(activation):
+    device, dtype = _device_dtype()
+    swiglu = activation == "swiglu"
+    topo, x, weights = _inputs(device, dtype, swiglu, seed=7 + swiglu)
+    w1, *rest = weights
+    v1, w2 = (rest[0], rest[1]) if swiglu else (None, rest[0])
+    used = int(topo.nnz) // topo.blocks_per_row * BS
+
+    params = [t.to(device, dtype).clone().requires_grad_() for t in (x, w1, *([v1] if swiglu else []), w2)]
+    xd, w1d, *restd = params
+    v1d, w2d = (restd[0], restd[1]) if swiglu else (None, restd[0])
+    y = sparse_expert_mlp(xd, w1d, v1d, w2d, topo, activation, fp8="blockwise")
+    emulated = _emulated_forward(topo, x, w1, v1, w2, activation)
+    # bf16 on the GPU rounds h1 and the output; fp32 on CPU only sums differently
+    assert _rel(y[:used], emulated[:used]) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * 0.1
+    dy[used:] = 0
+    y.backward(dy.to(device, dtype))
+
+    plain = [t.double().clone().requires_grad_() for t in (x, w1, *([v1] if swiglu else []), w2)]
+    px, pw1, *prest = plain
+    pv1, pw2 = (prest[0], prest[1]) if swiglu else (None, prest[0])
+    y64 = _plain(px, pw1, pv1, pw2, activation, topo)
+    y64.backward(dy.double())
+    assert _rel(y[:used], y64[:used]) < QUANTIZED_TOL
+    for name, got, want in zip(["x", "w1", *(["v1"] if swiglu else []), "w2"], params, plain):
+        error = _rel(got.grad, want.grad)
+        # within the recipe's error, and not exact: the products did run on quantized operands
+        assert 1e-4 < error < QUANTIZED_TOL, (name, error)
+
+
+def test_fp8_experts_with_the_weighted_combine():
+    device, dtype = _device_dtype()
+    g = torch.Generator().manual_seed(11)
+    tokens, top_k = 48, 2
+    indices = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(tokens)]).to(device)
+    from dmoe_kernels.permutation.ops import expert_histogram, positions_from_histogram
+
+    cumulative = expert_histogram(indices, E)
+    counts = cumulative[:, -1].to(torch.int64)
+    topo = dk.Topology.for_experts(counts, tokens * top_k, F_, BS)
+    positions = positions_from_histogram(indices, cumulative, topo.expert_offsets)
+    x = (torch.randn(tokens, H, generator=g)).to(device, dtype)
+    router = torch.rand(tokens, top_k, generator=g).to(device, dtype)
+    w1, w2 = (torch.randn(E, F_, H, generator=g) * 0.05 for _ in range(2))
+
+    def run(fp8, cast):
+        leaves = [t.to(device, cast).detach().requires_grad_() for t in (x, w1, w2, router)]
+        y = sparse_experts_combine(leaves[0], leaves[1], None, leaves[2], leaves[3], topo, positions, counts,
+                                   "gelu", fp8=fp8)
+        y.float().pow(2).sum().backward()
+        return y, [t.grad for t in leaves]
+
+    y8, grads8 = run("blockwise", dtype)
+    y_ref, grads_ref = run(None, torch.float32 if device.type == "cpu" else dtype)
+    assert 1e-4 < _rel(y8, y_ref) < QUANTIZED_TOL
+    for name, got, want in zip(["x", "w1", "w2", "router weights"], grads8, grads_ref):
+        assert _rel(got, want) < QUANTIZED_TOL, name
+
+
+def test_other_backends_refuse_fp8():
+    from megatron_dmoe.moe.experts import BACKEND_REGISTRY
+
+    x = torch.randn(4, H)
+    w = torch.randn(2, F_, H)
+    with pytest.raises(ValueError, match="has no fp8 products"):
+        BACKEND_REGISTRY["reference"].mlp(x, torch.tensor([2, 2]), w, None, w, "gelu", False, None, "blockwise")
