@@ -46,23 +46,27 @@ def _inputs(device, dtype, swiglu, seed):
     return topo, x, weights
 
 
-def _emulated_forward(topo, x, w1, v1, w2, activation):
-    """float64 on the operands the fp8 products see: each quantized as the recipe says."""
-    xq = fp8_ref.dequantize_rows(*fp8_ref.quantize_rows(x.double()), torch.float64)
+def _emulated_forward(topo, x, w1, v1, w2, activation, dtype):
+    """float64 on the operands the fp8 products see: each quantized as the recipe says, from the
+    inputs in `dtype`, with h1 (h2) and the activation rounded to `dtype` as the kernels store them."""
+    def rounded(t):
+        return t.to(dtype).double()
+
+    xq = fp8_ref.dequantize_rows(*fp8_ref.quantize_rows(rounded(x)), torch.float64)
 
     def up(w):
-        wq = fp8_ref.dequantize_blocks(*fp8_ref.quantize_blocks(w.reshape(E * F_, H).double()), torch.float64)
-        return xq @ wq.t()
+        wq = fp8_ref.dequantize_blocks(*fp8_ref.quantize_blocks(rounded(w.reshape(E * F_, H))), torch.float64)
+        return rounded(xq @ wq.t())
 
     mask = ref.block_mask_dense(topo).cpu().double()
     h1 = up(w1) * mask
-    a = F.gelu(h1) if activation == "gelu" else F.silu(h1) * (up(v1) * mask)
+    a = rounded(F.gelu(h1) if activation == "gelu" else F.silu(h1) * (up(v1) * mask))
     # the activation's blocks quantized one row of one block at a time (1 x bs tiles along K)
     tiles = a.view(a.shape[0], -1, BS)
     scale = tiles.abs().amax(-1, keepdim=True)
     aq = fp8_ref.dequantize_rows(*fp8_ref.quantize_rows(tiles.reshape(-1, BS)), torch.float64).view_as(tiles)
     aq = torch.where(scale > 0, aq, torch.zeros_like(aq)).reshape_as(a) * mask
-    w2q = fp8_ref.dequantize_blocks(*fp8_ref.quantize_blocks(w2.reshape(E * F_, H).double()), torch.float64)
+    w2q = fp8_ref.dequantize_blocks(*fp8_ref.quantize_blocks(rounded(w2.reshape(E * F_, H))), torch.float64)
     return aq @ w2q
 
 
@@ -87,9 +91,11 @@ def test_fp8_experts_forward_and_gradients(activation):
     xd, w1d, *restd = params
     v1d, w2d = (restd[0], restd[1]) if swiglu else (None, restd[0])
     y = sparse_expert_mlp(xd, w1d, v1d, w2d, topo, activation, fp8="blockwise")
-    emulated = _emulated_forward(topo, x, w1, v1, w2, activation)
-    # bf16 on the GPU rounds h1 and the output; fp32 on CPU only sums differently
-    assert _rel(y[:used], emulated[:used]) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+    emulated = _emulated_forward(topo, x, w1, v1, w2, activation, dtype)
+    # the kernels sum in another order (and within 128 of K, on Hopper, in the tensor cores' own
+    # precision): an element of h1 near a rounding edge can round the other way, and move the
+    # activation's e4m3 value by one step; bf16's output rounding adds 2^-9
+    assert _rel(y[:used], emulated[:used]) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
 
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)) * 0.1
     dy[used:] = 0
