@@ -5,7 +5,8 @@
   weight grad    dy^T's rows (1 x 128 along tokens) @ x  (x^T's rows, 1 x 128 along tokens)
 each accumulated in fp32 and promoted every 128 of K (reference.matmul). The weight itself is only
 read: the master copy and its optimizer state are as in bf16 training; y and dx come out in x's
-dtype, dW in W's.
+dtype, dW in W's. With fp8_wgrad=False the weight gradient is x's dtype's product dy^T x instead
+(no transposed quantizations: the choice of the model's fp8 linears, see docs/kernels.md).
 """
 from __future__ import annotations
 
@@ -39,21 +40,22 @@ def _product(impl, ops, a, a_scale, b, b_scale, out_dtype):
 
 class _Fp8Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, impl):
+    def forward(ctx, x, weight, impl, fp8_wgrad):
         ops = _ops(impl, x.device)
         x2 = x.reshape(-1, x.shape[-1])
         xq, xs = ops.quantize_rows(x2)
         wq, ws = ops.quantize_blocks(weight)
         y = _product(impl, ops, xq, xs, wq.t(), ws.t(), x.dtype)
         # x as a bf16 linear keeps it (the weight gradient quantizes it along the tokens); the
-        # weight's fp8 copy, so that the backward does not quantize it again
-        ctx.save_for_backward(x, wq, ws)
-        ctx.impl, ctx.weight_dtype = impl, weight.dtype
+        # weight's fp8 copy, so that the backward does not quantize it again (but for cuBLAS, which
+        # reads it transposed), and the weight itself (a parameter: no memory of its own)
+        ctx.save_for_backward(x, weight, wq, ws)
+        ctx.impl, ctx.weight_dtype, ctx.fp8_wgrad = impl, weight.dtype, fp8_wgrad
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        x, wq, ws = ctx.saved_tensors
+        x, weight, wq, ws = ctx.saved_tensors
         ops = _ops(ctx.impl, x.device)
         dy2 = dy.reshape(-1, dy.shape[-1])
         dx = dw = None
@@ -64,25 +66,29 @@ class _Fp8Linear(torch.autograd.Function):
                 from . import cublas
 
                 if cublas.takes(gq.shape[0], *wq.shape, wq.device):
-                    # cuBLAS reads b column-major: W's transpose, the same blocks and scales (one
-                    # copy of the fp8 weight, a quarter of a bf16 weight's bytes)
-                    w = wq.t().contiguous().t()
+                    # cuBLAS reads b column-major: W's transpose, the same blocks and scales, written
+                    # by one quantization of W^T (a transposed copy of the fp8 W reads it strided)
+                    wtq, wts = ops.quantize_blocks(weight.t())
+                    w, ws = wtq.t(), wts.t()
             dx = _product(ctx.impl, ops, gq, gs, w, ws, x.dtype).reshape(x.shape)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and not ctx.fp8_wgrad:
+            dw = (dy2.t() @ x.reshape(-1, x.shape[-1])).to(ctx.weight_dtype)
+        elif ctx.needs_input_grad[1]:
             gtq, gts = ops.quantize_rows(dy2.t())
             xtq, xts = ops.quantize_rows(x.reshape(-1, x.shape[-1]).t())
             dw = ops.matmul(gtq, gts, xtq.t(), xts.t(), out_dtype=ctx.weight_dtype)
-        return dx, dw, None
+        return dx, dw, None, None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           impl: str = "auto") -> torch.Tensor:
+           impl: str = "auto", fp8_wgrad: bool = True) -> torch.Tensor:
     """torch.nn.functional.linear in block-scaled fp8. x [..., K], weight [N, K]. impl: torch (the
     reference, any device), triton (the kernels: CUDA, or CPU under TRITON_INTERPRET=1), cublas
     (the forward and input-gradient products through torch._scaled_mm where it takes them,
-    fp8/cublas.py, else as triton), auto (cublas on CUDA tensors, else torch)."""
+    fp8/cublas.py, else as triton), auto (cublas on CUDA tensors, else torch). fp8_wgrad: the
+    weight gradient as an fp8 product too (else in x's dtype, as torch.nn.functional.linear's)."""
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"fp8 linear: expects x [..., K] and weight [N, K], got {tuple(x.shape)} and "
                          f"{tuple(weight.shape)}")
-    y = _Fp8Linear.apply(x, weight, impl)
+    y = _Fp8Linear.apply(x, weight, impl, fp8_wgrad)
     return y if bias is None else y + bias

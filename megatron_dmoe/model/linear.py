@@ -14,8 +14,9 @@ Anything megatron's own path handles beyond a plain matmul (tensor or sequence p
 gradient-accumulation fusion, deferred embedding gradients, CPU offloading, expert communication)
 takes that path unchanged. `fuse_bias = False` on an instance does too.
 
-Fp8ColumnLinear / Fp8RowLinear (training.fp8: blockwise) run the same plain matmul's three
-products in block-scaled fp8 (dmoe_kernels.fp8.functional.linear), the bias added in bf16. The
+Fp8ColumnLinear / Fp8RowLinear (training.fp8: blockwise) run the same plain matmul's forward and
+input-gradient products in block-scaled fp8 (dmoe_kernels.fp8.functional.linear) and its weight
+gradient in bf16, as the experts' (moe/experts/products.py); the bias is added in bf16. The
 configuration check refuses fp8 with the settings that leave the plain matmul (tensor or sequence
 parallelism); a layer that still finds itself outside it says so rather than train in bf16.
 """
@@ -65,7 +66,9 @@ def _fp8_linear(layer, input_: torch.Tensor, unsharded: bool):
                            "training.fp8: null for this layout")
     from dmoe_kernels.fp8.functional import linear
 
-    return linear(input_, layer.weight, layer.bias), None
+    # the weight gradient in bf16: as an fp8 product it needs dy and x quantized along the tokens
+    # (two transposed passes), which cost more than its fp8 speed gains (docs/kernels.md)
+    return linear(input_, layer.weight, layer.bias, fp8_wgrad=False), None
 
 
 class Fp8ColumnLinear(FusedBiasColumnLinear):

@@ -96,6 +96,26 @@ def test_fp8_linear_output_and_gradients(impl, dtype, device, seeded_by_name):
         assert float((got.float() - plain.float()).norm() / plain.float().norm()) < 0.08
 
 
+def test_fp8_linear_weight_gradient_in_the_inputs_dtype(device, seeded_by_name):
+    """fp8_wgrad=False (the model's fp8 linears): the same output and input gradient, and the weight
+    gradient dy^T x in x's dtype, as torch.nn.functional.linear gives it."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    x = torch.randn(3, 40, 256, device=device).to(dtype)
+    weight = (torch.randn(192, 256, device=device) * 0.05).to(dtype)
+    dy = torch.randn(3, 40, 192, device=device).to(dtype)
+    grads = []
+    for fp8_wgrad in (True, False):
+        xi, wi = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        y = linear(xi, wi, fp8_wgrad=fp8_wgrad)
+        y.backward(dy)
+        grads.append((y.detach(), xi.grad, wi.grad))
+    (y8, dx8, _), (y, dx, dw) = grads
+    assert torch.equal(y, y8) and torch.equal(dx, dx8)
+    xs, ws = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    F.linear(xs, ws).backward(dy)
+    torch.testing.assert_close(dw, ws.grad, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
 def test_fp8_linear_refuses_bad_arguments(device):
     x = torch.randn(3, 128, device=device)
     with pytest.raises(ValueError, match=r"expects x \[..., K\] and weight \[N, K\]"):

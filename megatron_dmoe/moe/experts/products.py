@@ -72,14 +72,24 @@ class Fp8Products:
     windows = False  # no direct stores into the windows' slots (see sparse.py, _windows_wanted)
 
     def __init__(self):
-        self._weights = {}  # "w1" | "v1" | "w2" -> (e4m3 [E*f, h], fp32 scales), kept for the backward
+        # ("w1" | "v1" | "w2", K-major?) -> (e4m3 [E*f, h], fp32 scales): made once per forward call
+        # and layout, kept for the backward
+        self._weights = {}
 
-    def _quantized(self, name: str, w: torch.Tensor):
-        if name not in self._weights:
+    def _quantized(self, name: str, w: torch.Tensor, kmajor: bool = False):
+        """w [E, f, h] as [E*f, h] in 128 x 128 blocks: row-major, or K-major (the transpose of a
+        row-major [h, E*f], quantized as such: the same blocks and values, no strided copy), the
+        layout the fp8 DSD's tensor cores read fastest."""
+        key = (name, kmajor)
+        if key not in self._weights:
             from dmoe_kernels.fp8 import ops as fp8
 
-            self._weights[name] = fp8.quantize_blocks(_flat(w))
-        return self._weights[name]
+            if kmajor:
+                qt, st = fp8.quantize_blocks(_flat(w).t())
+                self._weights[key] = (qt.t(), st.t())
+            else:
+                self._weights[key] = fp8.quantize_blocks(_flat(w))
+        return self._weights[key]
 
     @staticmethod
     def _rows(x: torch.Tensor):
@@ -87,16 +97,11 @@ class Fp8Products:
 
         return fp8.quantize_rows(x)
 
-    @staticmethod
-    def _kmajor(q: torch.Tensor) -> torch.Tensor:
-        """q [K, N] with its values laid out K-major (the transpose of a row-major [N, K]): the
-        layout the fp8 DSD's tensor cores read fastest."""
-        return q.t().contiguous().t()
-
-    def _sdd(self, a, name, w, topology, out_dtype):
+    def _sdd(self, rows, name, w, topology, out_dtype):
+        """rows: (e4m3 rows, their scales) from _rows."""
         from dmoe_kernels.products.fp8_ops import sdd_fp8
 
-        aq, a_scale = self._rows(a)
+        aq, a_scale = rows
         wq, w_scale = self._quantized(name, w)
         return sdd_fp8(aq, a_scale, wq, w_scale, topology, out_dtype=out_dtype)
 
@@ -104,21 +109,22 @@ class Fp8Products:
         from dmoe_kernels.products.fp8_ops import dsd_fp8, quantize_blocks_rows
 
         q, q_scale = quantize_blocks_rows(data)
-        wq, w_scale = self._quantized(name, w)
-        return dsd_fp8(q, q_scale, topology, self._kmajor(wq), w_scale, out_dtype=out_dtype)
+        wq, w_scale = self._quantized(name, w, kmajor=True)
+        return dsd_fp8(q, q_scale, topology, wq, w_scale, out_dtype=out_dtype)
 
     def hidden(self, x, w1, v1, topology, activation):
         from dmoe_kernels import activation as act
 
-        h1 = self._sdd(x, "w1", w1, topology, x.dtype)
-        h2 = self._sdd(x, "v1", v1, topology, x.dtype) if v1 is not None else None
+        rows = self._rows(x)  # once for both products
+        h1 = self._sdd(rows, "w1", w1, topology, x.dtype)
+        h2 = self._sdd(rows, "v1", v1, topology, x.dtype) if v1 is not None else None
         return h1, h2, act.activation_forward(activation, h1, h2, topology.nnz)
 
     def down(self, a, topology, w2):
         return self._dsd(a, topology, "w2", w2, a.dtype)
 
     def output_grad(self, g, topology, w2):
-        return self._sdd(g, "w2", w2, topology, g.dtype)
+        return self._sdd(self._rows(g), "w2", w2, topology, g.dtype)
 
     def input_grad(self, d_h1, d_h2, topology, w1, v1, counters=(None, None)):
         if counters != (None, None):
