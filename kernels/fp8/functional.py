@@ -46,31 +46,25 @@ class _Fp8Linear(torch.autograd.Function):
         xq, xs = ops.quantize_rows(x2)
         wq, ws = ops.quantize_blocks(weight)
         y = _product(impl, ops, xq, xs, wq.t(), ws.t(), x.dtype)
-        # x as a bf16 linear keeps it (the weight gradient quantizes it along the tokens); the
-        # weight's fp8 copy, so that the backward does not quantize it again (but for cuBLAS, which
-        # reads it transposed), and the weight itself (a parameter: no memory of its own)
-        ctx.save_for_backward(x, weight, wq, ws)
+        # x as a bf16 linear keeps it (the weight gradient quantizes it along the tokens), and the
+        # weight itself (a parameter: no memory of its own), quantized again as W^T in backward
+        ctx.save_for_backward(x, weight)
         ctx.impl, ctx.weight_dtype, ctx.fp8_wgrad = impl, weight.dtype, fp8_wgrad
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, wq, ws = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
         ops = _ops(ctx.impl, x.device)
         dy2 = dy.reshape(-1, dy.shape[-1])
         dx = dw = None
         if ctx.needs_input_grad[0]:
             gq, gs = ops.quantize_rows(dy2)
-            w = wq
-            if ctx.impl in ("auto", "cublas"):
-                from . import cublas
-
-                if cublas.takes(gq.shape[0], *wq.shape, wq.device):
-                    # cuBLAS reads b column-major: W's transpose, the same blocks and scales, written
-                    # by one quantization of W^T (a transposed copy of the fp8 W reads it strided)
-                    wtq, wts = ops.quantize_blocks(weight.t())
-                    w, ws = wtq.t(), wts.t()
-            dx = _product(ctx.impl, ops, gq, gs, w, ws, x.dtype).reshape(x.shape)
+            # dx = dy W with W K-major (the transpose of a row-major W^T): fp8 tensor cores read
+            # their right operand K-major, and cuBLAS wants it column-major; W^T's 128 x 128 blocks
+            # and scales are W's, so this is W's quantization, laid out for the product
+            wtq, wts = ops.quantize_blocks(weight.t())
+            dx = _product(ctx.impl, ops, gq, gs, wtq.t(), wts.t(), x.dtype).reshape(x.shape)
         if ctx.needs_input_grad[1] and not ctx.fp8_wgrad:
             dw = (dy2.t() @ x.reshape(-1, x.shape[-1])).to(ctx.weight_dtype)
         elif ctx.needs_input_grad[1]:
