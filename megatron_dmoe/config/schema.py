@@ -204,8 +204,9 @@ class TrainingConfig:
     device: str = "auto"  # auto | cpu | cuda
     # Block-scaled fp8 (e4m3) products, DeepSeek-V3's recipe (dmoe_kernels.fp8): 1 x 128 scales on
     # activations and gradients, 128 x 128 on weights, fp32 accumulation; Hopper GPUs or newer.
-    # Megatron-LM's --fp8-format e4m3 --fp8-recipe blockwise. Not yet used by the model's layers:
-    # blockwise is refused everywhere until they do (config/section_checks/fp8.py).
+    # Megatron-LM's --fp8-format e4m3 --fp8-recipe blockwise. The experts' products and the dense
+    # linears' forward and input gradient run in fp8 (moe/experts/products.py, model/linear.py);
+    # where it cannot run: config/section_checks/fp8.py.
     fp8: Optional[str] = None  # None | blockwise
 
 

@@ -231,7 +231,7 @@ def moe_mlp_activations(cfg: RunConfig, on_cuda: bool, world_size: int = 1) -> T
     moe, e = cfg.moe, _elem(cfg)
     h = cfg.model.hidden_size
     _, tokens = _tokens(cfg)
-    _, width = _local_experts_and_width(cfg)
+    local_experts, width = _local_experts_and_width(cfg)
     glu = _glu(cfg)
     router = 2 * tokens * moe.num_experts * 4 + tokens * moe.top_k * 16  # fp32 logits, scores; weights, indices
     backend = expert_backend(cfg, on_cuda)
@@ -249,13 +249,21 @@ def moe_mlp_activations(cfg: RunConfig, on_cuda: bool, world_size: int = 1) -> T
         # the exchange's send buffer and its receive buffer
         extra += (1 + _receive_bound_ranks(cfg, on_cuda)) * tokens * moe.top_k * h
     # the experts' input rows, pre-activation(s) and activation (recomputed when memory-optimised,
-    # and into its slot when the sparse experts' weight gradients go through windows)
-    recomputed = moe.memory_optimized or (backend == "sparse" and wgrad_window(cfg) > 1)
+    # and into its slot when the sparse experts' weight gradients go through windows, but with fp8
+    # products: moe/experts/products.py)
+    fp8 = backend == "sparse" and cfg.training.fp8 is not None
+    recomputed = moe.memory_optimized or (backend == "sparse" and wgrad_window(cfg) > 1 and not fp8)
     hidden = glu + (0 if recomputed else 1)
     kept = (rows * h + rows * width * hidden + extra) * e + router
     kept += tokens * moe.shared_expert_ffn_hidden_size * (glu + 1) * e
     # backward: the output gradient in the padded rows twice, the activation's gradient, dx
     transient = (2 * rows * h + 2 * rows * width) * e
+    if fp8:
+        # the weights' e4m3 copies (one byte an element) a forward keeps for its backward, w1 [and
+        # v1] row-major and w2 K-major; the backward quantizes them in the other layouts
+        copies = local_experts * width * h * (glu + 1)
+        kept += copies
+        transient += copies
     if moe.expert_wgrad_per_step:
         # every micro-batch's weight-gradient operands until the step's end
         kept += (2 * rows * h + 2 * rows * width) * e * micro_batches_per_step(cfg, world_size)

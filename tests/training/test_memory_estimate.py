@@ -231,3 +231,16 @@ def test_per_step_weight_gradients_keep_the_micro_batches_of_one_data_parallel_r
     # the rank's whole estimate follows
     assert (me.rank_activations(per_step, 4096, 0, 2, True)[1]
             < me.rank_activations(per_step, 4096, 0, 1, True)[1])
+
+
+def test_fp8_experts_keep_their_activation_and_weight_copies():
+    """training.fp8 with a weight-gradient window: the activation is kept (the fp8 products do not
+    store into the windows' slots), and each forward keeps the weights' e4m3 copies (one byte an
+    element), which the backward makes again in the other layouts."""
+    base = [*TINY, "moe.backend=sparse", "moe.expert_wgrad_window=2"]
+    plain, fp8 = (me.moe_mlp_activations(_cfg(*base, *extra), on_cuda=True)
+                  for extra in ([], ["training.fp8=blockwise"]))
+    rows = me.sparse_rows(_cfg(*base), 2 * 32)
+    copies = 8 * 128 * 64 * 2  # w1 and w2 of 8 experts of 128 x 64
+    assert fp8[0] - plain[0] == rows * 128 * 4 + copies  # fp32 on CPU: the activation's 4 bytes
+    assert fp8[1] - plain[1] == copies
