@@ -9,6 +9,8 @@ What one step runs (one micro-batch of T tokens, bf16 on a GPU):
                 the "torch grouped_mm with torch-op permutation" peer
   capacity-1.0  MoELayer with a capacity factor (the token-dropping baseline; torch.bmm over
   capacity-2.0  [E, capacity, d]); tokens past an expert's capacity are dropped
+  sparse-fp8    sparse with training.fp8: blockwise (the experts' products in block-scaled fp8, Hopper;
+                named, not by default)
   dense-equiv   gelu(X W1) W2 (SwiGLU: silu(X W1) * (X V1), one [d, 2f] matmul) on T*k rows, plain
                 cuBLAS matmuls, forward + backward: the layer's cost if routing and sparsity were free
 
@@ -67,7 +69,8 @@ TOY_CASES = {"toy-top1": (48, 32, 64, 4, 1), "toy-top2": (40, 48, 32, 6, 2),
              "toy-fine": (64, 32, 48, 8, 4)}  # a small deepseek-v2-lite: narrow experts, SwiGLU
 # Cases whose experts always use their model's activation; the others follow --swiglu.
 CASE_ACTIVATION = {"deepseek-v2-lite": "swiglu", "toy-fine": "swiglu"}
-BACKENDS = ["sparse", "grouped", "dense-equiv", "capacity-1.0", "capacity-2.0"]
+BACKENDS = ["sparse", "grouped", "dense-equiv", "capacity-1.0", "capacity-2.0"]  # the default
+ALL_BACKENDS = BACKENDS + ["sparse-fp8"]
 AUX_LOSS_COEFF = 1e-2  # every MoE backend computes the load-balancing loss, as in training
 ROUTERS = {"auto": None, "torch": False, "fused": True}  # --router: TopKRouter's `fused`
 
@@ -75,7 +78,8 @@ ROUTERS = {"auto": None, "torch": False, "fused": True}  # --router: TopKRouter'
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
-    p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {BACKENDS}")
+    p.add_argument("--backends", default=",".join(BACKENDS),
+                   help=f"comma-separated, from {ALL_BACKENDS} (default: all but sparse-fp8)")
     p.add_argument("--swiglu", action="store_true",
                    help=f"SwiGLU experts (default GELU) for the cases without their own activation; "
                         f"always SwiGLU: {sorted(n for n, a in CASE_ACTIVATION.items() if a == 'swiglu')}")
@@ -118,8 +122,8 @@ def parse_args(argv=None):
     args.case_table = {n: table[n] for n in names}
     args.backend_list = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in args.backend_list:
-        if b not in BACKENDS:
-            p.error(f"--backends: unknown backend {b!r}; choose from {BACKENDS}")
+        if b not in ALL_BACKENDS:
+            p.error(f"--backends: unknown backend {b!r}; choose from {ALL_BACKENDS}")
     if args.skew < 0:
         p.error(f"--skew: {args.skew} is negative; the bias favours low expert ids, use 0 (none) or more")
     if args.even_routing and args.skew:
@@ -155,9 +159,11 @@ def moe_step(case, backend, swiglu, skew, dtype, device, block_size, seed=0, mem
     T, d, f, E, k = case
     capacity = float(backend.split("-")[1]) if backend.startswith("capacity") else None
     torch.manual_seed(seed)  # the same router and expert weights for every MoE backend of a case
+    fp8 = "blockwise" if backend == "sparse-fp8" else None
     layer = MoELayer(
         moe_config(case, swiglu, dtype, device, capacity),
-        backend="grouped" if capacity else backend, block_size=block_size, memory_optimized=memory_optimized,
+        backend="grouped" if capacity else "sparse" if fp8 else backend, block_size=block_size,
+        memory_optimized=memory_optimized, fp8=fp8,
     ).to(device)
     layer.run_state.metrics.megatron_tracker = False  # as in dmoe-train, whose loop logs MoE metrics itself
     layer.router.fused = ROUTERS[router]
@@ -494,12 +500,15 @@ def check_agreement(outputs, dtype, report):
 
     ref = outputs.get("grouped")
     tol = 3e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
-    for name in ("sparse", "capacity-2.0"):
+    # fp8 e4m3 rounds each operand to 3 mantissa bits: a few percent, up to 2^-4 of an element's tile
+    tols = {"sparse": tol, "sparse-fp8": 0.15}
+    for name in ("sparse", "sparse-fp8", "capacity-2.0"):
         if ref is None or name not in outputs:
             continue
         err = float((outputs[name] - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-        if name == "sparse" and err > tol:
-            raise SystemExit(f"sparse output differs from grouped by {err:.3g} (> {tol}): not timing a wrong layer")
+        if name in tols and err > tols[name]:
+            raise SystemExit(f"{name} output differs from grouped by {err:.3g} (> {tols[name]}): not timing a wrong "
+                             "layer")
         report(f"  check: {name} vs grouped output, max rel diff {err:.2e}")
 
 
@@ -528,6 +537,8 @@ def summary_table(rows, backends):
         head += ["sparse / dense", "sparse mem / dense mem", "sparse padded rows / routed"]
     if "sparse" in backends and "grouped" in backends:
         head += ["sparse / grouped"]
+    if "sparse" in backends and "sparse-fp8" in backends:
+        head += ["fp8 / bf16 sparse"]
     if skewed:
         head += [f"{b} skew {skew:g} TFLOP/s" for b in skew_backends]
         if "sparse" in skew_backends:
@@ -543,6 +554,9 @@ def summary_table(rows, backends):
             cells.append(f"{s['padded_rows_x']:.3f}" if s and "padded_rows_x" in s else "-")
         if "sparse" in backends and "grouped" in backends:
             cells.append(f"{s['tflops'] / gr['tflops']:.2f}" if s and gr else "-")
+        if "sparse" in backends and "sparse-fp8" in backends:
+            s8 = get.get((c, "sparse-fp8"))
+            cells.append(f"{s8['tflops'] / s['tflops']:.2f}" if s and s8 else "-")
         if skewed:
             cells += [_fmt(skewed[(c, b)]["tflops"]) if (c, b) in skewed else "-" for b in skew_backends]
             if "sparse" in skew_backends:

@@ -95,3 +95,29 @@ def test_fp8_linears_train_close_to_the_plain_ones(cpu_dist, tmp_path):
             continue
         err = float((grads1[name] - grads0[name]).norm() / grads0[name].norm())
         assert err < 0.1, (name, err)
+
+
+def test_fp8_and_bf16_models_hold_the_same_state(cpu_dist, tmp_path):
+    """fp8 keeps no state of its own (weights are quantized as they are read): the fp8 model's
+    parameters, buffers and sharded checkpoint entries are the plain model's, so a checkpoint of
+    either loads into the other."""
+    from megatron_dmoe.config import load_config, resolve
+    from megatron_dmoe.model.gpt import build_gpt_model
+    from megatron_dmoe.parallel.distributed import seed_everything
+
+    plain = _model(cpu_dist, tmp_path)
+    cfg = resolve(load_config(str(tmp_path / "run.yaml"), []))
+    cfg.training.fp8 = "blockwise"
+    seed_everything(6, cpu_dist)
+    fp8 = build_gpt_model(cfg, vocab_size=50, on_cuda=False)
+
+    def shapes(model):
+        return {k: None if v is None else tuple(v.shape) for k, v in model.state_dict().items()}
+
+    assert shapes(fp8) == shapes(plain)
+    sharded = [{k: tuple(v.local_shape) for k, v in m.sharded_state_dict().items() if hasattr(v, "local_shape")}
+               for m in (plain, fp8)]
+    assert sharded[0] == sharded[1] and sharded[0]
+    fp8.load_state_dict(plain.state_dict())
+    for (name, a), (_, b) in zip(plain.state_dict().items(), fp8.state_dict().items()):
+        assert (a is None and b is None) or torch.equal(a, b), name

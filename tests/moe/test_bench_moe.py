@@ -38,6 +38,22 @@ def test_bench_moe_reports_every_backend(tmp_path):
     assert data["meta"]["activation"] == "gelu" and data["meta"]["skew"] == 1.0
 
 
+@pytest.mark.slow
+def test_bench_moe_fp8_rows_beside_bf16(tmp_path):
+    """--backends sparse-fp8 (named, not by default): the layer with training.fp8's products, checked
+    against grouped within fp8's error before it is timed, and its ratio to the bf16 sparse layer."""
+    bench = _load()
+    out = tmp_path / "moe.json"
+    bench.main(["--device", "cpu", "--toy", "--cases", "toy-top1", "--backends", "sparse,sparse-fp8,grouped",
+                "--rep-ms", "1", "--out", str(out)])
+    data = json.loads(out.read_text())
+    rows = {r["backend"]: r for r in data["results"]}
+    assert list(rows) == ["sparse", "sparse-fp8", "grouped"] and "sparse-fp8" not in bench.BACKENDS
+    assert rows["sparse-fp8"]["expert_backend"] == "sparse" and rows["sparse-fp8"]["ms"] > 0
+    ratio = rows["sparse-fp8"]["tflops"] / rows["sparse"]["tflops"]
+    assert "fp8 / bf16 sparse" in data["table"] and f"| {ratio:.2f} |" in data["table"]
+
+
 def test_bench_moe_refuses_unknown_names():
     import pytest
 

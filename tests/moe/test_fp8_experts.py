@@ -149,3 +149,30 @@ def test_other_backends_refuse_fp8():
     w = torch.randn(2, F_, H)
     with pytest.raises(ValueError, match="has no fp8 products"):
         BACKEND_REGISTRY["reference"].mlp(x, torch.tensor([2, 2]), w, None, w, "gelu", False, None, "blockwise")
+
+
+def test_fp8_experts_in_arrival_order():
+    """The expert-parallel path's entry (rows in runs of expert groups, one run per source rank):
+    the same fp8 products as the rows grouped by expert."""
+    from megatron_dmoe.moe.experts.sparse import SparseBackend
+
+    device, dtype = _device_dtype()
+    g = torch.Generator().manual_seed(5)
+    counts_by_source = torch.tensor([[5, 0, 9, 3], [7, 4, 0, 11]])
+    x = torch.randn(int(counts_by_source.sum()), H, generator=g).to(device, dtype)
+    w1, w2 = (torch.randn(E, F_, H, generator=g).mul(0.05).to(device, dtype) for _ in range(2))
+    backend = SparseBackend(block_size=BS)
+    y = backend.mlp_in_arrival_order(x, counts_by_source.to(device), w1, None, w2, "gelu", False, fp8="blockwise")
+    # the same rows regrouped by expert, through the one-source path
+    order = []
+    starts = counts_by_source.flatten().cumsum(0) - counts_by_source.flatten()
+    for e in range(E):
+        for r in range(2):
+            n = int(counts_by_source[r, e])
+            s = int(starts[r * E + e])
+            order += list(range(s, s + n))
+    order = torch.tensor(order, device=device)
+    grouped = backend.mlp(x[order], counts_by_source.sum(0).to(device), w1, None, w2, "gelu", False, fp8="blockwise")
+    torch.testing.assert_close(y[order], grouped)
+    plain = backend.mlp(x[order], counts_by_source.sum(0).to(device), w1, None, w2, "gelu", False)
+    assert 1e-4 < _rel(grouped, plain) < QUANTIZED_TOL
