@@ -58,10 +58,12 @@ def _reference(x, indices, weights, w1, v1, w2, activation):
     return y
 
 
-@pytest.mark.parametrize("activation", ["gelu", pytest.param("swiglu", marks=pytest.mark.slow)])
-def test_outputs_and_gradients_match_a_float64_moe(activation):
+@pytest.mark.parametrize("activation,fp8", [("gelu", None), pytest.param("swiglu", None, marks=pytest.mark.slow),
+                                            ("gelu", "blockwise")], ids=["gelu", "swiglu", "gelu-fp8"])
+def test_outputs_and_gradients_match_a_float64_moe(activation, fp8):
+    """fp8: the products in block-scaled fp8 (training.fp8), within the recipe's error and not exact."""
     g = torch.Generator().manual_seed(11 if activation == "gelu" else 12)
-    E, f, h, T, k = 3, 32, 24, 21, 2
+    E, f, h, T, k = 3, 32, 32 if fp8 else 24, 21, 2  # fp8 rows of 16-byte multiples
     layout = ExpertLayout(E, f, 1, 0)
     dispatcher = ExpertParallelDispatcher(layout, None, "symmetric", rows_consumed_at_once=True,
                                           experts_return_rows=True)
@@ -82,7 +84,7 @@ def test_outputs_and_gradients_match_a_float64_moe(activation):
         dispatcher.combine(rows, state)
     # as the layer's path runs them
     experts = SimpleNamespace(w1=w1, v1=v1, w2=w2, wgrad_stash=None,
-                              options=SimpleNamespace(activation=activation, memory_optimized=False, fp8=None))
+                              options=SimpleNamespace(activation=activation, memory_optimized=False, fp8=fp8))
     path = ExpertParallelPath(dispatcher, SparseBackend(block_size=16))
     y = path.experts_and_combine(SimpleNamespace(experts=experts), rows, tokens_per_expert, state)
     dy = torch.randn(T, h, generator=g)
@@ -93,8 +95,9 @@ def test_outputs_and_gradients_match_a_float64_moe(activation):
     rx, rweights, rw1, rw2 = ref_params[:4]
     ref = _reference(rx, indices, rweights, rw1, ref_params[4] if v1 is not None else None, rw2, activation)
     ref_grads = torch.autograd.grad(ref, ref_params, dy.double())
-    assert rel_err(y, ref) < 1e-5
+    low, high = (1e-4, 0.08) if fp8 else (0, 1e-5)
+    assert low <= rel_err(y, ref) < high
     for name, got, want in zip(["x", "weights", "w1", "w2", "v1"], grads, ref_grads):
-        assert rel_err(got, want) < 1e-5, name
+        assert low <= rel_err(got, want) < high, name
     # plan, dispatch, the experts' stores, and in backward the gradients' pushes and the input gradients' stores
     assert exchange.barriers == 5
