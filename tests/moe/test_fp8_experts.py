@@ -176,3 +176,47 @@ def test_fp8_experts_in_arrival_order():
     torch.testing.assert_close(y[order], grouped)
     plain = backend.mlp(x[order], counts_by_source.sum(0).to(device), w1, None, w2, "gelu", False)
     assert 1e-4 < _rel(grouped, plain) < QUANTIZED_TOL
+
+
+@pytest.mark.parametrize("kind", ["expert_mlp", "combine"])
+def test_fp8_weight_gradient_windows_equal_one_product_per_micro_batch(kind):
+    """With a weight-gradient window the fp8 products' backward hands its rows to the window as
+    copies (products.Fp8Products.windows is False): main_grad after the window equals the
+    per-micro-batch accumulation (fp32 sums in another order), the input gradients are the same."""
+    if torch.cuda.is_available():
+        pytest.skip("the window's CPU harness (tests/moe/test_fused_wgrad.py) runs on CPU")
+    from megatron_dmoe.moe.experts.per_step_wgrad import WgradStash
+    from test_fused_wgrad import HIDDEN, T, _leaf_params, _problem
+
+    def run(window, params):
+        stash = WgradStash()
+        stash.use_window(window)
+        dxs, changed = [], []
+        for seed in (31, 32, 33, 34):
+            before = [p.main_grad.clone() for p in params if p is not None]
+            x_in, state, _ = _problem(seed, "gelu", torch.float32, kind=kind)
+            x = x_in.clone().requires_grad_()
+            w1, _, w2 = params
+            if kind == "expert_mlp":
+                y = sparse_expert_mlp(x, w1, None, w2, state.topology, "gelu", wgrad_stash=stash, fp8="blockwise")
+            else:
+                y = sparse_experts_combine(x, w1, None, w2, state.weights, state.topology, state.positions,
+                                           state.counts, "gelu", wgrad_stash=stash, fp8="blockwise")
+            rows = T if kind == "combine" else x_in.shape[0]
+            y.backward(torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(seed + 100)))
+            dxs.append(x.grad)
+            changed.append(any(not torch.equal(p.main_grad, b)
+                               for p, b in zip([p for p in params if p is not None], before)))
+        return dxs, changed
+
+    _, _, weights = _problem(30, "gelu", torch.float32)
+    per_micro = _leaf_params(weights, torch.float32, seed=5, main_grad_only=True)
+    windowed = _leaf_params(weights, torch.float32, seed=5, main_grad_only=True)
+    (dx_micro, _), (dx_window, changed) = run(1, per_micro), run(2, windowed)
+    assert changed == [False, True, False, True]  # main_grad moves only when a window is full
+    for a, b in zip(dx_window, dx_micro):
+        assert torch.equal(a, b)
+    for name, p, q in zip(("w1", "v1", "w2"), windowed, per_micro):
+        if p is not None:
+            assert p.grad is None, name
+            assert _rel(p.main_grad, q.main_grad) < 1e-6, name
