@@ -18,6 +18,7 @@ DROP_POLICIES = ("probs", "position")
 BACKENDS = ("auto", "sparse", "grouped", "reference")
 BLOCK_SIZES = (16, 32, 64, 128)  # the block-sparse kernels' (dmoe_kernels.products.topology)
 EP_EXCHANGES = ("auto", "nccl", "symmetric", "nvshmem")
+FP8_MODES = (None, "blockwise")  # training.fp8: the experts' products (moe/experts/products.py)
 # what the load-balancing loss's expert fractions are counted over (megatron-core: aux_loss,
 # seq_aux_loss, global_aux_loss; see AUX_LOSS_TYPES_MEGATRON)
 AUX_LOSS_TYPES = ("micro_batch", "sequence", "global")
@@ -121,7 +122,7 @@ MOE_SETTINGS: Tuple[MoESetting, ...] = (
     MoESetting("moe.router_force_load_balancing", "force_load_balancing", "moe_router_force_load_balancing",
                "--moe-router-force-load-balancing", default=False),
     # the experts' products in block-scaled fp8 (moe/experts/products.py); the dense linears read it too
-    MoESetting("training.fp8", "fp8", choices=(None, "blockwise"), default=None),
+    MoESetting("training.fp8", "fp8", choices=FP8_MODES, default=None),
     # where the MoE layers are: TransformerConfig's moe_layer_freq is the resulting pattern
     MoESetting("moe.layer_freq", megatron="moe_layer_freq", flag="--moe-layer-freq", key_limits=_AT_LEAST_1),
     MoESetting("moe.first_dense_layers", key_limits=_AT_LEAST_0),

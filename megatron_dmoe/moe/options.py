@@ -16,6 +16,7 @@ from megatron_dmoe.config.moe_settings import (  # noqa: F401
     BLOCK_SIZES,
     BY_OPTION,
     EP_EXCHANGES,
+    FP8_MODES,
 )
 
 

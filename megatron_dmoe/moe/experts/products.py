@@ -18,8 +18,7 @@ from typing import Optional
 
 import torch
 
-# the modes the layer takes (training.fp8's values)
-FP8_MODES = (None, "blockwise")
+from ..options import FP8_MODES
 
 
 def _flat(w: torch.Tensor) -> torch.Tensor:

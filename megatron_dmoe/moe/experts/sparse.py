@@ -168,7 +168,7 @@ def _input_grad(products, d_h1, d_h2, topo, w1, v1, slots=None, dx_targets=None)
     """dx = d_h1 w1 (+ d_h2 v1), d_h1 and d_h2 read from slot `slots[i].counter` of their windows'
     stacked data when slots are given. With dx_targets (RowTargets: other ranks' buffers) dx's
     rows are pushed there from the padded buffer and None is returned."""
-    counters = (None, None) if slots is None else (slots[0].counter, slots[1] and slots[1].counter)
+    counters = (None, None) if slots is None else tuple(None if s is None else s.counter for s in slots)
     dx = products.input_grad(d_h1, d_h2, topo, w1, v1, counters)
     if dx_targets is None:
         return dx
